@@ -1,0 +1,14 @@
+//! async-grpo: the rollout side of asynchronous GRPO-style reinforcement learning.
+//!
+//! This umbrella crate re-exports the workspace's crates, each behind a feature of the same
+//! name, so that a user can depend on one package and pick what they need:
+//!
+//! | feature | crate | what it does |
+//! |---|---|---|
+//! | `tool-dispatch` (default) | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
+//!
+//! Each crate is also usable on its own.
+
+#[cfg(feature = "tool-dispatch")]
+#[doc(inline)]
+pub use tool_dispatch;

@@ -1,0 +1,3 @@
+//! End-to-end tests of the `async-grpo` binary and of the crates together: one test binary.
+
+mod cli;

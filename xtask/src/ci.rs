@@ -1,0 +1,87 @@
+//! `cargo xtask ci`: every check, in order, one summary line each; stops at the first failure.
+
+use std::time::Instant;
+
+use anyhow::bail;
+
+use crate::{cargo, loom, run_checked, tidy};
+
+/// One step of CI.
+struct Step {
+    name: &'static str,
+    run: fn() -> anyhow::Result<()>,
+}
+
+const STEPS: &[Step] = &[
+    Step {
+        name: "fmt",
+        run: || run_checked(&mut cargo(&["fmt", "--all", "--", "--check"])),
+    },
+    Step {
+        name: "clippy",
+        run: || {
+            run_checked(&mut cargo(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        },
+    },
+    Step {
+        name: "test",
+        run: || {
+            run_checked(&mut cargo(&[
+                "nextest",
+                "run",
+                "--workspace",
+                "--all-features",
+            ]))
+        },
+    },
+    Step {
+        name: "doc tests",
+        run: || {
+            run_checked(&mut cargo(&[
+                "test",
+                "--doc",
+                "--workspace",
+                "--all-features",
+            ]))
+        },
+    },
+    Step {
+        name: "loom",
+        run: loom::run,
+    },
+    Step {
+        name: "tidy",
+        run: tidy::run,
+    },
+];
+
+pub(crate) fn run() -> anyhow::Result<()> {
+    let started = Instant::now();
+    for step in STEPS {
+        eprintln!("ci: {} ...", step.name);
+        let step_started = Instant::now();
+        if let Err(error) = (step.run)() {
+            eprintln!(
+                "ci: {} FAILED after {:.1?}: {error:#}",
+                step.name,
+                step_started.elapsed()
+            );
+            bail!("ci failed at step '{}'", step.name);
+        }
+        eprintln!("ci: {} ok ({:.1?})", step.name, step_started.elapsed());
+    }
+    eprintln!(
+        "ci: all {} steps passed in {:.1?}",
+        STEPS.len(),
+        started.elapsed()
+    );
+    Ok(())
+}

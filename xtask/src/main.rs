@@ -1,0 +1,85 @@
+//! Project automation: `cargo xtask ci | loom | bench | tidy`.
+//!
+//! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
+//! the same steps.
+
+mod bench;
+mod ci;
+mod loom;
+mod tidy;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context, bail};
+
+const HELP: &str = "\
+usage: cargo xtask <task>
+
+tasks:
+  ci      every check CI runs: fmt, clippy, tests, doc tests, loom, tidy
+  loom    the loom models of the tool pool, then each model again with its planted bug
+  bench   the benchmarks; results go to target/bench/
+  tidy    repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+";
+
+fn main() -> ExitCode {
+    let task = std::env::args().nth(1);
+    let result = match task.as_deref() {
+        Some("ci") => ci::run(),
+        Some("loom") => loom::run(),
+        Some("bench") => bench::run(),
+        Some("tidy") => tidy::run(),
+        Some("help" | "--help" | "-h") => {
+            eprint!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown task {other:?}\n\n{HELP}")),
+        None => Err(anyhow::anyhow!("no task given\n\n{HELP}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of this crate's folder).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A `cargo` command run from the workspace root.
+fn cargo(args: &[&str]) -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args(args).current_dir(root());
+    command
+}
+
+/// Runs `command` with inherited output; fails, naming it, unless it succeeds.
+fn run_checked(command: &mut Command) -> anyhow::Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !status.success() {
+        bail!("{} failed ({status})", describe(command));
+    }
+    Ok(())
+}
+
+fn describe(command: &Command) -> String {
+    let mut text = command.get_program().to_string_lossy().into_owned();
+    for arg in command.get_args() {
+        text.push(' ');
+        text.push_str(&arg.to_string_lossy());
+    }
+    text
+}

@@ -1,0 +1,118 @@
+//! `cargo xtask tidy`: repository rules that no compiler checks, also run as a test.
+//!
+//! - every `.rs` file starts with a `//!` line saying what it holds;
+//! - no test is ignored or expected to panic (assert on the `Err` instead);
+//! - every crate takes the workspace lints.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+
+use crate::root;
+
+// Spelled in pieces so that this file does not trip its own rule.
+const IGNORE: &str = concat!("#[", "ignore");
+const SHOULD_PANIC: &str = concat!("#[", "should_panic");
+
+pub(crate) fn run() -> anyhow::Result<()> {
+    let problems = check(&root())?;
+    if !problems.is_empty() {
+        bail!(
+            "{} tidy problem(s):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+    eprintln!("tidy: ok");
+    Ok(())
+}
+
+/// Every rule broken under `root`, one line each, naming the file (and line).
+fn check(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let mut files = Vec::new();
+    collect(root, &mut files)?;
+    files.sort();
+    for path in &files {
+        let text = std::fs::read_to_string(path)?;
+        let shown = path.strip_prefix(root).unwrap_or(path).display();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("rs") => {
+                let first = text
+                    .lines()
+                    .find(|line| !line.trim().is_empty())
+                    .unwrap_or("");
+                if !first.starts_with("//!") {
+                    problems.push(format!(
+                        "{shown}:1: must start with a `//!` line saying what the file holds"
+                    ));
+                }
+                for (number, line) in text.lines().enumerate() {
+                    for banned in [IGNORE, SHOULD_PANIC] {
+                        if line.contains(banned) {
+                            problems.push(format!(
+                                "{shown}:{}: `{banned}]` is not allowed: a test runs and asserts on the `Err`",
+                                number + 1
+                            ));
+                        }
+                    }
+                }
+            }
+            Some("toml")
+                if path.file_name().is_some_and(|n| n == "Cargo.toml")
+                    && path.parent() != Some(root)
+                    && !text.contains("[lints]\nworkspace = true") =>
+            {
+                problems.push(format!(
+                    "{shown}: must take the workspace lints (`[lints]` `workspace = true`)"
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(problems)
+}
+
+fn collect(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with('.') || name == "target" {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            collect(&path, files)?;
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_repository_is_tidy() {
+        let problems = check(&root()).expect("the repository is readable");
+        assert!(
+            problems.is_empty(),
+            "tidy problems:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn tidy_catches_a_missing_doc_line_and_a_banned_attribute() {
+        let dir = std::env::temp_dir().join(format!("xtask-tidy-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("src")).expect("temp dir");
+        std::fs::write(dir.join("src/bad.rs"), format!("fn f() {{}}\n{IGNORE}]\n")).expect("write");
+        let problems = check(&dir).expect("readable");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("src/bad.rs:1: must start with a `//!` line"));
+        assert!(problems[1].starts_with(&format!("src/bad.rs:2: `{IGNORE}]` is not allowed")));
+    }
+}
