@@ -1,0 +1,486 @@
+//! One call's journey: lookup, argument check, the sync job on the pool or the awaited async
+//! future, the timeout, and the result the model reads.
+
+use std::{
+    any::Any,
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::FutureExt;
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    metrics::{Gauges, ToolMetrics},
+    pool::{Job, Pool, Rejected},
+    registry::{Registry, validate_arguments},
+    sync::{AtomicU8, Ordering},
+    tool::{
+        Arguments, AsyncTool, BoxError, Outcome, Runner, SyncTool, ToolCall, ToolResult,
+        error_content, value_content,
+    },
+};
+
+/// Everything a turn needs to run its calls; shared by the service, its clones and every
+/// response future.
+pub(crate) struct Engine {
+    pub(crate) registry: Registry,
+    pub(crate) metrics: Vec<ToolMetrics>,
+    pub(crate) gauges: Arc<Gauges>,
+    pub(crate) pool: Arc<Pool>,
+    /// One permit per job the pool can hold; a turn holds one while it runs.
+    pub(crate) slots: Arc<Semaphore>,
+    /// Cancelled when shutdown begins: calls not yet started are cancelled.
+    pub(crate) closing: CancellationToken,
+    /// Cancelled when the shutdown deadline passes: running calls are abandoned.
+    pub(crate) abort: CancellationToken,
+    pub(crate) default_timeout: Duration,
+}
+
+/// How a call ended, before it becomes a [`ToolResult`].
+struct Ended {
+    outcome: Outcome,
+    content: String,
+    queue_wait: Option<Duration>,
+}
+
+impl Ended {
+    fn new(outcome: Outcome, content: String) -> Ended {
+        Ended {
+            outcome,
+            content,
+            queue_wait: None,
+        }
+    }
+
+    fn error(outcome: Outcome, message: &str) -> Ended {
+        Ended::new(outcome, error_content(message))
+    }
+}
+
+impl Engine {
+    /// Runs a turn's calls one after another, in the model's order.
+    pub(crate) async fn run_turn(
+        &self,
+        calls: Vec<ToolCall>,
+        permit: OwnedSemaphorePermit,
+    ) -> Vec<ToolResult> {
+        let mut slot = Some(permit);
+        let mut results = Vec::with_capacity(calls.len());
+        for call in calls {
+            let started = Instant::now();
+            let index = self.registry.index_of(&call.name);
+            let ended = if self.closing.is_cancelled() {
+                Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string())
+            } else {
+                self.run_call(&call, index, &mut slot).await
+            };
+            results.push(self.finish(call, index, ended, started));
+        }
+        results
+    }
+
+    async fn run_call(
+        &self,
+        call: &ToolCall,
+        index: Option<usize>,
+        slot: &mut Option<OwnedSemaphorePermit>,
+    ) -> Ended {
+        let Some(index) = index else {
+            self.gauges.unknown_tool.fetch_add(1, Ordering::Relaxed);
+            let known: Vec<&str> = self.registry.names().collect();
+            let message = if known.is_empty() {
+                format!("unknown tool '{}': no tools are available", call.name)
+            } else {
+                format!(
+                    "unknown tool '{}'; available tools: {}",
+                    call.name,
+                    known.join(", ")
+                )
+            };
+            return Ended::error(Outcome::UnknownTool, &message);
+        };
+        let tool = &self.registry.tools()[index];
+        let args = match validate_arguments(&tool.spec, &call.arguments) {
+            Ok(args) => args,
+            Err(reason) => {
+                let message = format!("invalid arguments for tool '{}': {reason}", call.name);
+                return Ended::error(Outcome::InvalidArguments, &message);
+            }
+        };
+        let timeout = tool.timeout.unwrap_or(self.default_timeout);
+        let _running = Running::start(&self.gauges);
+        match &tool.runner {
+            Runner::Sync(tool) => self.run_sync(tool, args, &call.name, timeout, slot).await,
+            Runner::Async(tool) => {
+                self.run_async(tool.as_ref(), args, &call.name, timeout)
+                    .await
+            }
+        }
+    }
+
+    async fn run_async(
+        &self,
+        tool: &dyn AsyncTool,
+        args: Arguments,
+        name: &str,
+        timeout: Duration,
+    ) -> Ended {
+        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(args))) {
+            Ok(future) => AssertUnwindSafe(future).catch_unwind(),
+            Err(panic) => return panicked(name, panic.as_ref()),
+        };
+        tokio::select! {
+            biased;
+            done = tokio::time::timeout(timeout, future) => match done {
+                Ok(Ok(result)) => returned(name, result),
+                Ok(Err(panic)) => panicked(name, panic.as_ref()),
+                Err(_) => Ended::error(
+                    Outcome::TimedOut,
+                    &format!("tool '{name}' timed out after {}", human(timeout)),
+                ),
+            },
+            () = self.abort.cancelled() => Ended::error(
+                Outcome::Cancelled,
+                "cancelled: the tool dispatcher shut down while the tool was running",
+            ),
+        }
+    }
+
+    async fn run_sync(
+        &self,
+        tool: &Arc<dyn SyncTool>,
+        args: Arguments,
+        name: &str,
+        timeout: Duration,
+        slot: &mut Option<OwnedSemaphorePermit>,
+    ) -> Ended {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let permit = match slot.take() {
+            Some(permit) => permit,
+            // An earlier call of this turn timed out and its thread still holds the turn's
+            // slot: wait for another, so the pool never holds more jobs than it has room for.
+            None => tokio::select! {
+                biased;
+                () = self.closing.cancelled() => {
+                    return Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string());
+                }
+                acquired = tokio::time::timeout_at(deadline, Arc::clone(&self.slots).acquire_owned()) => {
+                    match acquired {
+                        Ok(Ok(permit)) => permit,
+                        Ok(Err(_closed)) => {
+                            return Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string());
+                        }
+                        Err(_elapsed) => return Ended::error(
+                            Outcome::TimedOut,
+                            &format!(
+                                "tool '{name}' timed out after {} waiting for a pool thread",
+                                human(timeout)
+                            ),
+                        ),
+                    }
+                }
+            },
+        };
+
+        let (reply, mut replied) = oneshot::channel();
+        let state = Arc::new(CallState::new());
+        let job = SyncJob {
+            tool: Arc::clone(tool),
+            args,
+            reply,
+            state: Arc::clone(&state),
+            permit,
+            enqueued: Instant::now(),
+            gauges: Arc::clone(&self.gauges),
+        };
+        // On rejection the job has already replied `Cancelled` with the reason.
+        let _ = self.pool.submit(Box::new(job));
+        let mut waiting = Waiting {
+            state,
+            gauges: &self.gauges,
+            armed: true,
+        };
+
+        let reply = tokio::select! {
+            biased;
+            reply = &mut replied => reply,
+            () = self.abort.cancelled() => match waiting.abandon() {
+                Abandoned::AlreadyDone => replied.await,
+                Abandoned::Queued | Abandoned::Running => return Ended::error(
+                    Outcome::Cancelled,
+                    "cancelled: the tool dispatcher shut down while the tool was running \
+                     (its thread finishes on its own)",
+                ),
+            },
+            () = tokio::time::sleep_until(deadline) => match waiting.abandon() {
+                Abandoned::AlreadyDone => replied.await,
+                Abandoned::Queued => return Ended::error(
+                    Outcome::TimedOut,
+                    &format!("tool '{name}' timed out after {} waiting for a pool thread", human(timeout)),
+                ),
+                Abandoned::Running => return Ended::error(
+                    Outcome::TimedOut,
+                    &format!("tool '{name}' timed out after {}", human(timeout)),
+                ),
+            },
+        };
+        waiting.armed = false;
+
+        match reply {
+            Ok(Reply::Finished {
+                result,
+                queue_wait,
+                permit,
+            }) => {
+                *slot = Some(permit);
+                let mut ended = match result {
+                    Ok(result) => returned(name, result),
+                    Err(panic) => Ended::error(
+                        Outcome::Panicked,
+                        &format!("tool '{name}' panicked: {panic}"),
+                    ),
+                };
+                ended.queue_wait = Some(queue_wait);
+                ended
+            }
+            Ok(Reply::Cancelled { reason, permit }) => {
+                *slot = Some(permit);
+                Ended::error(Outcome::Cancelled, &reason.to_string())
+            }
+            // Unreachable by the pool's contract (every job is run or cancelled, loom-checked);
+            // still a message, never a panic.
+            Err(_) => Ended::error(
+                Outcome::Failed,
+                "internal error: the tool pool dropped the call",
+            ),
+        }
+    }
+
+    fn finish(
+        &self,
+        call: ToolCall,
+        index: Option<usize>,
+        ended: Ended,
+        started: Instant,
+    ) -> ToolResult {
+        let latency = started.elapsed();
+        if let Some(index) = index {
+            self.metrics[index].record(ended.outcome, latency, ended.queue_wait);
+        }
+        let counter = if ended.outcome == Outcome::Cancelled {
+            &self.gauges.cancelled
+        } else {
+            &self.gauges.finished
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+
+        let queue_wait = ended.queue_wait.unwrap_or_default();
+        let latency_us = latency.as_micros() as u64;
+        match ended.outcome {
+            Outcome::Panicked | Outcome::TimedOut => tracing::warn!(
+                target: "tool_dispatch",
+                tool = %call.name, outcome = %ended.outcome, latency_us, content = %ended.content,
+                "tool call failed"
+            ),
+            _ => tracing::debug!(
+                target: "tool_dispatch",
+                tool = %call.name, outcome = %ended.outcome, latency_us,
+                queue_wait_us = queue_wait.as_micros() as u64,
+                "tool call finished"
+            ),
+        }
+        ToolResult {
+            call_id: call.id,
+            name: call.name,
+            content: ended.content,
+            outcome: ended.outcome,
+            latency,
+            queue_wait,
+        }
+    }
+}
+
+fn returned(name: &str, result: Result<Value, BoxError>) -> Ended {
+    match result {
+        Ok(value) => Ended::new(Outcome::Ok, value_content(value)),
+        Err(error) => Ended::error(Outcome::Failed, &format!("tool '{name}' failed: {error}")),
+    }
+}
+
+fn panicked(name: &str, panic: &(dyn Any + Send)) -> Ended {
+    Ended::error(
+        Outcome::Panicked,
+        &format!("tool '{name}' panicked: {}", panic_message(panic)),
+    )
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}
+
+/// A duration as people write it: `200ms`, `1.5s`.
+pub(crate) fn human(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", (d.as_millis() as f64 / 1000.0))
+    }
+}
+
+/// Counts a call in `running_calls` while it runs.
+struct Running<'a>(&'a Gauges);
+
+impl<'a> Running<'a> {
+    fn start(gauges: &'a Gauges) -> Running<'a> {
+        gauges.running_calls.fetch_add(1, Ordering::Relaxed);
+        Running(gauges)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running_calls.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a sync call is, shared by its waiter and its pool job.
+struct CallState(AtomicU8);
+
+const QUEUED: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+const ABANDONED: u8 = 3;
+
+/// Where a call was when its waiter gave up on it.
+enum Abandoned {
+    /// Still queued: the pool thread that pops it skips it.
+    Queued,
+    /// Running: its thread is stuck until the tool returns.
+    Running,
+    /// It had just finished: the reply is on its way.
+    AlreadyDone,
+}
+
+impl CallState {
+    fn new() -> CallState {
+        CallState(AtomicU8::new(QUEUED))
+    }
+}
+
+/// The waiter's side of a sync call; if dropped while armed (the turn's future was dropped),
+/// it abandons the call so a queued job is skipped and a running one is counted as stuck.
+struct Waiting<'a> {
+    state: Arc<CallState>,
+    gauges: &'a Gauges,
+    armed: bool,
+}
+
+impl Waiting<'_> {
+    fn abandon(&mut self) -> Abandoned {
+        self.armed = false;
+        let state = &self.state.0;
+        if state
+            .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Abandoned::Queued;
+        }
+        // Count the thread as stuck before it can see ABANDONED and uncount it.
+        self.gauges.stuck_threads.fetch_add(1, Ordering::AcqRel);
+        if state
+            .compare_exchange(RUNNING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Abandoned::Running;
+        }
+        self.gauges.stuck_threads.fetch_sub(1, Ordering::AcqRel);
+        Abandoned::AlreadyDone
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.abandon();
+        }
+    }
+}
+
+/// What a pool job sends back, with the slot it held.
+enum Reply {
+    Finished {
+        /// The tool's result, or the message of its panic.
+        result: Result<Result<Value, BoxError>, String>,
+        queue_wait: Duration,
+        permit: OwnedSemaphorePermit,
+    },
+    Cancelled {
+        reason: Rejected,
+        permit: OwnedSemaphorePermit,
+    },
+}
+
+/// A sync tool call on its way through the pool. It owns the turn's slot until it replies:
+/// a call whose waiter gave up keeps the slot until its thread is free again.
+struct SyncJob {
+    tool: Arc<dyn SyncTool>,
+    args: Arguments,
+    reply: oneshot::Sender<Reply>,
+    state: Arc<CallState>,
+    permit: OwnedSemaphorePermit,
+    enqueued: Instant,
+    gauges: Arc<Gauges>,
+}
+
+impl Job for SyncJob {
+    fn run(self: Box<Self>) {
+        let SyncJob {
+            tool,
+            args,
+            reply,
+            state,
+            permit,
+            enqueued,
+            gauges,
+        } = *self;
+        if state
+            .0
+            .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Abandoned while queued: nobody waits for it, so it does not run.
+            return;
+        }
+        let queue_wait = enqueued.elapsed();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(args)))
+            .map_err(|panic| panic_message(panic.as_ref()));
+        if state.0.swap(DONE, Ordering::AcqRel) == ABANDONED {
+            gauges.stuck_threads.fetch_sub(1, Ordering::AcqRel);
+            tracing::info!(
+                target: "tool_dispatch",
+                ran_for_ms = (enqueued.elapsed() - queue_wait).as_millis() as u64,
+                "a sync tool returned after its caller stopped waiting; its thread is free again"
+            );
+        }
+        let _ = reply.send(Reply::Finished {
+            result,
+            queue_wait,
+            permit,
+        });
+    }
+
+    fn cancel(self: Box<Self>, reason: Rejected) {
+        let SyncJob { reply, permit, .. } = *self;
+        let _ = reply.send(Reply::Cancelled { reason, permit });
+    }
+}

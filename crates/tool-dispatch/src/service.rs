@@ -1,0 +1,357 @@
+//! [`ToolDispatcher`]: the tower `Service` that runs one assistant turn's tool calls.
+
+use std::{
+    fmt,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio_util::{
+    sync::{CancellationToken, PollSemaphore},
+    task::TaskTracker,
+};
+use tower::Service;
+
+use crate::{
+    call::Engine,
+    error::DispatchError,
+    future::ResponseFuture,
+    metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
+    pool::{Pool, PoolConfig, PoolReport},
+    registry::Registry,
+    sync::Ordering,
+    tool::{ToolCall, ToolResult},
+};
+
+/// How a [`ToolDispatcher`] is sized.
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    max_threads: usize,
+    queue_capacity: usize,
+    default_timeout: Duration,
+    thread_name: String,
+}
+
+impl DispatcherConfig {
+    /// A pool of at most `max_threads` threads for sync tools; an engine passes its maximum
+    /// number of rollouts in flight. The queue holds as many calls again, and calls time out
+    /// after five minutes unless a tool sets its own timeout.
+    ///
+    /// # Panics
+    /// If `max_threads` is zero.
+    pub fn new(max_threads: usize) -> DispatcherConfig {
+        assert!(
+            max_threads > 0,
+            "DispatcherConfig::new: max_threads must be at least 1"
+        );
+        DispatcherConfig {
+            max_threads,
+            queue_capacity: max_threads,
+            default_timeout: Duration::from_secs(300),
+            thread_name: "tool-dispatch".to_owned(),
+        }
+    }
+
+    /// How many sync calls may wait for a thread while every thread is busy.
+    pub fn queue_capacity(mut self, capacity: usize) -> DispatcherConfig {
+        self.queue_capacity = capacity;
+        self
+    }
+
+    /// The timeout of a call whose tool sets none.
+    pub fn default_timeout(mut self, timeout: Duration) -> DispatcherConfig {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// The prefix of the pool threads' names (`tool-dispatch-0`, ...).
+    pub fn thread_name(mut self, name: impl Into<String>) -> DispatcherConfig {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// The most threads the pool runs.
+    pub fn max_threads(&self) -> usize {
+        self.max_threads
+    }
+
+    /// How many turns the dispatcher admits at once: one pool slot per turn in flight.
+    pub fn max_turns_in_flight(&self) -> usize {
+        self.max_threads + self.queue_capacity
+    }
+}
+
+/// What [`ToolDispatcher::shutdown`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Calls that were running when shutdown began and finished before the deadline, with any
+    /// outcome.
+    pub completed: u64,
+    /// Calls cancelled: queued for a thread, or not yet started in a turn in flight.
+    pub cancelled: u64,
+    /// Calls still running at the deadline. Their turns resolve them as cancelled; a sync
+    /// tool's thread cannot be killed and finishes on its own.
+    pub still_running: usize,
+    /// Pool threads joined.
+    pub threads_joined: usize,
+    /// Pool threads still running a tool at the deadline, left to exit when it returns.
+    pub threads_detached: usize,
+    /// How long the shutdown took.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for ShutdownReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "tool dispatcher shut down in {:?}: {} call(s) completed, {} cancelled, {} still running at the \
+             deadline; {} thread(s) joined, {} detached",
+            self.elapsed,
+            self.completed,
+            self.cancelled,
+            self.still_running,
+            self.threads_joined,
+            self.threads_detached
+        )
+    }
+}
+
+/// Runs the tool calls of one assistant turn: `Service<Vec<ToolCall>>` answering with one
+/// [`ToolResult`] per call, in the same order.
+///
+/// - Sync tools run on the dispatcher's own pool of at most `max_threads` threads, never on
+///   the runtime's workers and never on tokio's shared blocking pool. Async tools are awaited
+///   on the runtime.
+/// - A turn's calls run one after another, in the model's order; different turns run
+///   concurrently.
+/// - `poll_ready` reserves one of `max_threads + queue_capacity` slots, so it is `Pending`
+///   exactly when the pool could not take another call: that is the backpressure. The slot
+///   lives in the response future; dropping the future releases it.
+/// - Every outcome is a [`ToolResult`] the model can read; a turn never fails because of a
+///   tool. The service's error means only that the dispatcher is shutting down.
+///
+/// Clones share the pool, the tools and the metrics. Requires a tokio runtime with the time
+/// driver enabled. Call [`ToolDispatcher::shutdown`] to drain; dropping the last clone
+/// without it cancels queued calls and lets each pool thread exit after its current call,
+/// without waiting.
+pub struct ToolDispatcher {
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    slots: PollSemaphore,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// State shared by clones but not needed by running turns.
+struct Shared {
+    tracker: TaskTracker,
+    report: OnceCell<ShutdownReport>,
+}
+
+impl ToolDispatcher {
+    /// A dispatcher for `registry`'s tools, sized by `config`. No thread starts until the
+    /// first sync call.
+    pub fn new(registry: Registry, config: DispatcherConfig) -> ToolDispatcher {
+        let pool = Pool::new(PoolConfig {
+            max_threads: config.max_threads,
+            thread_name: config.thread_name,
+        });
+        let slots = Arc::new(Semaphore::new(config.max_threads + config.queue_capacity));
+        let metrics = registry
+            .tools()
+            .iter()
+            .map(|_| ToolMetrics::new())
+            .collect();
+        let engine = Engine {
+            registry,
+            metrics,
+            gauges: Arc::new(Gauges::default()),
+            pool: Arc::new(pool),
+            slots: Arc::clone(&slots),
+            closing: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            default_timeout: config.default_timeout,
+        };
+        ToolDispatcher {
+            engine: Arc::new(engine),
+            shared: Arc::new(Shared {
+                tracker: TaskTracker::new(),
+                report: OnceCell::new(),
+            }),
+            slots: PollSemaphore::new(slots),
+            permit: None,
+        }
+    }
+
+    /// The tools this dispatcher runs.
+    pub fn registry(&self) -> &Registry {
+        &self.engine.registry
+    }
+
+    /// Runs one turn: waits for a slot, then runs the calls. A shorthand for
+    /// `ServiceExt::oneshot` on a clone.
+    pub async fn run(&self, calls: Vec<ToolCall>) -> Result<Vec<ToolResult>, DispatchError> {
+        let mut service = self.clone();
+        std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+        service.call(calls).await
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_closed(&self) -> bool {
+        self.engine.closing.is_cancelled()
+    }
+
+    /// The metrics so far.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let engine = &self.engine;
+        let pool = engine.pool.state();
+        MetricsSnapshot {
+            tools: engine
+                .registry
+                .names()
+                .zip(&engine.metrics)
+                .map(|(name, metrics)| metrics.snapshot(name))
+                .collect(),
+            unknown_tool: engine.gauges.unknown_tool.load(Ordering::Relaxed),
+            running_calls: engine.gauges.running_calls.load(Ordering::Relaxed),
+            pool: PoolSnapshot {
+                max_threads: engine.pool.max_threads(),
+                threads: pool.threads,
+                busy: pool.running,
+                queued: pool.queued,
+                stuck: engine.gauges.stuck_threads.load(Ordering::Relaxed),
+                completed: pool.completed,
+            },
+        }
+    }
+
+    /// Drains the dispatcher: stops admitting turns, cancels every call that has not started
+    /// (queued for a thread, or later in a turn in flight), awaits the running calls until
+    /// `timeout`, then abandons the rest and joins every pool thread that is free by then.
+    /// Concurrent and repeated calls all get the first shutdown's report.
+    pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
+        let engine = Arc::clone(&self.engine);
+        let shared = Arc::clone(&self.shared);
+        *self
+            .shared
+            .report
+            .get_or_init(|| drain(engine, shared, timeout))
+            .await
+    }
+}
+
+async fn drain(engine: Arc<Engine>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let gauges = &engine.gauges;
+    let finished_before = gauges.finished.load(Ordering::Relaxed);
+    let cancelled_before = gauges.cancelled.load(Ordering::Relaxed);
+
+    engine.slots.close();
+    engine.closing.cancel();
+    shared.tracker.close();
+    engine.pool.close();
+
+    let drained = tokio::time::timeout_at(deadline, shared.tracker.wait())
+        .await
+        .is_ok();
+    let still_running = if drained {
+        0
+    } else {
+        gauges.running_calls.load(Ordering::Relaxed)
+    };
+    let completed = gauges.finished.load(Ordering::Relaxed) - finished_before;
+    let cancelled = gauges.cancelled.load(Ordering::Relaxed) - cancelled_before;
+    engine.abort.cancel();
+
+    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let pool = join_pool(Arc::clone(&engine.pool), remaining).await;
+    let report = ShutdownReport {
+        completed,
+        cancelled,
+        still_running,
+        threads_joined: pool.threads_joined,
+        threads_detached: pool.threads_detached,
+        elapsed: started.elapsed(),
+    };
+    tracing::info!(target: "tool_dispatch", "{report}");
+    report
+}
+
+/// Joins the pool's threads for at most `timeout` on a thread of its own, so that the runtime
+/// never blocks on them.
+async fn join_pool(pool: Arc<Pool>, timeout: Duration) -> PoolReport {
+    let (done, joined) = oneshot::channel();
+    let threads = pool.state().threads;
+    let spawned = std::thread::Builder::new()
+        .name("tool-dispatch-shutdown".to_owned())
+        .spawn(move || {
+            let _ = done.send(pool.shutdown(Some(timeout)));
+        });
+    match spawned {
+        Ok(_) => joined.await.unwrap_or_default(),
+        Err(error) => {
+            tracing::warn!(%error, "could not start a thread to join the tool pool; leaving its threads to exit");
+            PoolReport {
+                threads_detached: threads,
+                ..PoolReport::default()
+            }
+        }
+    }
+}
+
+impl Clone for ToolDispatcher {
+    /// A clone shares everything but a slot reserved by `poll_ready`, which stays with `self`.
+    fn clone(&self) -> ToolDispatcher {
+        ToolDispatcher {
+            engine: Arc::clone(&self.engine),
+            shared: Arc::clone(&self.shared),
+            slots: self.slots.clone(),
+            permit: None,
+        }
+    }
+}
+
+impl fmt::Debug for ToolDispatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolDispatcher")
+            .field("tools", &self.engine.registry.names().collect::<Vec<_>>())
+            .field("pool", &self.engine.pool)
+            .field("closed", &self.is_closed())
+            .field("reserved", &self.permit.is_some())
+            .finish()
+    }
+}
+
+impl Service<Vec<ToolCall>> for ToolDispatcher {
+    type Response = Vec<ToolResult>;
+    type Error = DispatchError;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), DispatchError>> {
+        if self.engine.closing.is_cancelled() {
+            self.permit = None;
+            return Poll::Ready(Err(DispatchError::closed()));
+        }
+        if self.permit.is_none() {
+            match ready!(self.slots.poll_acquire(cx)) {
+                Some(permit) => self.permit = Some(permit),
+                None => return Poll::Ready(Err(DispatchError::closed())),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, calls: Vec<ToolCall>) -> ResponseFuture {
+        let permit = self.permit.take().expect("poll_ready must be called first");
+        let engine = Arc::clone(&self.engine);
+        // Taken now, not when first polled, so that shutdown waits for this turn.
+        let tracked = self.shared.tracker.token();
+        ResponseFuture::new(async move {
+            let results = engine.run_turn(calls, permit).await;
+            drop(tracked);
+            Ok(results)
+        })
+    }
+}

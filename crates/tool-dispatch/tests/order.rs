@@ -1,0 +1,172 @@
+//! A turn's calls run one after another in the model's order; turns run concurrently.
+
+use std::{
+    sync::{
+        Arc, Barrier, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use serde_json::json;
+use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
+
+use crate::dispatcher;
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn logging_sync(name: &str, log: &Log, delay: Duration) -> Tool {
+    let (log, label) = (Arc::clone(log), name.to_owned());
+    Tool::new_sync(
+        ToolSpec::new(name, "Logs its call"),
+        move |args: Arguments| {
+            std::thread::sleep(delay);
+            let entry = format!("{label}:{}", args.get("n").cloned().unwrap_or_default());
+            log.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(entry.clone());
+            Ok(json!(entry))
+        },
+    )
+}
+
+fn logging_async(name: &str, log: &Log, delay: Duration) -> Tool {
+    let (log, label) = (Arc::clone(log), name.to_owned());
+    Tool::new_async(
+        ToolSpec::new(name, "Logs its call"),
+        move |args: Arguments| {
+            let (log, label) = (Arc::clone(&log), label.clone());
+            async move {
+                tokio::time::sleep(delay).await;
+                let entry = format!("{label}:{}", args.get("n").cloned().unwrap_or_default());
+                log.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(entry.clone());
+                Ok(json!(entry))
+            }
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_sync_and_async_calls_keep_the_models_order_and_their_counts() {
+    let log = Log::default();
+    let dispatcher = dispatcher(
+        vec![
+            // The slow sync call comes first: run concurrently, the async ones would finish
+            // before it and the log would be out of order.
+            logging_sync("slow_sync", &log, Duration::from_millis(40)),
+            logging_async("fast_async", &log, Duration::from_millis(1)),
+            logging_sync("fast_sync", &log, Duration::ZERO),
+        ],
+        DispatcherConfig::new(4),
+    );
+    let calls: Vec<ToolCall> = [
+        ("slow_sync", 1),
+        ("fast_async", 2),
+        ("fast_sync", 3),
+        ("fast_async", 4),
+        ("slow_sync", 5),
+        ("nope", 6),
+        ("fast_sync", 7),
+    ]
+    .into_iter()
+    .map(|(name, n)| ToolCall::new(name, json!({ "n": n })).with_id(format!("call_{n}")))
+    .collect();
+
+    let results = dispatcher.run(calls).await.expect("the dispatcher is open");
+
+    let expected_log = [
+        "slow_sync:1",
+        "fast_async:2",
+        "fast_sync:3",
+        "fast_async:4",
+        "slow_sync:5",
+        "fast_sync:7",
+    ];
+    assert_eq!(*log.lock().unwrap_or_else(|e| e.into_inner()), expected_log);
+    let ids: Vec<_> = results
+        .iter()
+        .map(|r| r.call_id.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "call_1", "call_2", "call_3", "call_4", "call_5", "call_6", "call_7"
+        ]
+    );
+    assert_eq!(results[0].content, "slow_sync:1");
+    assert_eq!(results[5].outcome, Outcome::UnknownTool);
+
+    let metrics = dispatcher.metrics();
+    let counts = |name: &str| metrics.tool(name).map(|t| (t.calls, t.ok));
+    assert_eq!(counts("slow_sync"), Some((2, 2)));
+    assert_eq!(counts("fast_async"), Some((2, 2)));
+    assert_eq!(counts("fast_sync"), Some((2, 2)));
+    assert_eq!(metrics.unknown_tool, 1);
+    // Only sync calls wait for a pool thread.
+    assert_eq!(
+        metrics.tool("slow_sync").map(|t| t.queue_wait.count),
+        Some(2)
+    );
+    assert_eq!(
+        metrics.tool("fast_async").map(|t| t.queue_wait.count),
+        Some(0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_of_different_rollouts_run_concurrently_up_to_the_pool_bound() {
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    // Two calls must be inside the tool at once to pass the barrier: with fewer threads than
+    // that the test would time out in the barrier's partner wait instead.
+    let barrier = Arc::new(Barrier::new(2));
+    let tool = {
+        let (running, peak, barrier) = (
+            Arc::clone(&running),
+            Arc::clone(&peak),
+            Arc::clone(&barrier),
+        );
+        Tool::new_sync(ToolSpec::new("work", "Works"), move |_: Arguments| {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            barrier.wait();
+            std::thread::sleep(Duration::from_millis(20));
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok(json!(std::thread::current().name().unwrap_or_default()))
+        })
+    };
+    let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(2).thread_name("td-order"));
+
+    let turns: Vec<_> = (0..6)
+        .map(|_| {
+            let dispatcher = dispatcher.clone();
+            tokio::spawn(
+                async move { dispatcher.run(vec![ToolCall::new("work", json!({}))]).await },
+            )
+        })
+        .collect();
+    let mut thread_names = Vec::new();
+    for turn in turns {
+        let results = turn
+            .await
+            .expect("the turn task does not panic")
+            .expect("open");
+        assert_eq!(results[0].outcome, Outcome::Ok, "{}", results[0].content);
+        thread_names.push(results[0].content.clone());
+    }
+
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        2,
+        "two turns ran at once, never more"
+    );
+    assert!(
+        thread_names
+            .iter()
+            .all(|name| name.starts_with("td-order-")),
+        "sync tools run on the dispatcher's own threads, not the runtime's: {thread_names:?}"
+    );
+    assert_eq!(dispatcher.metrics().pool.threads, 2);
+}

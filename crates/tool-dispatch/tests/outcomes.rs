@@ -1,0 +1,275 @@
+//! Every outcome is a message the model can read, counted by kind; nothing crashes the caller.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tool_dispatch::{Arguments, BoxError, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
+
+use crate::{Gate, dispatcher, eventually, gated, ok_value, quick};
+
+fn error_of(content: &str) -> String {
+    let value: Value = serde_json::from_str(content).expect("error contents are JSON");
+    value["error"]
+        .as_str()
+        .expect("an \"error\" string")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn an_unknown_name_lists_the_known_tools_and_is_counted_apart() {
+    let dispatcher = dispatcher(
+        vec![quick("alpha"), quick("beta")],
+        DispatcherConfig::new(1),
+    );
+    let results = dispatcher
+        .run(vec![ToolCall::new("gamma", json!({})).with_id("c1")])
+        .await
+        .expect("open");
+
+    assert_eq!(results[0].outcome, Outcome::UnknownTool);
+    assert_eq!(
+        error_of(&results[0].content),
+        "unknown tool 'gamma'; available tools: alpha, beta"
+    );
+    assert_eq!(
+        results[0].to_message(),
+        json!({ "role": "tool", "tool_call_id": "c1", "name": "gamma", "content": results[0].content })
+    );
+    let metrics = dispatcher.metrics();
+    assert_eq!(metrics.unknown_tool, 1);
+    assert!(metrics.tools.iter().all(|tool| tool.calls == 0));
+}
+
+#[tokio::test]
+async fn bad_arguments_are_refused_before_the_tool_runs() {
+    let ran = Arc::new(AtomicBool::new(false));
+    let spec = ToolSpec::new("add", "Adds").parameters(json!({
+        "type": "object",
+        "properties": { "a": { "type": "integer" }, "b": { "type": "integer" } },
+        "required": ["a", "b"]
+    }));
+    let tool = {
+        let ran = Arc::clone(&ran);
+        Tool::new_sync(spec, move |_: Arguments| {
+            ran.store(true, Ordering::SeqCst);
+            ok_value(json!(0))
+        })
+    };
+    let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
+    let results = dispatcher
+        .run(vec![
+            ToolCall::new("add", json!({ "a": 1 })),
+            ToolCall::new("add", json!("[1, 2]")),
+            ToolCall::new("add", json!({ "a": 1, "b": "2" })),
+        ])
+        .await
+        .expect("open");
+
+    let errors: Vec<String> = results.iter().map(|r| error_of(&r.content)).collect();
+    assert_eq!(
+        errors,
+        [
+            "invalid arguments for tool 'add': missing required argument(s): b",
+            "invalid arguments for tool 'add': arguments must be a JSON object, got an array in a string",
+            "invalid arguments for tool 'add': argument 'b' must be an integer, got a string",
+        ]
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r.outcome == Outcome::InvalidArguments)
+    );
+    assert!(!ran.load(Ordering::SeqCst), "the tool never ran");
+    assert_eq!(
+        dispatcher
+            .metrics()
+            .tool("add")
+            .map(|t| (t.calls, t.invalid_arguments)),
+        Some((3, 3))
+    );
+}
+
+#[tokio::test]
+async fn a_tool_error_becomes_an_error_message() {
+    let tool = Tool::new_sync(
+        ToolSpec::new("open", "Opens a file"),
+        |_: Arguments| -> Result<Value, BoxError> { Err("no such file: notes.txt".into()) },
+    );
+    let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
+    let results = dispatcher
+        .run(vec![ToolCall::new("open", json!({}))])
+        .await
+        .expect("open");
+
+    assert_eq!(results[0].outcome, Outcome::Failed);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'open' failed: no such file: notes.txt"
+    );
+    assert_eq!(dispatcher.metrics().tool("open").map(|t| t.failed), Some(1));
+}
+
+#[tokio::test]
+async fn a_panicking_sync_tool_is_reported_and_its_thread_survives() {
+    let boom = Tool::new_sync(
+        ToolSpec::new("boom", "Panics"),
+        |_: Arguments| -> Result<Value, BoxError> { panic!("index out of bounds: the len is 0") },
+    );
+    let dispatcher = dispatcher(vec![boom, quick("after")], DispatcherConfig::new(1));
+    let results = dispatcher
+        .run(vec![
+            ToolCall::new("boom", json!({})),
+            ToolCall::new("after", json!({})),
+        ])
+        .await
+        .expect("open");
+
+    assert_eq!(results[0].outcome, Outcome::Panicked);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'boom' panicked: index out of bounds: the len is 0"
+    );
+    assert_eq!(
+        results[1].content, "after",
+        "the same single thread ran the next call"
+    );
+    let metrics = dispatcher.metrics();
+    assert_eq!(metrics.tool("boom").map(|t| t.panicked), Some(1));
+    assert_eq!(metrics.pool.threads, 1);
+}
+
+#[tokio::test]
+async fn a_panicking_async_tool_is_reported() {
+    let boom = Tool::new_async(ToolSpec::new("boom", "Panics"), |_: Arguments| async {
+        tokio::task::yield_now().await;
+        panic!("async boom")
+    });
+    let dispatcher = dispatcher(vec![boom], DispatcherConfig::new(1));
+    let results = dispatcher
+        .run(vec![ToolCall::new("boom", json!({}))])
+        .await
+        .expect("open");
+
+    assert_eq!(results[0].outcome, Outcome::Panicked);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'boom' panicked: async boom"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_timeout_answers_at_once_and_counts_the_thread_as_stuck_until_it_returns() {
+    let gate = Gate::default();
+    let dispatcher = dispatcher(
+        vec![gated("slow", &gate).timeout(Duration::from_millis(50))],
+        DispatcherConfig::new(1),
+    );
+    let results = dispatcher
+        .run(vec![ToolCall::new("slow", json!({}))])
+        .await
+        .expect("open");
+
+    assert_eq!(results[0].outcome, Outcome::TimedOut);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'slow' timed out after 50ms"
+    );
+    let metrics = dispatcher.metrics();
+    assert_eq!(metrics.tool("slow").map(|t| t.timed_out), Some(1));
+    assert_eq!((metrics.pool.stuck, metrics.pool.busy), (1, 1));
+
+    gate.open();
+    assert!(eventually(|| dispatcher.metrics().pool.stuck == 0).await);
+    assert_eq!(dispatcher.metrics().pool.busy, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_async_timeout_cancels_the_tools_future() {
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let tool = {
+        let dropped = Arc::clone(&dropped);
+        Tool::new_async(ToolSpec::new("hang", "Hangs"), move |_: Arguments| {
+            let guard = SetOnDrop(Arc::clone(&dropped));
+            async move {
+                let _guard = guard;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                ok_value(json!("late"))
+            }
+        })
+        .timeout(Duration::from_secs(2))
+    };
+    let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
+    let results = dispatcher
+        .run(vec![ToolCall::new("hang", json!({}))])
+        .await
+        .expect("open");
+
+    assert_eq!(results[0].outcome, Outcome::TimedOut);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'hang' timed out after 2s"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the async tool's future was dropped"
+    );
+    assert_eq!(dispatcher.metrics().pool.stuck, 0);
+}
+
+#[tokio::test]
+async fn a_call_that_times_out_while_queued_never_runs() {
+    let gate = Gate::default();
+    let ran = Arc::new(AtomicBool::new(false));
+    let queued = {
+        let ran = Arc::clone(&ran);
+        Tool::new_sync(ToolSpec::new("queued", "Runs late"), move |_: Arguments| {
+            ran.store(true, Ordering::SeqCst);
+            ok_value(json!("ran"))
+        })
+        .timeout(Duration::from_millis(30))
+    };
+    let dispatcher = dispatcher(
+        vec![gated("block", &gate), queued],
+        DispatcherConfig::new(1),
+    );
+
+    let blocker = {
+        let dispatcher = dispatcher.clone();
+        tokio::spawn(async move {
+            dispatcher
+                .run(vec![ToolCall::new("block", json!({}))])
+                .await
+        })
+    };
+    assert!(eventually(|| dispatcher.metrics().pool.busy == 1).await);
+    let results = dispatcher
+        .run(vec![ToolCall::new("queued", json!({}))])
+        .await
+        .expect("open");
+    assert_eq!(results[0].outcome, Outcome::TimedOut);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'queued' timed out after 30ms waiting for a pool thread"
+    );
+
+    gate.open();
+    blocker.await.expect("no panic").expect("open");
+    assert!(eventually(|| dispatcher.metrics().pool.completed == 2).await);
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "an abandoned queued call is skipped"
+    );
+    assert_eq!(dispatcher.metrics().pool.stuck, 0);
+}
