@@ -9,7 +9,9 @@
 //!   the heartbeat; not on tokio's shared blocking pool, where tools and reward scoring would
 //!   queue behind each other.
 //! - **Async tools** are awaited on the runtime. Whether a tool is sync or async is declared
-//!   when it is registered ([`Tool::new_sync`], [`Tool::new_async`]), never guessed.
+//!   when it is registered ([`Tool::new_sync`], [`Tool::new_async`], or [`Tool::from_sync`]
+//!   and [`Tool::from_async`] for types implementing [`SyncTool`] / [`AsyncTool`]), never
+//!   guessed.
 //! - **Order**: the calls of one turn run one after another in the model's order, since tools
 //!   with an environment behind them are stateful. Turns of different rollouts run
 //!   concurrently.

@@ -130,6 +130,8 @@ pub(crate) enum Runner {
 ///
 /// Whether a tool is sync or async is said at construction, not guessed: a tool that is
 /// registered as sync always runs on the pool and one registered as async is always awaited.
+/// Closures go through [`Tool::new_sync`] / [`Tool::new_async`]; types implementing
+/// [`SyncTool`] / [`AsyncTool`] themselves through [`Tool::from_sync`] / [`Tool::from_async`].
 #[derive(Clone)]
 pub struct Tool {
     pub(crate) spec: ToolSpec,
@@ -138,8 +140,25 @@ pub struct Tool {
 }
 
 impl Tool {
-    /// A blocking tool, run on the dispatcher's thread pool.
-    pub fn new_sync(spec: ToolSpec, tool: impl SyncTool) -> Tool {
+    /// A blocking tool from a function or closure, run on the dispatcher's thread pool.
+    pub fn new_sync<F>(spec: ToolSpec, tool: F) -> Tool
+    where
+        F: Fn(Arguments) -> Result<Value, BoxError> + Send + Sync + 'static,
+    {
+        Tool::from_sync(spec, tool)
+    }
+
+    /// An async tool from a function or closure returning a future, awaited on the runtime.
+    pub fn new_async<F, Fut>(spec: ToolSpec, tool: F) -> Tool
+    where
+        F: Fn(Arguments) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, BoxError>> + Send + 'static,
+    {
+        Tool::from_async(spec, tool)
+    }
+
+    /// A blocking tool from any [`SyncTool`], such as a struct holding an environment.
+    pub fn from_sync(spec: ToolSpec, tool: impl SyncTool) -> Tool {
         Tool {
             spec,
             runner: Runner::Sync(std::sync::Arc::new(tool)),
@@ -147,8 +166,8 @@ impl Tool {
         }
     }
 
-    /// An async tool, awaited on the runtime.
-    pub fn new_async(spec: ToolSpec, tool: impl AsyncTool) -> Tool {
+    /// An async tool from any [`AsyncTool`], such as a struct holding a client.
+    pub fn from_async(spec: ToolSpec, tool: impl AsyncTool) -> Tool {
         Tool {
             spec,
             runner: Runner::Async(std::sync::Arc::new(tool)),

@@ -46,7 +46,7 @@ async fn run_inline(tool: &impl SyncTool, args: Arguments) -> String {
 #[tokio::test]
 async fn the_runtime_keeps_ticking_while_a_sync_tool_blocks() {
     let dispatcher = dispatcher(
-        vec![Tool::new_sync(
+        vec![Tool::from_sync(
             ToolSpec::new("sleep", "Blocks for 200 ms"),
             sleeper(),
         )],

@@ -170,3 +170,63 @@ async fn turns_of_different_rollouts_run_concurrently_up_to_the_pool_bound() {
     );
     assert_eq!(dispatcher.metrics().pool.threads, 2);
 }
+
+/// A tool with an environment behind it: a struct, not a closure.
+struct Counter(AtomicUsize);
+
+impl tool_dispatch::SyncTool for Counter {
+    fn call(&self, _: Arguments) -> Result<serde_json::Value, tool_dispatch::BoxError> {
+        Ok(json!(self.0.fetch_add(1, Ordering::SeqCst) + 1))
+    }
+}
+
+/// An async tool as a struct.
+struct Echo {
+    prefix: String,
+}
+
+impl tool_dispatch::AsyncTool for Echo {
+    fn call(
+        &self,
+        args: Arguments,
+    ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, tool_dispatch::BoxError>>
+    {
+        let text = format!(
+            "{}{}",
+            self.prefix,
+            args.get("text")
+                .and_then(|t| t.as_str())
+                .unwrap_or_default()
+        );
+        Box::pin(async move { Ok(json!(text)) })
+    }
+}
+
+#[tokio::test]
+async fn structs_implementing_the_tool_traits_are_tools_too() {
+    let dispatcher = dispatcher(
+        vec![
+            Tool::from_sync(
+                ToolSpec::new("count", "Counts its calls"),
+                Counter(AtomicUsize::new(0)),
+            ),
+            Tool::from_async(
+                ToolSpec::new("echo", "Echoes"),
+                Echo {
+                    prefix: "> ".into(),
+                },
+            ),
+        ],
+        DispatcherConfig::new(1),
+    );
+    let results = dispatcher
+        .run(vec![
+            ToolCall::new("count", json!({})),
+            ToolCall::new("echo", json!({ "text": "hi" })),
+            ToolCall::new("count", json!({})),
+        ])
+        .await
+        .expect("open");
+    let contents: Vec<&str> = results.iter().map(|r| r.content.as_str()).collect();
+    assert_eq!(contents, ["1", "> hi", "2"]);
+}
