@@ -11,15 +11,7 @@ use std::{
 use serde_json::{Value, json};
 use tool_dispatch::{Arguments, BoxError, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 
-use crate::{Gate, dispatcher, eventually, gated, ok_value, quick};
-
-fn error_of(content: &str) -> String {
-    let value: Value = serde_json::from_str(content).expect("error contents are JSON");
-    value["error"]
-        .as_str()
-        .expect("an \"error\" string")
-        .to_owned()
-}
+use crate::{Gate, dispatcher, error_of, eventually, gated, ok_value, quick};
 
 #[tokio::test]
 async fn an_unknown_name_lists_the_known_tools_and_is_counted_apart() {

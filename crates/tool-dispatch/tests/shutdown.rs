@@ -3,15 +3,10 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tool_dispatch::{DispatcherConfig, Outcome, ToolCall, ToolDispatcher};
 
-use crate::{Gate, dispatcher, eventually, gated, quick, threads_named};
-
-fn error_of(content: &str) -> String {
-    let value: Value = serde_json::from_str(content).expect("error contents are JSON");
-    value["error"].as_str().unwrap_or_default().to_owned()
-}
+use crate::{Gate, dispatcher, error_of, eventually, gated, quick, threads_named};
 
 fn spawn_turn(
     dispatcher: &ToolDispatcher,

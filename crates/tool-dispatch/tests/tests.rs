@@ -67,6 +67,15 @@ pub(crate) fn dispatcher(tools: Vec<Tool>, config: DispatcherConfig) -> ToolDisp
     ToolDispatcher::new(registry, config)
 }
 
+/// The message of an `{"error": ...}` tool result.
+pub(crate) fn error_of(content: &str) -> String {
+    let value: Value = serde_json::from_str(content).expect("error contents are JSON");
+    value["error"]
+        .as_str()
+        .expect("an \"error\" string")
+        .to_owned()
+}
+
 pub(crate) fn ok_value(value: Value) -> Result<Value, BoxError> {
     Ok(value)
 }
