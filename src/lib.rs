@@ -6,9 +6,13 @@
 //! | feature | crate | what it does |
 //! |---|---|---|
 //! | `tool-dispatch` (default) | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
+//! | `scoring` (default) | [`scoring`] | reward functions over groups, and group advantages (GRPO, Dr. GRPO, RLOO, batch std) |
 //!
 //! Each crate is also usable on its own.
 
+#[cfg(feature = "scoring")]
+#[doc(inline)]
+pub use scoring;
 #[cfg(feature = "tool-dispatch")]
 #[doc(inline)]
 pub use tool_dispatch;

@@ -1,0 +1,307 @@
+//! Group advantages: GRPO, Dr. GRPO, RLOO and batch-level std, with their knobs.
+//!
+//! Which completions form the baseline is decided here, once: a completion enters its
+//! group's mean and std only if it has a finite reward *and* produced a training row. An
+//! unscorable completion, or one whose trace was empty (a failed session, no recovered
+//! tokens), gets advantage 0 and never shifts its siblings' advantages.
+
+use serde::{Deserialize, Serialize};
+
+/// How the baseline and the scale are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// `(r - mean) / std` over the group.
+    Grpo,
+    /// `r - mean`: no division by the std (Dr. GRPO).
+    DrGrpo,
+    /// `r - mean of the others` (RLOO's leave-one-out baseline), equal to
+    /// `n / (n - 1) * (r - mean)`; no std.
+    Rloo,
+    /// `(r - group mean) / std over every baseline reward of the batch`.
+    BatchStd,
+}
+
+/// Which standard deviation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdKind {
+    /// Divide by `n` (numpy's default).
+    Population,
+    /// Divide by `n - 1` (torch's default).
+    Unbiased,
+}
+
+/// Where the epsilon goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpsPlacement {
+    /// `(r - mean) / (std + eps)`.
+    AddToStd,
+    /// `(r - mean) / sqrt(var + eps)`.
+    InsideSqrt,
+}
+
+/// The estimator and its knobs. [`AdvantageConfig::default`] is the `trl` preset.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdvantageConfig {
+    /// The estimator.
+    pub estimator: Estimator,
+    /// Population or unbiased std (GRPO and batch std).
+    pub std: StdKind,
+    /// The epsilon that keeps the division finite.
+    pub eps: f64,
+    /// Where the epsilon goes.
+    pub eps_placement: EpsPlacement,
+    /// Clip every advantage to `[-clip, clip]`.
+    pub clip: Option<f64>,
+    /// Drop groups whose baseline rewards are all equal (they carry no signal).
+    pub drop_zero_variance: bool,
+}
+
+/// The presets, by name, for configuration files and flags.
+pub const PRESETS: [&str; 5] = ["trl", "grpo", "dr_grpo", "rloo", "batch"];
+
+impl AdvantageConfig {
+    /// A named preset:
+    /// - `trl`: GRPO, `(r - mean) / (std + 1e-8)` with the population std over the scorable
+    ///   completions (TRL's async GRPO);
+    /// - `grpo`: GRPO with the unbiased std and `1e-6` (verl's default);
+    /// - `dr_grpo`: `r - mean`;
+    /// - `rloo`: leave-one-out baseline;
+    /// - `batch`: group mean, population std over the whole batch, `1e-8`.
+    pub fn preset(name: &str) -> Option<AdvantageConfig> {
+        let base = AdvantageConfig {
+            estimator: Estimator::Grpo,
+            std: StdKind::Population,
+            eps: 1e-8,
+            eps_placement: EpsPlacement::AddToStd,
+            clip: None,
+            drop_zero_variance: false,
+        };
+        Some(match name {
+            "trl" => base,
+            "grpo" => AdvantageConfig {
+                std: StdKind::Unbiased,
+                eps: 1e-6,
+                ..base
+            },
+            "dr_grpo" => AdvantageConfig {
+                estimator: Estimator::DrGrpo,
+                ..base
+            },
+            "rloo" => AdvantageConfig {
+                estimator: Estimator::Rloo,
+                ..base
+            },
+            "batch" => AdvantageConfig {
+                estimator: Estimator::BatchStd,
+                ..base
+            },
+            _ => return None,
+        })
+    }
+}
+
+impl Default for AdvantageConfig {
+    fn default() -> AdvantageConfig {
+        AdvantageConfig::preset("trl").unwrap_or_else(|| unreachable!("trl is a preset"))
+    }
+}
+
+/// What the estimator needs to know of one completion.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompletionReward {
+    /// The combined reward; `None` when unscorable.
+    pub reward: Option<f64>,
+    /// Whether the completion produced a training row (false for an empty trace).
+    pub has_training_row: bool,
+}
+
+impl CompletionReward {
+    /// A scorable completion with a training row.
+    pub fn scored(reward: f64) -> CompletionReward {
+        CompletionReward {
+            reward: Some(reward),
+            has_training_row: true,
+        }
+    }
+
+    /// An unscorable completion with a training row.
+    pub fn unscorable() -> CompletionReward {
+        CompletionReward {
+            reward: None,
+            has_training_row: true,
+        }
+    }
+
+    fn baseline_reward(&self) -> Option<f64> {
+        self.reward
+            .filter(|r| r.is_finite() && self.has_training_row)
+    }
+}
+
+/// What kind of group the estimator saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupKind {
+    /// Two or more baseline rewards, not all equal.
+    Normal,
+    /// No completion entered the baseline: every advantage is 0.
+    Empty,
+    /// One completion entered the baseline: nothing to compare it with, advantage 0.
+    Singleton,
+    /// Every baseline reward is equal: advantage 0 (the group is dropped when configured).
+    ZeroVariance,
+}
+
+/// The advantages of one group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupAdvantages {
+    /// One advantage per completion, in order; 0 outside the baseline.
+    pub advantages: Vec<f64>,
+    /// What kind of group it was.
+    pub kind: GroupKind,
+    /// Whether the group is to be dropped (zero variance with `drop_zero_variance`).
+    pub dropped: bool,
+    /// How many completions formed the baseline.
+    pub baseline_size: usize,
+    /// Mean of the baseline rewards (0 when empty).
+    pub mean: f64,
+    /// Std of the baseline rewards as configured (0 when fewer than two).
+    pub std: f64,
+    /// Completions whose reward was NaN or infinite (left out, advantage 0).
+    pub non_finite: usize,
+}
+
+/// Advantages of one group. For [`Estimator::BatchStd`] the std is the group's own; use
+/// [`batch_advantages`] to share it across a batch.
+pub fn group_advantages(
+    completions: &[CompletionReward],
+    config: &AdvantageConfig,
+) -> GroupAdvantages {
+    let stats = Stats::of(completions, config.std);
+    let scale = stats.std;
+    advantages_with(completions, config, &stats, scale)
+}
+
+/// Advantages of several groups at once. Every estimator but [`Estimator::BatchStd`] treats
+/// each group on its own; batch std centres each group on its own mean and divides by the std
+/// of every baseline reward in the batch.
+pub fn batch_advantages(
+    groups: &[Vec<CompletionReward>],
+    config: &AdvantageConfig,
+) -> Vec<GroupAdvantages> {
+    if config.estimator != Estimator::BatchStd {
+        return groups
+            .iter()
+            .map(|group| group_advantages(group, config))
+            .collect();
+    }
+    let all: Vec<CompletionReward> = groups.iter().flatten().copied().collect();
+    let batch = Stats::of(&all, config.std);
+    groups
+        .iter()
+        .map(|group| {
+            let stats = Stats::of(group, config.std);
+            advantages_with(group, config, &stats, batch.std)
+        })
+        .collect()
+}
+
+/// Mean and std of the baseline rewards of some completions.
+struct Stats {
+    n: usize,
+    mean: f64,
+    std: f64,
+    all_equal: bool,
+    non_finite: usize,
+}
+
+impl Stats {
+    fn of(completions: &[CompletionReward], kind: StdKind) -> Stats {
+        let mut n = 0usize;
+        let mut sum = 0.0;
+        let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+        let mut non_finite = 0;
+        for completion in completions {
+            if completion.reward.is_some_and(|r| !r.is_finite()) {
+                non_finite += 1;
+            }
+            if let Some(r) = completion.baseline_reward() {
+                n += 1;
+                sum += r;
+                min = min.min(r);
+                max = max.max(r);
+            }
+        }
+        let mean = if n == 0 { 0.0 } else { sum / n as f64 };
+        let divisor = match kind {
+            StdKind::Population => n as f64,
+            StdKind::Unbiased => n.saturating_sub(1) as f64,
+        };
+        let std = if n < 2 || divisor == 0.0 {
+            0.0
+        } else {
+            let squares: f64 = completions
+                .iter()
+                .filter_map(CompletionReward::baseline_reward)
+                .map(|r| (r - mean) * (r - mean))
+                .sum();
+            (squares / divisor).sqrt()
+        };
+        Stats {
+            n,
+            mean,
+            std,
+            all_equal: n > 0 && min == max,
+            non_finite,
+        }
+    }
+}
+
+fn advantages_with(
+    completions: &[CompletionReward],
+    config: &AdvantageConfig,
+    stats: &Stats,
+    scale: f64,
+) -> GroupAdvantages {
+    let kind = match stats.n {
+        0 => GroupKind::Empty,
+        1 => GroupKind::Singleton,
+        _ if stats.all_equal => GroupKind::ZeroVariance,
+        _ => GroupKind::Normal,
+    };
+    let n = stats.n as f64;
+    let denominator = match config.eps_placement {
+        EpsPlacement::AddToStd => scale + config.eps,
+        EpsPlacement::InsideSqrt => (scale * scale + config.eps).sqrt(),
+    };
+    let advantage = |r: f64| -> f64 {
+        let a = match config.estimator {
+            Estimator::Grpo | Estimator::BatchStd => (r - stats.mean) / denominator,
+            Estimator::DrGrpo => r - stats.mean,
+            Estimator::Rloo => n / (n - 1.0) * (r - stats.mean),
+        };
+        match config.clip {
+            Some(clip) => a.clamp(-clip, clip),
+            None => a,
+        }
+    };
+    let advantages = completions
+        .iter()
+        .map(|completion| match (kind, completion.baseline_reward()) {
+            (GroupKind::Normal, Some(r)) => advantage(r),
+            _ => 0.0,
+        })
+        .collect();
+    GroupAdvantages {
+        advantages,
+        kind,
+        dropped: kind == GroupKind::ZeroVariance && config.drop_zero_variance,
+        baseline_size: stats.n,
+        mean: stats.mean,
+        std: stats.std,
+        non_finite: stats.non_finite,
+    }
+}

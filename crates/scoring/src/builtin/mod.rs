@@ -1,0 +1,183 @@
+//! Built-in reward functions, and the `KIND:ARG[@WEIGHT]` specs that name them on a command
+//! line or in a config file.
+//!
+//! | spec | function | score |
+//! |---|---|---|
+//! | `exact:COLUMN` | [`ExactMatch`] | 1 if the answer equals the column (after normalisation), else 0 |
+//! | `regex:PATTERN` | [`RegexMatch`] | 1 if the answer matches the pattern anywhere, else 0 |
+//! | `numeric:COLUMN` | [`NumericMatch`] | 1 if the answer's number (last `\boxed{}`, else last number) equals the column's within tolerance, else 0 |
+//! | `length:MAX[:BUFFER]` | [`LengthPenalty`] | 0 up to `MAX - BUFFER` tokens, falling linearly to -1 at `MAX`, -1 beyond |
+//! | `command:PROGRAM [ARGS..]` | [`CommandReward`] | whatever the program prints: the group as JSON on stdin, a JSON array of numbers or nulls on stdout |
+//!
+//! A completion that cannot be judged (the row lacks the column, the column holds no
+//! number, no token ids for a length) scores `None`, never a made-up 0.
+
+mod command;
+mod exact;
+mod length;
+mod numeric;
+mod pattern;
+
+pub use command::CommandReward;
+pub use exact::{ExactMatch, Normalization};
+pub use length::LengthPenalty;
+pub use numeric::{NumericMatch, extract_number};
+pub use pattern::RegexMatch;
+
+use crate::reward::Reward;
+
+/// A reward spec that could not be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid reward spec {spec:?}: {reason}")]
+pub struct SpecError {
+    spec: String,
+    reason: String,
+}
+
+impl SpecError {
+    fn new(spec: &str, reason: impl Into<String>) -> SpecError {
+        SpecError {
+            spec: spec.to_owned(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Builds a built-in reward from a spec: `exact:COLUMN`, `regex:PATTERN`, `numeric:COLUMN`,
+/// `length:MAX[:BUFFER]` or `command:PROGRAM [ARGS..]`, each with an optional `@WEIGHT`
+/// suffix (a trailing `@` followed by a number is always read as the weight).
+pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
+    let (body, weight) = match spec.rsplit_once('@') {
+        Some((body, weight)) if weight.trim().parse::<f64>().is_ok() => {
+            let weight: f64 = weight.trim().parse().unwrap_or(1.0);
+            if !weight.is_finite() {
+                return Err(SpecError::new(spec, "the weight must be a finite number"));
+            }
+            (body, weight)
+        }
+        _ => (spec, 1.0),
+    };
+    let Some((kind, argument)) = body.split_once(':') else {
+        return Err(SpecError::new(
+            spec,
+            "expected KIND:ARGUMENT, e.g. numeric:answer or regex:^\\d+$",
+        ));
+    };
+    if argument.is_empty() {
+        return Err(SpecError::new(
+            spec,
+            format!("'{kind}' needs an argument after the colon"),
+        ));
+    }
+    let reward = match kind {
+        "exact" => Reward::from_sync(format!("exact_{argument}"), ExactMatch::new(argument)),
+        "numeric" => Reward::from_sync(format!("numeric_{argument}"), NumericMatch::new(argument)),
+        "regex" => Reward::from_sync(
+            "regex",
+            RegexMatch::new(argument)
+                .map_err(|e| SpecError::new(spec, format!("bad pattern: {e}")))?,
+        ),
+        "length" => {
+            let mut parts = argument.split(':');
+            let max = parse_tokens(spec, parts.next(), "MAX")?;
+            let buffer = match parts.next() {
+                Some(text) => parse_tokens(spec, Some(text), "BUFFER")?,
+                None => max / 4,
+            };
+            let penalty =
+                LengthPenalty::new(max, buffer).map_err(|reason| SpecError::new(spec, reason))?;
+            Reward::from_sync("length_penalty", penalty)
+        }
+        "command" => {
+            let mut words = argument.split_whitespace();
+            let program = words
+                .next()
+                .ok_or_else(|| SpecError::new(spec, "no program given"))?;
+            let stem = std::path::Path::new(program).file_stem().map_or_else(
+                || program.to_owned(),
+                |stem| stem.to_string_lossy().into_owned(),
+            );
+            Reward::from_async(
+                format!("command_{stem}"),
+                CommandReward::new(program, words.map(str::to_owned)),
+            )
+        }
+        other => {
+            return Err(SpecError::new(
+                spec,
+                format!(
+                    "unknown kind '{other}'; expected exact, regex, numeric, length or command"
+                ),
+            ));
+        }
+    };
+    Ok(reward.weight(weight))
+}
+
+fn parse_tokens(spec: &str, text: Option<&str>, what: &str) -> Result<usize, SpecError> {
+    text.and_then(|t| t.trim().parse().ok())
+        .ok_or_else(|| SpecError::new(spec, format!("{what} must be a whole number of tokens")))
+}
+
+/// The expected value of `column` as text: strings as they are, numbers and booleans printed.
+fn column_text(group: &crate::Group, column: &str) -> Option<String> {
+    match group.column(column)? {
+        serde_json::Value::String(text) => Some(text.clone()),
+        serde_json::Value::Number(number) => Some(number.to_string()),
+        serde_json::Value::Bool(flag) => Some(flag.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_name_kind_argument_and_weight() {
+        let reward = from_spec("numeric:answer@0.5").expect("valid");
+        assert_eq!(
+            (reward.name(), reward.get_weight(), reward.is_sync()),
+            ("numeric_answer", 0.5, true)
+        );
+        let reward = from_spec("regex:^\\d+@x$")
+            .expect("an @ not followed by a number stays in the pattern");
+        assert_eq!(reward.get_weight(), 1.0);
+        let reward = from_spec("command:./judge.py --strict@2").expect("valid");
+        assert_eq!(
+            (reward.name(), reward.get_weight(), reward.is_sync()),
+            ("command_judge", 2.0, false)
+        );
+        assert_eq!(
+            from_spec("length:100").expect("valid").name(),
+            "length_penalty"
+        );
+    }
+
+    #[test]
+    fn bad_specs_say_what_was_expected() {
+        let error = |spec: &str| {
+            from_spec(spec)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            error("numeric"),
+            "invalid reward spec \"numeric\": expected KIND:ARGUMENT, e.g. numeric:answer or regex:^\\d+$"
+        );
+        assert_eq!(
+            error("fuzzy:answer"),
+            "invalid reward spec \"fuzzy:answer\": unknown kind 'fuzzy'; expected exact, regex, numeric, length or command"
+        );
+        assert!(error("regex:(").starts_with("invalid reward spec \"regex:(\": bad pattern: "));
+        assert_eq!(
+            error("length:ten"),
+            "invalid reward spec \"length:ten\": MAX must be a whole number of tokens"
+        );
+        assert_eq!(
+            error("exact:"),
+            "invalid reward spec \"exact:\": 'exact' needs an argument after the colon"
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! Reward functions and group advantages for GRPO-style reinforcement learning.
+//!
+//! Two halves, usable apart:
+//!
+//! - **Scoring** ([`Scorer`]): reward functions see a whole [`Group`] (the prompt, every
+//!   completion's messages, text and token ids, and the dataset row) and return one optional
+//!   score per completion. Sync functions run on the scorer's own thread pool (never the
+//!   runtime's workers, never the tool pool); async ones are awaited; all functions of a group
+//!   run at once. A function that errors, panics or times out leaves its column empty for
+//!   that group, counted, and the group is scored on the others. The combined reward is the
+//!   weighted sum of the columns that scored, `None` when none did.
+//! - **Advantages** ([`group_advantages`], [`batch_advantages`]): GRPO, Dr. GRPO, RLOO and
+//!   batch-level std, with population or unbiased std, epsilon value and placement, clipping,
+//!   and an optional filter for zero-variance groups ([`AdvantageConfig`], presets in
+//!   [`PRESETS`]). Unscorable completions and completions without a training row get
+//!   advantage 0 and stay out of their siblings' baseline.
+//!
+//! Built-in rewards (exact, regex, numeric, length, command) are in [`builtin`].
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use scoring::{AdvantageConfig, Completion, Group, Reward, Scorer, ScorerConfig, builtin};
+//! use serde_json::json;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let scorer = Scorer::new(
+//!     vec![
+//!         builtin::from_spec("numeric:answer")?,
+//!         Reward::new_sync("short", |group: &Group| {
+//!             Ok(group.completions.iter().map(|c| Some(if c.text.len() < 20 { 0.1 } else { 0.0 })).collect())
+//!         }),
+//!     ],
+//!     ScorerConfig::default(),
+//! )?;
+//! let group = Arc::new(Group::new(
+//!     "What is 6 * 7?",
+//!     vec![Completion::from_text("\\boxed{42}"), Completion::from_text("It is 41, I believe, after some thought.")],
+//!     json!({ "answer": "42" }).as_object().cloned().unwrap_or_default(),
+//! ));
+//!
+//! let scores = scorer.score(Arc::clone(&group)).await;
+//! assert_eq!(scores.rewards, [Some(1.1), Some(0.0)]);
+//!
+//! // TRL's formula: (r - mean) / (population std + 1e-8).
+//! let advantages = scores.advantages(&group, &AdvantageConfig::default());
+//! assert!((advantages.advantages[0] - 1.0).abs() < 1e-6);
+//! assert!((advantages.advantages[1] + 1.0).abs() < 1e-6);
+//! # Ok(())
+//! # }
+//! ```
+
+mod advantage;
+pub mod builtin;
+mod group;
+mod pool;
+mod reward;
+mod scorer;
+
+pub use crate::{
+    advantage::{
+        AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupAdvantages, GroupKind,
+        PRESETS, StdKind, batch_advantages, group_advantages,
+    },
+    group::{Completion, Group},
+    reward::{AsyncReward, BoxError, Reward, Scores, SyncReward},
+    scorer::{
+        Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
+        Scorer, ScorerConfig, ScorerError,
+    },
+};

@@ -1,0 +1,146 @@
+//! Reward functions: the traits, and [`Reward`], a function with its name, weight and timeout.
+
+use std::{fmt, future::Future, sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+
+use crate::group::Group;
+
+/// The error type reward functions return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One optional score per completion of the group, in order; `None` means "cannot score this
+/// one" (the completion is then unscorable for this column).
+pub type Scores = Vec<Option<f64>>;
+
+/// A reward function that blocks or computes: it runs on the scorer's own thread pool, never
+/// on the async runtime. Implemented for every `Fn(&Group) -> Result<Scores, BoxError>`.
+pub trait SyncReward: Send + Sync + 'static {
+    /// Scores every completion of `group`.
+    fn score(&self, group: &Group) -> Result<Scores, BoxError>;
+}
+
+impl<F> SyncReward for F
+where
+    F: Fn(&Group) -> Result<Scores, BoxError> + Send + Sync + 'static,
+{
+    fn score(&self, group: &Group) -> Result<Scores, BoxError> {
+        self(group)
+    }
+}
+
+/// A reward function that waits on I/O (a judge model, a sandbox): awaited on the runtime.
+/// Implemented for every `Fn(Arc<Group>) -> impl Future<Output = Result<Scores, BoxError>>`.
+pub trait AsyncReward: Send + Sync + 'static {
+    /// Scores every completion of `group`.
+    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, BoxError>>;
+}
+
+impl<F, Fut> AsyncReward for F
+where
+    F: Fn(Arc<Group>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Scores, BoxError>> + Send + 'static,
+{
+    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, BoxError>> {
+        Box::pin(self(group))
+    }
+}
+
+#[derive(Clone)]
+pub(crate) enum Runner {
+    Sync(Arc<dyn SyncReward>),
+    Async(Arc<dyn AsyncReward>),
+}
+
+/// A reward function with its name (metrics read `rewards/<name>`), weight (default 1.0) and
+/// optional timeout (else the scorer's default).
+#[derive(Clone)]
+pub struct Reward {
+    pub(crate) name: String,
+    pub(crate) weight: f64,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) runner: Runner,
+}
+
+impl Reward {
+    /// A sync reward from a function or closure.
+    pub fn new_sync<F>(name: impl Into<String>, function: F) -> Reward
+    where
+        F: Fn(&Group) -> Result<Scores, BoxError> + Send + Sync + 'static,
+    {
+        Reward::from_sync(name, function)
+    }
+
+    /// An async reward from a function or closure returning a future.
+    pub fn new_async<F, Fut>(name: impl Into<String>, function: F) -> Reward
+    where
+        F: Fn(Arc<Group>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Scores, BoxError>> + Send + 'static,
+    {
+        Reward::from_async(name, function)
+    }
+
+    /// A sync reward from any [`SyncReward`].
+    pub fn from_sync(name: impl Into<String>, reward: impl SyncReward) -> Reward {
+        Reward {
+            name: name.into(),
+            weight: 1.0,
+            timeout: None,
+            runner: Runner::Sync(Arc::new(reward)),
+        }
+    }
+
+    /// An async reward from any [`AsyncReward`].
+    pub fn from_async(name: impl Into<String>, reward: impl AsyncReward) -> Reward {
+        Reward {
+            name: name.into(),
+            weight: 1.0,
+            timeout: None,
+            runner: Runner::Async(Arc::new(reward)),
+        }
+    }
+
+    /// Sets the weight of this column in the combined reward.
+    pub fn weight(mut self, weight: f64) -> Reward {
+        self.weight = weight;
+        self
+    }
+
+    /// Sets this function's timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Reward {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Renames the function (its metrics name).
+    pub fn named(mut self, name: impl Into<String>) -> Reward {
+        self.name = name.into();
+        self
+    }
+
+    /// The name used in metrics.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The weight in the combined reward.
+    pub fn get_weight(&self) -> f64 {
+        self.weight
+    }
+
+    /// Whether the function runs on the thread pool.
+    pub fn is_sync(&self) -> bool {
+        matches!(self.runner, Runner::Sync(_))
+    }
+}
+
+impl fmt::Debug for Reward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reward")
+            .field("name", &self.name)
+            .field("weight", &self.weight)
+            .field("kind", &if self.is_sync() { "sync" } else { "async" })
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}

@@ -1,0 +1,526 @@
+//! [`Scorer`]: runs every reward function of a group concurrently and combines their columns.
+
+use std::{
+    any::Any,
+    collections::BTreeMap,
+    fmt,
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{FutureExt, future::join_all};
+use serde::Serialize;
+
+use crate::{
+    advantage::{AdvantageConfig, CompletionReward, GroupAdvantages, group_advantages},
+    group::Group,
+    pool::RewardPool,
+    reward::{Reward, Runner, Scores},
+};
+
+/// How a [`Scorer`] is sized.
+#[derive(Debug, Clone)]
+pub struct ScorerConfig {
+    threads: usize,
+    default_timeout: Duration,
+    thread_name: String,
+}
+
+impl Default for ScorerConfig {
+    /// As many threads as the machine has cores, a 60 s timeout.
+    fn default() -> ScorerConfig {
+        ScorerConfig {
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            default_timeout: Duration::from_secs(60),
+            thread_name: "reward".to_owned(),
+        }
+    }
+}
+
+impl ScorerConfig {
+    /// Threads for sync reward functions (at least 1).
+    pub fn threads(mut self, threads: usize) -> ScorerConfig {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// The timeout of a function that sets none.
+    pub fn default_timeout(mut self, timeout: Duration) -> ScorerConfig {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// The prefix of the pool threads' names.
+    pub fn thread_name(mut self, name: impl Into<String>) -> ScorerConfig {
+        self.thread_name = name.into();
+        self
+    }
+}
+
+/// Why a [`Scorer`] could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScorerError {
+    /// A reward function has an empty name.
+    #[error("a reward function needs a non-empty name")]
+    EmptyName,
+    /// Two reward functions share a name (metrics would mix them).
+    #[error("two reward functions are named '{name}'; rename one with Reward::named")]
+    Duplicate {
+        /// The shared name.
+        name: String,
+    },
+    /// A weight is NaN or infinite.
+    #[error("reward function '{name}' has weight {weight}, which is not a finite number")]
+    BadWeight {
+        /// The function's name.
+        name: String,
+        /// The weight given.
+        weight: f64,
+    },
+    /// The thread pool could not start.
+    #[error("could not start the reward thread pool: {0}")]
+    Pool(String),
+}
+
+/// Why a column has no scores for a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The function returned an error.
+    Error,
+    /// The function panicked (caught).
+    Panic,
+    /// The function took longer than its timeout.
+    Timeout,
+    /// The function returned a different number of scores than there are completions.
+    WrongLength,
+}
+
+/// A column's failure for one group, with the message kept for the metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ColumnFailure {
+    /// What went wrong.
+    pub kind: FailureKind,
+    /// The error or panic message.
+    pub message: String,
+}
+
+/// One reward function's scores for a group.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Column {
+    /// The function's name.
+    pub name: String,
+    /// Its weight.
+    pub weight: f64,
+    /// One score per completion; all `None` when the function failed.
+    pub values: Vec<Option<f64>>,
+    /// Why the function gave nothing, if it failed.
+    pub failure: Option<ColumnFailure>,
+    /// Completions whose score was NaN or infinite: each is an error of its own, scored `None`.
+    pub non_finite: Vec<usize>,
+}
+
+/// Every column of a group, the combined rewards and the group's metrics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupScores {
+    /// One column per reward function, in registration order.
+    pub columns: Vec<Column>,
+    /// Per completion: the weighted sum of its scores, skipping `None`s; `None` when every
+    /// column is `None` (the completion is unscorable).
+    pub rewards: Vec<Option<f64>>,
+    /// Summary of the group.
+    pub metrics: GroupMetrics,
+}
+
+impl GroupScores {
+    /// The group's advantages: `group` says which completions produced a training row.
+    pub fn advantages(&self, group: &Group, config: &AdvantageConfig) -> GroupAdvantages {
+        group_advantages(&self.completion_rewards(group), config)
+    }
+
+    /// What the estimators take, per completion.
+    pub fn completion_rewards(&self, group: &Group) -> Vec<CompletionReward> {
+        self.rewards
+            .iter()
+            .zip(&group.completions)
+            .map(|(reward, completion)| CompletionReward {
+                reward: *reward,
+                has_training_row: completion.has_training_row,
+            })
+            .collect()
+    }
+}
+
+/// A column's summary over one group.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ColumnMetrics {
+    /// The function's name.
+    pub name: String,
+    /// Mean of its scores (None when it scored nothing).
+    pub mean: Option<f64>,
+    /// Population std of its scores (None when it scored nothing).
+    pub std: Option<f64>,
+    /// Whether the function failed on this group.
+    pub failed: bool,
+}
+
+/// A group's summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupMetrics {
+    /// Mean combined reward over the scorable completions.
+    pub reward_mean: Option<f64>,
+    /// Population std of the combined reward over the scorable completions.
+    pub reward_std: Option<f64>,
+    /// One entry per column.
+    pub columns: Vec<ColumnMetrics>,
+    /// Fraction of completions that are unscorable.
+    pub frac_unscorable: f64,
+    /// Whether every scorable completion has the same combined reward.
+    pub zero_std: bool,
+}
+
+impl GroupMetrics {
+    fn new(columns: &[Column], rewards: &[Option<f64>]) -> GroupMetrics {
+        let (reward_mean, reward_std) = mean_std(rewards.iter().flatten().copied());
+        let scorable = rewards.iter().flatten().count();
+        GroupMetrics {
+            reward_mean,
+            reward_std,
+            columns: columns
+                .iter()
+                .map(|column| {
+                    let (mean, std) = mean_std(column.values.iter().flatten().copied());
+                    ColumnMetrics {
+                        name: column.name.clone(),
+                        mean,
+                        std,
+                        failed: column.failure.is_some(),
+                    }
+                })
+                .collect(),
+            frac_unscorable: if rewards.is_empty() {
+                0.0
+            } else {
+                (rewards.len() - scorable) as f64 / rewards.len() as f64
+            },
+            zero_std: reward_std == Some(0.0),
+        }
+    }
+
+    /// The metrics under the names TRL logs: `reward`, `reward_std`, `rewards/<name>/mean`,
+    /// `rewards/<name>/std`, `frac_reward_zero_std`, plus `frac_unscorable`. Values that do
+    /// not exist for this group (no scorable completion) are left out.
+    pub fn to_map(&self) -> BTreeMap<String, f64> {
+        let mut map = BTreeMap::new();
+        if let Some(mean) = self.reward_mean {
+            map.insert("reward".to_owned(), mean);
+        }
+        if let Some(std) = self.reward_std {
+            map.insert("reward_std".to_owned(), std);
+        }
+        for column in &self.columns {
+            if let Some(mean) = column.mean {
+                map.insert(format!("rewards/{}/mean", column.name), mean);
+            }
+            if let Some(std) = column.std {
+                map.insert(format!("rewards/{}/std", column.name), std);
+            }
+        }
+        map.insert(
+            "frac_reward_zero_std".to_owned(),
+            if self.zero_std { 1.0 } else { 0.0 },
+        );
+        map.insert("frac_unscorable".to_owned(), self.frac_unscorable);
+        map
+    }
+}
+
+fn mean_std(values: impl Iterator<Item = f64> + Clone) -> (Option<f64>, Option<f64>) {
+    let n = values.clone().count();
+    if n == 0 {
+        return (None, None);
+    }
+    let mean = values.clone().sum::<f64>() / n as f64;
+    let variance = values.map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+    (Some(mean), Some(variance.sqrt()))
+}
+
+/// Counts of one reward function over every group scored so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RewardStats {
+    /// Groups the function was run on.
+    pub groups: u64,
+    /// Groups where it returned an error.
+    pub errors: u64,
+    /// Groups where it panicked.
+    pub panics: u64,
+    /// Groups where it timed out.
+    pub timeouts: u64,
+    /// Groups where it returned the wrong number of scores.
+    pub wrong_length: u64,
+    /// Scores that were NaN or infinite.
+    pub non_finite: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    groups: AtomicU64,
+    errors: AtomicU64,
+    panics: AtomicU64,
+    timeouts: AtomicU64,
+    wrong_length: AtomicU64,
+    non_finite: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> RewardStats {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        RewardStats {
+            groups: get(&self.groups),
+            errors: get(&self.errors),
+            panics: get(&self.panics),
+            timeouts: get(&self.timeouts),
+            wrong_length: get(&self.wrong_length),
+            non_finite: get(&self.non_finite),
+        }
+    }
+
+    fn count(&self, failure: Option<FailureKind>) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        let counter = match failure {
+            None => return,
+            Some(FailureKind::Error) => &self.errors,
+            Some(FailureKind::Panic) => &self.panics,
+            Some(FailureKind::Timeout) => &self.timeouts,
+            Some(FailureKind::WrongLength) => &self.wrong_length,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Scores groups: every reward function of a group runs at once (sync ones on the scorer's
+/// own pool, async ones awaited); a function that fails, panics or times out leaves its
+/// column `None` for that group, counted, and the group is scored on the other columns.
+/// Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct Scorer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rewards: Vec<Reward>,
+    counters: Vec<Counters>,
+    pool: RewardPool,
+    default_timeout: Duration,
+}
+
+impl Scorer {
+    /// A scorer for `rewards`, in this order. Requires a tokio runtime with time enabled.
+    pub fn new(rewards: Vec<Reward>, config: ScorerConfig) -> Result<Scorer, ScorerError> {
+        let mut names = std::collections::HashSet::new();
+        for reward in &rewards {
+            if reward.name.trim().is_empty() {
+                return Err(ScorerError::EmptyName);
+            }
+            if !names.insert(reward.name.as_str()) {
+                return Err(ScorerError::Duplicate {
+                    name: reward.name.clone(),
+                });
+            }
+            if !reward.weight.is_finite() {
+                return Err(ScorerError::BadWeight {
+                    name: reward.name.clone(),
+                    weight: reward.weight,
+                });
+            }
+        }
+        let pool = RewardPool::new(config.threads, &config.thread_name)
+            .map_err(|error| ScorerError::Pool(error.to_string()))?;
+        let counters = rewards.iter().map(|_| Counters::default()).collect();
+        Ok(Scorer {
+            inner: Arc::new(Inner {
+                rewards,
+                counters,
+                pool,
+                default_timeout: config.default_timeout,
+            }),
+        })
+    }
+
+    /// The reward functions, in order.
+    pub fn rewards(&self) -> &[Reward] {
+        &self.inner.rewards
+    }
+
+    /// Counts per reward function, by name, in order.
+    pub fn stats(&self) -> Vec<(String, RewardStats)> {
+        self.inner
+            .rewards
+            .iter()
+            .zip(&self.inner.counters)
+            .map(|(r, c)| (r.name.clone(), c.snapshot()))
+            .collect()
+    }
+
+    /// Scores one group.
+    pub async fn score(&self, group: Arc<Group>) -> GroupScores {
+        let columns = join_all(
+            self.inner
+                .rewards
+                .iter()
+                .zip(&self.inner.counters)
+                .map(|(reward, counters)| self.column(reward, counters, Arc::clone(&group))),
+        )
+        .await;
+        let rewards = combine(&columns, group.len());
+        let metrics = GroupMetrics::new(&columns, &rewards);
+        GroupScores {
+            columns,
+            rewards,
+            metrics,
+        }
+    }
+
+    async fn column(&self, reward: &Reward, counters: &Counters, group: Arc<Group>) -> Column {
+        let expected = group.len();
+        let timeout = reward.timeout.unwrap_or(self.inner.default_timeout);
+        let result = match &reward.runner {
+            Runner::Sync(function) => {
+                let function = Arc::clone(function);
+                let done = self.inner.pool.run(move || function.score(&group));
+                match tokio::time::timeout(timeout, done).await {
+                    Ok(Ok(Ok(result))) => {
+                        result.map_err(|e| failure(FailureKind::Error, e.to_string()))
+                    }
+                    Ok(Ok(Err(panic))) => {
+                        Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
+                    }
+                    Ok(Err(_dropped)) => Err(failure(
+                        FailureKind::Error,
+                        "the reward pool dropped the job".into(),
+                    )),
+                    Err(_elapsed) => Err(timed_out(timeout)),
+                }
+            }
+            Runner::Async(function) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| function.score(group))) {
+                    Err(panic) => Err(failure(FailureKind::Panic, panic_message(panic.as_ref()))),
+                    Ok(future) => {
+                        match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind())
+                            .await
+                        {
+                            Ok(Ok(result)) => {
+                                result.map_err(|e| failure(FailureKind::Error, e.to_string()))
+                            }
+                            Ok(Err(panic)) => {
+                                Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
+                            }
+                            Err(_elapsed) => Err(timed_out(timeout)),
+                        }
+                    }
+                }
+            }
+        };
+        let result = result.and_then(|scores: Scores| {
+            if scores.len() == expected {
+                Ok(scores)
+            } else {
+                Err(failure(
+                    FailureKind::WrongLength,
+                    format!(
+                        "returned {} score(s) for {expected} completion(s)",
+                        scores.len()
+                    ),
+                ))
+            }
+        });
+
+        let mut column = Column {
+            name: reward.name.clone(),
+            weight: reward.weight,
+            values: vec![None; expected],
+            failure: None,
+            non_finite: Vec::new(),
+        };
+        match result {
+            Ok(scores) => {
+                for (index, score) in scores.into_iter().enumerate() {
+                    match score {
+                        Some(value) if !value.is_finite() => column.non_finite.push(index),
+                        other => column.values[index] = other,
+                    }
+                }
+                if !column.non_finite.is_empty() {
+                    counters
+                        .non_finite
+                        .fetch_add(column.non_finite.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(
+                        target: "scoring",
+                        reward = %reward.name,
+                        completions = ?column.non_finite,
+                        "reward function returned NaN or infinite scores; those completions are unscored in this column"
+                    );
+                }
+            }
+            Err(failed) => {
+                tracing::warn!(
+                    target: "scoring",
+                    reward = %reward.name,
+                    kind = ?failed.kind,
+                    message = %failed.message,
+                    "reward function failed on a group; its column is empty for that group"
+                );
+                column.failure = Some(failed);
+            }
+        }
+        counters.count(column.failure.as_ref().map(|f| f.kind));
+        column
+    }
+}
+
+impl fmt::Debug for Scorer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scorer")
+            .field("rewards", &self.inner.rewards)
+            .field("pool", &self.inner.pool)
+            .field("default_timeout", &self.inner.default_timeout)
+            .finish()
+    }
+}
+
+/// The weighted sum of each completion's scores, skipping `None`s.
+fn combine(columns: &[Column], completions: usize) -> Vec<Option<f64>> {
+    (0..completions)
+        .map(|index| {
+            columns.iter().fold(None, |sum: Option<f64>, column| {
+                match column.values[index] {
+                    Some(value) => Some(sum.unwrap_or(0.0) + column.weight * value),
+                    None => sum,
+                }
+            })
+        })
+        .collect()
+}
+
+fn failure(kind: FailureKind, message: String) -> ColumnFailure {
+    ColumnFailure { kind, message }
+}
+
+fn timed_out(timeout: Duration) -> ColumnFailure {
+    failure(FailureKind::Timeout, format!("timed out after {timeout:?}"))
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}

@@ -1,0 +1,228 @@
+//! The scorer: concurrency between functions, and failure isolation between columns.
+
+use std::{
+    sync::{Arc, Condvar, Mutex},
+    time::Duration,
+};
+
+use scoring::{
+    BoxError, Completion, FailureKind, Group, Reward, Scorer, ScorerConfig, ScorerError, Scores,
+};
+use serde_json::json;
+
+fn group(n: usize) -> Arc<Group> {
+    let completions = (0..n)
+        .map(|i| Completion::from_text(format!("answer {i}")))
+        .collect();
+    Arc::new(Group::new(
+        "prompt",
+        completions,
+        json!({ "answer": "answer 0" })
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    ))
+}
+
+fn constant(name: &str, value: f64) -> Reward {
+    Reward::new_sync(name, move |group: &Group| {
+        Ok(vec![Some(value); group.len()])
+    })
+}
+
+/// A signal one reward function raises and another waits for (at most five seconds).
+#[derive(Clone, Default)]
+struct Signal(Arc<(Mutex<bool>, Condvar)>);
+
+impl Signal {
+    fn raise(&self) {
+        *self.0.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0.1.notify_all();
+    }
+
+    fn wait(&self) -> bool {
+        let guard = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .0
+            .1
+            .wait_timeout_while(guard, Duration::from_secs(5), |raised| !*raised)
+            .unwrap_or_else(|e| e.into_inner());
+        *guard
+    }
+}
+
+#[tokio::test]
+async fn a_blocking_sync_reward_does_not_delay_an_async_one_in_the_same_group() {
+    // The sync function blocks until the async one has run. Run one after the other, or the
+    // sync one on the runtime's only thread, and the async one could never raise the signal:
+    // the sync function would give up after five seconds and fail its column.
+    let signal = Signal::default();
+    let waiter = {
+        let signal = signal.clone();
+        Reward::new_sync("waits", move |group: &Group| -> Result<Scores, BoxError> {
+            if !signal.wait() {
+                return Err("the async reward never ran while this one blocked".into());
+            }
+            let thread = std::thread::current().name().unwrap_or_default().to_owned();
+            if !thread.starts_with("reward-") {
+                return Err(format!("ran on {thread:?}, not on the scorer's pool").into());
+            }
+            Ok(vec![Some(1.0); group.len()])
+        })
+    };
+    let raiser = {
+        let signal = signal.clone();
+        Reward::new_async("raises", move |group: Arc<Group>| {
+            let signal = signal.clone();
+            async move {
+                tokio::task::yield_now().await;
+                signal.raise();
+                Ok(vec![Some(0.5); group.len()])
+            }
+        })
+    };
+    let scorer =
+        Scorer::new(vec![waiter, raiser], ScorerConfig::default().threads(1)).expect("valid");
+    let scores = scorer.score(group(2)).await;
+
+    assert_eq!(scores.columns[0].failure, None);
+    assert_eq!(scores.rewards, [Some(1.5), Some(1.5)]);
+}
+
+#[tokio::test]
+async fn errors_panics_timeouts_and_wrong_lengths_leave_the_other_columns_intact() {
+    let rewards = vec![
+        constant("good", 1.0).weight(2.0),
+        Reward::new_sync("error", |_: &Group| -> Result<Scores, BoxError> {
+            Err("judge unavailable".into())
+        }),
+        Reward::new_sync("panic", |_: &Group| -> Result<Scores, BoxError> {
+            panic!("index out of range")
+        }),
+        Reward::new_async("async_panic", |_: Arc<Group>| async {
+            panic!("async boom")
+        }),
+        Reward::new_sync("slow", |group: &Group| {
+            std::thread::sleep(Duration::from_millis(500));
+            Ok(vec![Some(9.0); group.len()])
+        })
+        .timeout(Duration::from_millis(50)),
+        Reward::new_sync("short", |_: &Group| Ok(vec![Some(1.0)])),
+    ];
+    let scorer = Scorer::new(rewards, ScorerConfig::default().threads(2)).expect("valid");
+    let scores = scorer.score(group(3)).await;
+
+    assert_eq!(scores.columns[0].values, [Some(1.0); 3]);
+    assert_eq!(
+        scores.rewards,
+        [Some(2.0); 3],
+        "the group is scored on the good column alone"
+    );
+    let failures: Vec<_> = scores.columns[1..]
+        .iter()
+        .map(|c| c.failure.as_ref().map(|f| (f.kind, f.message.as_str())))
+        .collect();
+    assert_eq!(
+        failures,
+        [
+            Some((FailureKind::Error, "judge unavailable")),
+            Some((FailureKind::Panic, "index out of range")),
+            Some((FailureKind::Panic, "async boom")),
+            Some((FailureKind::Timeout, "timed out after 50ms")),
+            Some((
+                FailureKind::WrongLength,
+                "returned 1 score(s) for 3 completion(s)"
+            )),
+        ]
+    );
+    assert!(scores.columns[1..].iter().all(|c| c.values == [None; 3]));
+
+    let stats = scorer.stats();
+    let counts: Vec<_> = stats
+        .iter()
+        .map(|(n, s)| {
+            (
+                n.as_str(),
+                s.groups,
+                s.errors + s.panics + s.timeouts + s.wrong_length,
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("good", 1, 0),
+            ("error", 1, 1),
+            ("panic", 1, 1),
+            ("async_panic", 1, 1),
+            ("slow", 1, 1),
+            ("short", 1, 1)
+        ]
+    );
+    assert_eq!(stats[4].1.timeouts, 1);
+}
+
+#[tokio::test]
+async fn nan_and_infinite_scores_are_unscored_cells_not_a_poisoned_group() {
+    let odd = Reward::new_sync("odd", |_: &Group| {
+        Ok(vec![Some(f64::NAN), Some(1.0), Some(f64::INFINITY)])
+    });
+    let scorer =
+        Scorer::new(vec![odd, constant("base", 0.5)], ScorerConfig::default()).expect("valid");
+    let scores = scorer.score(group(3)).await;
+
+    assert_eq!(scores.columns[0].values, [None, Some(1.0), None]);
+    assert_eq!(scores.columns[0].non_finite, [0, 2]);
+    assert_eq!(scores.rewards, [Some(0.5), Some(1.5), Some(0.5)]);
+    assert_eq!(scorer.stats()[0].1.non_finite, 2);
+}
+
+#[tokio::test]
+async fn a_completion_no_column_scores_is_unscorable_and_metrics_say_so() {
+    let partial = Reward::new_sync("partial", |_: &Group| {
+        Ok(vec![Some(1.0), None, Some(0.0), Some(0.0)])
+    });
+    let scorer = Scorer::new(vec![partial], ScorerConfig::default()).expect("valid");
+    let group = group(4);
+    let scores = scorer.score(Arc::clone(&group)).await;
+
+    assert_eq!(scores.rewards, [Some(1.0), None, Some(0.0), Some(0.0)]);
+    let metrics = scores.metrics.to_map();
+    // Scorable {1, 0, 0}: mean 1/3; population variance (4/9 + 1/9 + 1/9) / 3 = 2/9.
+    assert!((metrics["reward"] - 1.0 / 3.0).abs() < 1e-12);
+    assert!((metrics["reward_std"] - (2.0f64 / 9.0).sqrt()).abs() < 1e-12);
+    assert!((metrics["rewards/partial/mean"] - 1.0 / 3.0).abs() < 1e-12);
+    assert_eq!(
+        (metrics["frac_unscorable"], metrics["frac_reward_zero_std"]),
+        (0.25, 0.0)
+    );
+
+    let advantages = scores.advantages(&group, &scoring::AdvantageConfig::default());
+    assert_eq!(advantages.advantages[1], 0.0);
+    assert_eq!(advantages.baseline_size, 3);
+}
+
+#[tokio::test]
+async fn a_group_where_everyone_ties_is_flagged_zero_std() {
+    let scorer = Scorer::new(vec![constant("same", 1.0)], ScorerConfig::default()).expect("valid");
+    let scores = scorer.score(group(3)).await;
+    assert!(scores.metrics.zero_std);
+    assert_eq!(scores.metrics.to_map()["frac_reward_zero_std"], 1.0);
+}
+
+#[test]
+fn a_scorer_refuses_duplicate_names_and_non_finite_weights() {
+    let duplicate = Scorer::new(
+        vec![constant("a", 1.0), constant("a", 2.0)],
+        ScorerConfig::default(),
+    );
+    assert_eq!(
+        duplicate.err(),
+        Some(ScorerError::Duplicate { name: "a".into() })
+    );
+    let weight = Scorer::new(
+        vec![constant("a", 1.0).weight(f64::NAN)],
+        ScorerConfig::default(),
+    );
+    assert!(matches!(weight.err(), Some(ScorerError::BadWeight { .. })));
+}
