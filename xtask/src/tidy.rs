@@ -2,7 +2,9 @@
 //!
 //! - every `.rs` file starts with a `//!` line saying what it holds;
 //! - no test is ignored or expected to panic (assert on the `Err` instead);
-//! - every crate takes the workspace lints.
+//! - every crate takes the workspace lints;
+//! - in a crate's `src/`, only `sync.rs` names `std::sync` (the others import from it, so a
+//!   model checker can be swapped in).
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +15,7 @@ use crate::root;
 // Spelled in pieces so that this file does not trip its own rule.
 const IGNORE: &str = concat!("#[", "ignore");
 const SHOULD_PANIC: &str = concat!("#[", "should_panic");
+const STD_SYNC: &str = concat!("std::", "sync");
 
 pub(crate) fn run() -> anyhow::Result<()> {
     let problems = check(&root())?;
@@ -47,7 +50,21 @@ fn check(root: &Path) -> anyhow::Result<Vec<String>> {
                         "{shown}:1: must start with a `//!` line saying what the file holds"
                     ));
                 }
+                let in_crate_src =
+                    shown.to_string().starts_with("crates/") && shown.to_string().contains("/src/");
+                let is_sync_module = path.file_name().is_some_and(|n| n == "sync.rs");
                 for (number, line) in text.lines().enumerate() {
+                    let code = line.trim_start();
+                    if in_crate_src
+                        && !is_sync_module
+                        && !code.starts_with("//")
+                        && line.contains(STD_SYNC)
+                    {
+                        problems.push(format!(
+                            "{shown}:{}: only the crate's sync.rs names `{STD_SYNC}`; import from `crate::sync`",
+                            number + 1
+                        ));
+                    }
                     for banned in [IGNORE, SHOULD_PANIC] {
                         if line.contains(banned) {
                             problems.push(format!(
@@ -108,11 +125,25 @@ mod tests {
     fn tidy_catches_a_missing_doc_line_and_a_banned_attribute() {
         let dir = std::env::temp_dir().join(format!("xtask-tidy-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("src")).expect("temp dir");
+        std::fs::create_dir_all(dir.join("crates/c/src")).expect("temp dir");
         std::fs::write(dir.join("src/bad.rs"), format!("fn f() {{}}\n{IGNORE}]\n")).expect("write");
+        std::fs::write(
+            dir.join("crates/c/src/lib.rs"),
+            format!("//! c\nuse {STD_SYNC}::Arc;\n"),
+        )
+        .expect("write");
+        std::fs::write(
+            dir.join("crates/c/src/sync.rs"),
+            format!("//! s\npub use {STD_SYNC}::Arc;\n"),
+        )
+        .expect("write");
         let problems = check(&dir).expect("readable");
         std::fs::remove_dir_all(&dir).expect("cleanup");
-        assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(problems[0].starts_with("src/bad.rs:1: must start with a `//!` line"));
-        assert!(problems[1].starts_with(&format!("src/bad.rs:2: `{IGNORE}]` is not allowed")));
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].starts_with(&format!(
+            "crates/c/src/lib.rs:2: only the crate's sync.rs names `{STD_SYNC}`"
+        )));
+        assert!(problems[1].starts_with("src/bad.rs:1: must start with a `//!` line"));
+        assert!(problems[2].starts_with(&format!("src/bad.rs:2: `{IGNORE}]` is not allowed")));
     }
 }

@@ -57,6 +57,7 @@ mod group;
 mod pool;
 mod reward;
 mod scorer;
+mod sync;
 
 pub use crate::{
     advantage::{

@@ -1,10 +1,10 @@
 //! Reward functions: the traits, and [`Reward`], a function with its name, weight and timeout.
 
-use std::{fmt, future::Future, sync::Arc, time::Duration};
+use std::{fmt, future::Future, time::Duration};
 
 use futures::future::BoxFuture;
 
-use crate::group::Group;
+use crate::{group::Group, sync::Arc};
 
 /// The error type reward functions return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

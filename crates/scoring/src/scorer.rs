@@ -1,16 +1,6 @@
 //! [`Scorer`]: runs every reward function of a group concurrently and combines their columns.
 
-use std::{
-    any::Any,
-    collections::BTreeMap,
-    fmt,
-    panic::AssertUnwindSafe,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{any::Any, collections::BTreeMap, fmt, panic::AssertUnwindSafe, time::Duration};
 
 use futures::{FutureExt, future::join_all};
 use serde::Serialize;
@@ -20,6 +10,7 @@ use crate::{
     group::Group,
     pool::RewardPool,
     reward::{Reward, Runner, Scores},
+    sync::{Arc, AtomicU64, Mutex, Ordering},
 };
 
 /// How a [`Scorer`] is sized.
@@ -251,7 +242,7 @@ fn mean_std(values: impl Iterator<Item = f64> + Clone) -> (Option<f64>, Option<f
 }
 
 /// Counts of one reward function over every group scored so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RewardStats {
     /// Groups the function was run on.
     pub groups: u64,
@@ -265,6 +256,8 @@ pub struct RewardStats {
     pub wrong_length: u64,
     /// Scores that were NaN or infinite.
     pub non_finite: u64,
+    /// The most recent failure, with its message.
+    pub last_failure: Option<ColumnFailure>,
 }
 
 #[derive(Debug, Default)]
@@ -275,6 +268,7 @@ struct Counters {
     timeouts: AtomicU64,
     wrong_length: AtomicU64,
     non_finite: AtomicU64,
+    last_failure: Mutex<Option<ColumnFailure>>,
 }
 
 impl Counters {
@@ -287,17 +281,23 @@ impl Counters {
             timeouts: get(&self.timeouts),
             wrong_length: get(&self.wrong_length),
             non_finite: get(&self.non_finite),
+            last_failure: self
+                .last_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 
-    fn count(&self, failure: Option<FailureKind>) {
+    fn count(&self, failure: Option<&ColumnFailure>) {
         self.groups.fetch_add(1, Ordering::Relaxed);
-        let counter = match failure {
-            None => return,
-            Some(FailureKind::Error) => &self.errors,
-            Some(FailureKind::Panic) => &self.panics,
-            Some(FailureKind::Timeout) => &self.timeouts,
-            Some(FailureKind::WrongLength) => &self.wrong_length,
+        let Some(failure) = failure else { return };
+        *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(failure.clone());
+        let counter = match failure.kind {
+            FailureKind::Error => &self.errors,
+            FailureKind::Panic => &self.panics,
+            FailureKind::Timeout => &self.timeouts,
+            FailureKind::WrongLength => &self.wrong_length,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -478,7 +478,7 @@ impl Scorer {
                 column.failure = Some(failed);
             }
         }
-        counters.count(column.failure.as_ref().map(|f| f.kind));
+        counters.count(column.failure.as_ref());
         column
     }
 }

@@ -160,6 +160,13 @@ async fn errors_panics_timeouts_and_wrong_lengths_leave_the_other_columns_intact
         ]
     );
     assert_eq!(stats[4].1.timeouts, 1);
+    let kept = stats[1].1.last_failure.as_ref().map(|f| f.message.as_str());
+    assert_eq!(
+        kept,
+        Some("judge unavailable"),
+        "the error is kept for the metrics"
+    );
+    assert_eq!(stats[0].1.last_failure, None);
 }
 
 #[tokio::test]

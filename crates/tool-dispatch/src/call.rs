@@ -4,7 +4,6 @@
 use std::{
     any::Any,
     panic::AssertUnwindSafe,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -17,7 +16,7 @@ use crate::{
     metrics::{Gauges, ToolMetrics},
     pool::{Job, Pool, Rejected},
     registry::{Registry, validate_arguments},
-    sync::{AtomicU8, Ordering},
+    sync::{Arc, AtomicU8, Ordering},
     tool::{
         Arguments, AsyncTool, BoxError, Outcome, Runner, SyncTool, ToolCall, ToolResult,
         error_content, value_content,

@@ -2,7 +2,6 @@
 
 use std::{
     fmt,
-    sync::Arc,
     task::{Context, Poll, ready},
     time::{Duration, Instant},
 };
@@ -21,7 +20,7 @@ use crate::{
     metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
     pool::{Pool, PoolConfig, PoolReport},
     registry::Registry,
-    sync::Ordering,
+    sync::{Arc, Ordering},
     tool::{ToolCall, ToolResult},
 };
 

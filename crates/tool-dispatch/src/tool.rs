@@ -6,6 +6,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use crate::sync::Arc;
+
 /// The error type tools return: any error that can cross threads.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -122,8 +124,8 @@ where
 /// How a tool runs.
 #[derive(Clone)]
 pub(crate) enum Runner {
-    Sync(std::sync::Arc<dyn SyncTool>),
-    Async(std::sync::Arc<dyn AsyncTool>),
+    Sync(Arc<dyn SyncTool>),
+    Async(Arc<dyn AsyncTool>),
 }
 
 /// A tool ready to register: its spec, how it runs, and its own timeout if it has one.
@@ -161,7 +163,7 @@ impl Tool {
     pub fn from_sync(spec: ToolSpec, tool: impl SyncTool) -> Tool {
         Tool {
             spec,
-            runner: Runner::Sync(std::sync::Arc::new(tool)),
+            runner: Runner::Sync(Arc::new(tool)),
             timeout: None,
         }
     }
@@ -170,7 +172,7 @@ impl Tool {
     pub fn from_async(spec: ToolSpec, tool: impl AsyncTool) -> Tool {
         Tool {
             spec,
-            runner: Runner::Async(std::sync::Arc::new(tool)),
+            runner: Runner::Async(Arc::new(tool)),
             timeout: None,
         }
     }

@@ -1,6 +1,6 @@
 //! `command:PROGRAM`: any scorer, in any language, as an external program.
 
-use std::{process::Stdio, sync::Arc};
+use std::process::Stdio;
 
 use futures::future::BoxFuture;
 use tokio::io::AsyncWriteExt;
@@ -8,6 +8,7 @@ use tokio::io::AsyncWriteExt;
 use crate::{
     group::Group,
     reward::{AsyncReward, BoxError, Scores},
+    sync::Arc,
 };
 
 /// Runs a program per group: the group goes to its stdin as JSON (`{"prompt", "completions":
