@@ -7,6 +7,8 @@
 //! |---|---|---|
 //! | `tool-dispatch` (default) | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
 //! | `scoring` (default) | [`scoring`] | reward functions over groups, and group advantages (GRPO, Dr. GRPO, RLOO, batch std) |
+//! | `vllm-client` (default) | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
+//! | `sim` (default) | [`vllm_client::sim`] | the vLLM-compatible simulator behind `async-grpo simulate` |
 //!
 //! Each crate is also usable on its own.
 
@@ -16,3 +18,6 @@ pub use scoring;
 #[cfg(feature = "tool-dispatch")]
 #[doc(inline)]
 pub use tool_dispatch;
+#[cfg(feature = "vllm-client")]
+#[doc(inline)]
+pub use vllm_client;

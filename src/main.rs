@@ -1,6 +1,9 @@
 //! The `async-grpo` binary: the reference wiring of every layer of the engine.
 
-use clap::Parser;
+#[cfg(feature = "sim")]
+mod simulate;
+
+use clap::{Parser, Subcommand};
 
 /// A rollout engine for asynchronous GRPO-style reinforcement learning of language models.
 ///
@@ -8,9 +11,34 @@ use clap::Parser;
 /// blocking, scores groups of completions and hands training rows to a trainer.
 #[derive(Debug, Parser)]
 #[command(name = "async-grpo", version, about, long_about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the vLLM-compatible simulator: scripted answers, not a model, for demos and tests
+    #[cfg(feature = "sim")]
+    Simulate(simulate::SimulateArgs),
+}
 
 fn main() -> anyhow::Result<()> {
-    let Cli {} = Cli::parse();
-    Ok(())
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        #[cfg(feature = "sim")]
+        Some(Command::Simulate(args)) => simulate::run(args),
+        None => {
+            use clap::CommandFactory;
+            Cli::command().print_help()?;
+            Ok(())
+        }
+    }
 }

@@ -1,0 +1,746 @@
+//! [`Client`]: the typed calls, the retry loop, and the choice of server among replicas.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    time::{Duration, Instant},
+};
+
+use reqwest::{Method, header::CONTENT_TYPE};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{
+    error::Error,
+    retry::RetryPolicy,
+    sync::{Arc, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock, lock},
+    types::{
+        ChatRequest, ChatResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
+        DetokenizeResponse, FinishReason, ModelCard, ModelList, PauseMode, Prompt, SamplingParams,
+        StructuredOutputs, TokenizeRequest, TokenizeResponse,
+    },
+};
+
+/// How a [`Client`] connects.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    servers: Vec<String>,
+    model: Option<String>,
+    retry: RetryPolicy,
+    connect_timeout: Duration,
+    eject_for: Duration,
+    max_idle_per_host: usize,
+}
+
+impl ClientConfig {
+    /// One server, by base URL (`http://127.0.0.1:8000`); the model is read from
+    /// `/v1/models` by [`Client::wait_until_ready`] unless set.
+    pub fn new(server: impl Into<String>) -> ClientConfig {
+        ClientConfig::with_servers([server.into()])
+    }
+
+    /// Several replicas (data-parallel servers or routers); requests are spread over them.
+    pub fn with_servers(servers: impl IntoIterator<Item = String>) -> ClientConfig {
+        ClientConfig {
+            servers: servers
+                .into_iter()
+                .map(|s| s.trim_end_matches('/').to_owned())
+                .collect(),
+            model: None,
+            retry: RetryPolicy::default(),
+            connect_timeout: Duration::from_secs(5),
+            eject_for: Duration::from_secs(5),
+            max_idle_per_host: 4096,
+        }
+    }
+
+    /// The served model's name, as requests carry it.
+    pub fn model(mut self, model: impl Into<String>) -> ClientConfig {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// The retry policy of generation and data calls.
+    pub fn retry(mut self, retry: RetryPolicy) -> ClientConfig {
+        self.retry = retry;
+        self
+    }
+
+    /// How long connecting may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> ClientConfig {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a server that failed (connection or 5xx) is left out before it is tried again.
+    pub fn eject_for(mut self, duration: Duration) -> ClientConfig {
+        self.eject_for = duration;
+        self
+    }
+}
+
+/// What [`Client::generate`] takes besides the prompt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerateParams {
+    /// Most tokens to sample.
+    pub max_tokens: u32,
+    /// Sampling; without a seed, each request gets a unique one.
+    pub sampling: SamplingParams,
+    /// Constrained decoding.
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// Keeps every request with this key on the same server while it is healthy (a rollout's
+    /// turns then reuse its prefix cache).
+    pub sticky_key: Option<String>,
+}
+
+/// One sampled turn: the ids the server sampled and their logprobs, which a trainer learns
+/// from (never re-tokenized text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The sampled token ids; a finished turn ends with the EOS id.
+    pub token_ids: Vec<u32>,
+    /// One logprob per sampled id; `-9999.0` (vLLM's clamp of `-inf`) is kept as such.
+    pub logprobs: Vec<f64>,
+    /// Why sampling stopped; [`FinishReason::Abort`] is a partial turn to continue.
+    pub finish_reason: FinishReason,
+    /// The stop string or id that ended it, if one did.
+    pub stop_reason: Option<serde_json::Value>,
+    /// The prompt ids as the server saw them.
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The sampled text.
+    pub text: String,
+    /// The seed the request carried.
+    pub seed: u64,
+}
+
+/// Counters of the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Attempts sent.
+    pub attempts: u64,
+    /// Retries (attempts after a retryable failure).
+    pub retries: u64,
+    /// Calls that failed in the end.
+    pub failures: u64,
+    /// Servers ejected after a failure.
+    pub ejections: u64,
+}
+
+/// A typed client of one vLLM server or several replicas. Cheap to clone; clones share the
+/// connection pool (HTTP/1.1 keep-alive, sized for thousands of concurrent requests, no
+/// system proxy).
+///
+/// Dropping a call's future closes its connection, and vLLM aborts a request whose
+/// connection closes: a cancelled rollout stops costing GPU time.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    servers: Vec<Server>,
+    sticky: Mutex<HashMap<String, usize>>,
+    rotate: AtomicUsize,
+    model: RwLock<Option<String>>,
+    max_model_len: AtomicU32,
+    retry: RetryPolicy,
+    eject_for: Duration,
+    seeds: AtomicU64,
+    seed_base: u64,
+    attempts: AtomicU64,
+    retries: AtomicU64,
+    failures: AtomicU64,
+    ejections: AtomicU64,
+}
+
+struct Server {
+    base: String,
+    inflight: AtomicUsize,
+    ejected_until: Mutex<Option<Instant>>,
+}
+
+impl Server {
+    fn is_available(&self, now: Instant) -> bool {
+        lock(&self.ejected_until).is_none_or(|until| until <= now)
+    }
+}
+
+/// Counts a request against its server while it is in flight.
+struct InFlight<'a>(&'a Server);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Client {
+    /// A client for `config`'s servers. Fails only if the HTTP stack cannot start.
+    pub fn new(config: ClientConfig) -> Result<Client, Error> {
+        if config.servers.is_empty() {
+            return Err(Error::invalid(
+                "client",
+                "at least one server URL is needed",
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(config.connect_timeout)
+            .pool_max_idle_per_host(config.max_idle_per_host)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| Error::transport("client", e))?;
+        let seed_base = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u64(0x5eed);
+            hasher.finish()
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                servers: config
+                    .servers
+                    .iter()
+                    .map(|base| Server {
+                        base: base.clone(),
+                        inflight: AtomicUsize::new(0),
+                        ejected_until: Mutex::new(None),
+                    })
+                    .collect(),
+                sticky: Mutex::new(HashMap::new()),
+                rotate: AtomicUsize::new(0),
+                model: RwLock::new(config.model),
+                max_model_len: AtomicU32::new(0),
+                retry: config.retry,
+                eject_for: config.eject_for,
+                seeds: AtomicU64::new(0),
+                seed_base,
+                attempts: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
+                failures: AtomicU64::new(0),
+                ejections: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The model's name, once known.
+    pub fn model(&self) -> Option<String> {
+        self.inner
+            .model
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The context length, once [`Client::wait_until_ready`] has read it.
+    pub fn max_model_len(&self) -> Option<u32> {
+        Some(self.inner.max_model_len.load(Ordering::Relaxed)).filter(|len| *len > 0)
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> ClientStats {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ClientStats {
+            attempts: get(&self.inner.attempts),
+            retries: get(&self.inner.retries),
+            failures: get(&self.inner.failures),
+            ejections: get(&self.inner.ejections),
+        }
+    }
+
+    /// Requests in flight per server, in configuration order.
+    pub fn in_flight(&self) -> Vec<usize> {
+        self.inner
+            .servers
+            .iter()
+            .map(|s| s.inflight.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Forgets a sticky key (call it when a rollout ends).
+    pub fn release(&self, sticky_key: &str) {
+        lock(&self.inner.sticky).remove(sticky_key);
+    }
+
+    /// Polls every server's `/health` until all answer 200 (connection refused while a server
+    /// loads is normal), then reads `/v1/models`: the model name (unless configured) and
+    /// `max_model_len`. Fails with the last error once `timeout` passes.
+    pub async fn wait_until_ready(&self, timeout: Duration) -> Result<ModelCard, Error> {
+        let deadline = Instant::now() + timeout;
+        for index in 0..self.inner.servers.len() {
+            loop {
+                match self.health_of(index).await {
+                    Ok(()) => break,
+                    Err(error) if Instant::now() + Duration::from_millis(250) < deadline => {
+                        tracing::debug!(server = %self.inner.servers[index].base, %error, "waiting for the server");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(error) => {
+                        return Err(Error::invalid(
+                            "GET /health",
+                            format!(
+                                "{} was not ready within {timeout:?}; last error: {error}",
+                                self.inner.servers[index].base
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        let models = self.models().await?;
+        let wanted = self.model();
+        let card =
+            match &wanted {
+                Some(name) => models
+                    .data
+                    .iter()
+                    .find(|card| &card.id == name)
+                    .cloned()
+                    .ok_or_else(|| {
+                        let served: Vec<&str> = models.data.iter().map(|c| c.id.as_str()).collect();
+                        Error::invalid(
+                            "GET /v1/models",
+                            format!(
+                                "the server does not serve '{name}'; it serves: {}",
+                                served.join(", ")
+                            ),
+                        )
+                    })?,
+                None => models.data.first().cloned().ok_or_else(|| {
+                    Error::invalid("GET /v1/models", "the server serves no model")
+                })?,
+            };
+        *self.inner.model.write().unwrap_or_else(|e| e.into_inner()) = Some(card.id.clone());
+        if let Some(len) = card.max_model_len {
+            self.inner.max_model_len.store(len, Ordering::Relaxed);
+        }
+        Ok(card)
+    }
+
+    /// One sampled turn from token ids: `/v1/completions` with `return_token_ids`,
+    /// `logprobs: 0`, `add_special_tokens: false`, `n: 1` and a unique seed, validated so that
+    /// every id has its logprob.
+    pub async fn generate(
+        &self,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Completion, Error> {
+        const ENDPOINT: &str = "POST /v1/completions";
+        let mut sampling = params.sampling.clone();
+        let seed = *sampling.seed.get_or_insert_with(|| self.next_seed());
+        let request = CompletionRequest {
+            model: self.require_model(ENDPOINT)?,
+            prompt: Prompt::Tokens(prompt_ids.to_vec()),
+            max_tokens: params.max_tokens,
+            n: 1,
+            sampling,
+            logprobs: Some(0),
+            prompt_logprobs: None,
+            return_token_ids: true,
+            return_tokens_as_token_ids: None,
+            add_special_tokens: Some(false),
+            echo: None,
+            structured_outputs: params.structured_outputs.clone(),
+        };
+        let response: CompletionResponse = self
+            .call(
+                Method::POST,
+                "/v1/completions",
+                Some(&request),
+                params.sticky_key.as_deref(),
+            )
+            .await?;
+        let choice =
+            response.choices.into_iter().next().ok_or_else(|| {
+                self.failed(Error::invalid(ENDPOINT, "the response has no choices"))
+            })?;
+        let token_ids = choice.token_ids.ok_or_else(|| {
+            self.failed(Error::invalid(
+                ENDPOINT,
+                "the response has no `choices[0].token_ids`: the server ignored `return_token_ids` \
+                 (vLLM supports it from 0.10.2 on; other OpenAI-compatible servers may not)",
+            ))
+        })?;
+        let logprobs = choice.logprobs.ok_or_else(|| {
+            self.failed(Error::invalid(
+                ENDPOINT,
+                "the response has no `choices[0].logprobs` although `logprobs: 0` was sent",
+            ))
+        })?;
+        if logprobs.token_logprobs.len() != token_ids.len() {
+            return Err(self.failed(Error::invalid(
+                ENDPOINT,
+                format!(
+                    "{} token ids but {} logprobs in `choices[0]`: every sampled id needs its logprob",
+                    token_ids.len(),
+                    logprobs.token_logprobs.len()
+                ),
+            )));
+        }
+        let logprobs = logprobs
+            .token_logprobs
+            .iter()
+            .enumerate()
+            .map(|(i, lp)| lp.ok_or(i))
+            .collect::<Result<Vec<f64>, usize>>()
+            .map_err(|i| {
+                self.failed(Error::invalid(
+                    ENDPOINT,
+                    format!("the logprob of sampled token {i} is null"),
+                ))
+            })?;
+        Ok(Completion {
+            token_ids,
+            logprobs,
+            finish_reason: choice.finish_reason.unwrap_or(FinishReason::Other),
+            stop_reason: choice.stop_reason,
+            prompt_token_ids: choice.prompt_token_ids,
+            text: choice.text,
+            seed,
+        })
+    }
+
+    /// `POST /v1/completions`, as given.
+    pub async fn completions(
+        &self,
+        request: &CompletionRequest,
+    ) -> Result<CompletionResponse, Error> {
+        self.call(Method::POST, "/v1/completions", Some(request), None)
+            .await
+    }
+
+    /// `POST /v1/chat/completions`, as given.
+    pub async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, Error> {
+        self.call(Method::POST, "/v1/chat/completions", Some(request), None)
+            .await
+    }
+
+    /// `POST /tokenize`.
+    pub async fn tokenize(&self, request: &TokenizeRequest) -> Result<TokenizeResponse, Error> {
+        self.call(Method::POST, "/tokenize", Some(request), None)
+            .await
+    }
+
+    /// `POST /detokenize`.
+    pub async fn detokenize(
+        &self,
+        request: &DetokenizeRequest,
+    ) -> Result<DetokenizeResponse, Error> {
+        self.call(Method::POST, "/detokenize", Some(request), None)
+            .await
+    }
+
+    /// `GET /v1/models`.
+    pub async fn models(&self) -> Result<ModelList, Error> {
+        self.call::<(), _>(Method::GET, "/v1/models", None, None)
+            .await
+    }
+
+    /// `GET /health` on every server: `Ok` when all answer 200.
+    pub async fn health(&self) -> Result<(), Error> {
+        for index in 0..self.inner.servers.len() {
+            self.health_of(index).await?;
+        }
+        Ok(())
+    }
+
+    /// `POST /pause?mode=...` on every server (needs `VLLM_SERVER_DEV_MODE=1`).
+    pub async fn pause(&self, mode: PauseMode) -> Result<(), Error> {
+        self.control(
+            Method::POST,
+            &format!("/pause?mode={}", mode.as_str()),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// `POST /resume` on every server.
+    pub async fn resume(&self) -> Result<(), Error> {
+        self.control(Method::POST, "/resume", None::<&()>).await
+    }
+
+    /// `GET /is_paused` on the first server.
+    pub async fn is_paused(&self) -> Result<bool, Error> {
+        #[derive(serde::Deserialize)]
+        struct Paused {
+            is_paused: bool,
+        }
+        let paused: Paused = self.send_to(0, Method::GET, "/is_paused", None).await?;
+        Ok(paused.is_paused)
+    }
+
+    /// `POST /reset_prefix_cache` on every server.
+    pub async fn reset_prefix_cache(&self) -> Result<(), Error> {
+        self.control(Method::POST, "/reset_prefix_cache", None::<&()>)
+            .await
+    }
+
+    /// `GET /get_world_size` of the first server.
+    pub async fn get_world_size(&self) -> Result<u32, Error> {
+        #[derive(serde::Deserialize)]
+        struct WorldSize {
+            world_size: u32,
+        }
+        let size: WorldSize = self
+            .send_to(0, Method::GET, "/get_world_size", None)
+            .await?;
+        Ok(size.world_size)
+    }
+
+    /// `POST /init_weight_transfer_engine` on every server, with the trainer's typed body.
+    pub async fn init_weight_transfer_engine(&self, body: &impl Serialize) -> Result<(), Error> {
+        self.control(Method::POST, "/init_weight_transfer_engine", Some(body))
+            .await
+    }
+
+    /// `POST /start_weight_update` on every server.
+    pub async fn start_weight_update(&self, body: &impl Serialize) -> Result<(), Error> {
+        self.control(Method::POST, "/start_weight_update", Some(body))
+            .await
+    }
+
+    /// `POST /update_weights` on every server.
+    pub async fn update_weights(&self, body: &impl Serialize) -> Result<(), Error> {
+        self.control(Method::POST, "/update_weights", Some(body))
+            .await
+    }
+
+    /// `POST /finish_weight_update` on every server.
+    pub async fn finish_weight_update(&self, body: &impl Serialize) -> Result<(), Error> {
+        self.control(Method::POST, "/finish_weight_update", Some(body))
+            .await
+    }
+
+    fn require_model(&self, endpoint: &str) -> Result<String, Error> {
+        self.model().ok_or_else(|| {
+            Error::invalid(
+                endpoint,
+                "no model name: set ClientConfig::model or call Client::wait_until_ready first",
+            )
+        })
+    }
+
+    fn next_seed(&self) -> u64 {
+        // SplitMix64 over a per-client random base: distinct, well-spread seeds.
+        let mut z = self.inner.seed_base.wrapping_add(
+            self.inner
+                .seeds
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) >> 1
+    }
+
+    fn failed(&self, error: Error) -> Error {
+        self.inner.failures.fetch_add(1, Ordering::Relaxed);
+        error
+    }
+
+    /// The server for the next attempt: the sticky one while it is available, else the
+    /// available one with the fewest requests in flight (ties rotate).
+    fn pick(&self, key: Option<&str>) -> usize {
+        let servers = &self.inner.servers;
+        if servers.len() == 1 {
+            return 0;
+        }
+        let now = Instant::now();
+        let mut sticky = key.map(|_| lock(&self.inner.sticky));
+        if let (Some(map), Some(key)) = (sticky.as_ref(), key)
+            && let Some(&index) = map.get(key)
+            && servers[index].is_available(now)
+        {
+            return index;
+        }
+        let start = self.inner.rotate.fetch_add(1, Ordering::Relaxed);
+        let order = (0..servers.len()).map(|i| (start + i) % servers.len());
+        let available: Vec<usize> = order
+            .clone()
+            .filter(|&i| servers[i].is_available(now))
+            .collect();
+        let candidates = if available.is_empty() {
+            order.collect()
+        } else {
+            available
+        };
+        let chosen = candidates
+            .into_iter()
+            .min_by_key(|&i| servers[i].inflight.load(Ordering::Relaxed))
+            .unwrap_or(0);
+        if let (Some(map), Some(key)) = (sticky.as_mut(), key) {
+            map.insert(key.to_owned(), chosen);
+        }
+        chosen
+    }
+
+    fn eject(&self, index: usize, error: &Error) {
+        let server = &self.inner.servers[index];
+        *lock(&server.ejected_until) = Some(Instant::now() + self.inner.eject_for);
+        self.inner.ejections.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(server = %server.base, %error, eject_for = ?self.inner.eject_for, "server failed; sending requests elsewhere");
+    }
+
+    /// Sends with retries per the policy; each attempt picks a server.
+    async fn call<Req: Serialize + ?Sized, Resp: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Req>,
+        key: Option<&str>,
+    ) -> Result<Resp, Error> {
+        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let policy = self.inner.retry;
+        let deadline = tokio::time::Instant::now() + policy.deadline;
+        let body = body.map(serde_json::to_vec).transpose().map_err(|e| {
+            Error::invalid(
+                &endpoint,
+                format!("the request could not be serialized: {e}"),
+            )
+        })?;
+        let mut attempt = 0u32;
+        loop {
+            let index = self.pick(key);
+            let outcome = tokio::time::timeout_at(
+                deadline,
+                self.attempt(index, &method, path, body.as_deref(), &endpoint),
+            )
+            .await;
+            let error = match outcome {
+                Ok(Ok(bytes)) => return decode(&endpoint, &bytes).map_err(|e| self.failed(e)),
+                Ok(Err(error)) => error,
+                Err(_elapsed) => {
+                    return Err(self.failed(Error::timeout(&endpoint, policy.deadline)));
+                }
+            };
+            if error.is_retryable() && self.inner.servers.len() > 1 {
+                self.eject(index, &error);
+            }
+            attempt += 1;
+            if !error.is_retryable() || attempt >= policy.max_attempts.max(1) {
+                return Err(self.failed(error));
+            }
+            let pause = policy.backoff(attempt - 1);
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(self.failed(error));
+            }
+            self.inner.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                endpoint = %endpoint,
+                attempt,
+                server = %self.inner.servers[index].base,
+                reason = %error,
+                backoff_ms = pause.as_millis() as u64,
+                "retrying"
+            );
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// One attempt at one server: the body bytes of a 2xx, or the error.
+    async fn attempt(
+        &self,
+        index: usize,
+        method: &Method,
+        path: &str,
+        body: Option<&[u8]>,
+        endpoint: &str,
+    ) -> Result<Vec<u8>, Error> {
+        let server = &self.inner.servers[index];
+        server.inflight.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlight(server);
+        self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+        let mut request = self
+            .inner
+            .http
+            .request(method.clone(), format!("{}{path}", server.base));
+        if let Some(body) = body {
+            request = request
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.to_vec());
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Error::transport(endpoint, e))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Error::transport(endpoint, e))?;
+        if !status.is_success() {
+            return Err(Error::from_status(endpoint, status.as_u16(), &bytes));
+        }
+        Ok(bytes.to_vec())
+    }
+
+    /// One request to one given server, no retry, body decoded.
+    async fn send_to<Resp: DeserializeOwned>(
+        &self,
+        index: usize,
+        method: Method,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<Resp, Error> {
+        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let bytes = self.attempt(index, &method, path, body, &endpoint).await?;
+        decode(&endpoint, &bytes)
+    }
+
+    async fn health_of(&self, index: usize) -> Result<(), Error> {
+        self.attempt(index, &Method::GET, "/health", None, "GET /health")
+            .await
+            .map(drop)
+    }
+
+    /// A control call on every server, one after another; the first failure is returned.
+    async fn control(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<(), Error> {
+        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let body = body.map(serde_json::to_vec).transpose().map_err(|e| {
+            Error::invalid(
+                &endpoint,
+                format!("the request could not be serialized: {e}"),
+            )
+        })?;
+        for index in 0..self.inner.servers.len() {
+            self.attempt(index, &method, path, body.as_deref(), &endpoint)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn decode<T: DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, Error> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        Error::decode(
+            endpoint,
+            error.path().to_string(),
+            error.inner().to_string(),
+        )
+    })
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field(
+                "servers",
+                &self
+                    .inner
+                    .servers
+                    .iter()
+                    .map(|s| s.base.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("model", &self.model())
+            .field("retry", &self.inner.retry)
+            .finish()
+    }
+}

@@ -1,0 +1,188 @@
+//! [`Error`]: one opaque type with predicates, in the style of reqwest and hyper.
+
+use std::{fmt, time::Duration};
+
+use crate::types::ServerError;
+
+/// Why a request to vLLM failed. Boxed inside, so that a `Result` stays small.
+#[derive(Debug)]
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    kind: Kind,
+    /// The endpoint, e.g. `POST /v1/completions`.
+    endpoint: String,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// The connection failed or broke (refused, reset, closed mid-body).
+    Transport(reqwest::Error),
+    /// The server answered with an error status.
+    Status {
+        status: u16,
+        server: Option<ServerError>,
+        body: String,
+    },
+    /// The body was not the JSON expected; names the path of the offending field.
+    Decode { path: String, message: String },
+    /// The response was well-formed but unusable (e.g. no token ids).
+    Invalid(String),
+    /// The deadline passed before a usable answer.
+    Timeout(Duration),
+}
+
+impl Error {
+    fn new(kind: Kind, endpoint: &str) -> Error {
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                endpoint: endpoint.to_owned(),
+            }),
+        }
+    }
+
+    pub(crate) fn transport(endpoint: &str, error: reqwest::Error) -> Error {
+        Error::new(Kind::Transport(error), endpoint)
+    }
+
+    pub(crate) fn from_status(endpoint: &str, status: u16, body: &[u8]) -> Error {
+        let server = ServerError::parse(body);
+        let body = String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned();
+        Error::new(
+            Kind::Status {
+                status,
+                server,
+                body,
+            },
+            endpoint,
+        )
+    }
+
+    pub(crate) fn decode(endpoint: &str, path: String, message: String) -> Error {
+        Error::new(Kind::Decode { path, message }, endpoint)
+    }
+
+    pub(crate) fn invalid(endpoint: &str, message: impl Into<String>) -> Error {
+        Error::new(Kind::Invalid(message.into()), endpoint)
+    }
+
+    pub(crate) fn timeout(endpoint: &str, after: Duration) -> Error {
+        Error::new(Kind::Timeout(after), endpoint)
+    }
+
+    /// Whether the deadline (or a request timeout) passed.
+    pub fn is_timeout(&self) -> bool {
+        match &self.inner.kind {
+            Kind::Timeout(_) => true,
+            Kind::Transport(error) => error.is_timeout(),
+            _ => false,
+        }
+    }
+
+    /// Whether the server could not be reached (refused while loading, no route).
+    pub fn is_connect(&self) -> bool {
+        matches!(&self.inner.kind, Kind::Transport(error) if error.is_connect())
+    }
+
+    /// Whether the connection failed or broke.
+    pub fn is_transport(&self) -> bool {
+        matches!(self.inner.kind, Kind::Transport(_))
+    }
+
+    /// Whether the server answered with an error status.
+    pub fn is_status(&self) -> bool {
+        matches!(self.inner.kind, Kind::Status { .. })
+    }
+
+    /// The HTTP status, when the server answered with an error.
+    pub fn status(&self) -> Option<u16> {
+        match self.inner.kind {
+            Kind::Status { status, .. } => Some(status),
+            _ => None,
+        }
+    }
+
+    /// vLLM's own error, when its body had one.
+    pub fn server_error(&self) -> Option<&ServerError> {
+        match &self.inner.kind {
+            Kind::Status { server, .. } => server.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the body could not be decoded.
+    pub fn is_decode(&self) -> bool {
+        matches!(self.inner.kind, Kind::Decode { .. })
+    }
+
+    /// Whether trying again may help: transport errors and 5xx, never a 4xx (a prompt too
+    /// long stays too long).
+    pub fn is_retryable(&self) -> bool {
+        match &self.inner.kind {
+            Kind::Transport(_) => true,
+            Kind::Status { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+
+    /// The endpoint the error came from.
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoint = &self.inner.endpoint;
+        match &self.inner.kind {
+            Kind::Transport(error) => {
+                write!(f, "{endpoint}: connection failed: {error}")?;
+                let mut source = std::error::Error::source(error);
+                while let Some(cause) = source {
+                    write!(f, ": {cause}")?;
+                    source = cause.source();
+                }
+                Ok(())
+            }
+            Kind::Status {
+                status,
+                server: Some(server),
+                ..
+            } => {
+                write!(f, "{endpoint}: vLLM answered {status}: {}", server.message)?;
+                if let Some(param) = &server.param {
+                    write!(f, " (parameter: {param})")?;
+                }
+                Ok(())
+            }
+            Kind::Status {
+                status,
+                server: None,
+                body,
+            } => {
+                write!(f, "{endpoint}: the server answered {status}: {body}")
+            }
+            Kind::Decode { path, message } => {
+                write!(
+                    f,
+                    "{endpoint}: unexpected response body at `{path}`: {message}"
+                )
+            }
+            Kind::Invalid(message) => write!(f, "{endpoint}: {message}"),
+            Kind::Timeout(after) => write!(f, "{endpoint}: no usable answer within {after:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.inner.kind {
+            Kind::Transport(error) => Some(error),
+            _ => None,
+        }
+    }
+}

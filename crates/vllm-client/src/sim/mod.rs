@@ -1,0 +1,290 @@
+//! A vLLM-compatible simulator server, for tests, benchmarks and GPU-free demos.
+//!
+//! It is a simulator, named as such everywhere: it speaks vLLM's JSON for the endpoints the
+//! engine uses, encodes its answers with a real tokenizer (`tokenizers` crate), and follows a
+//! scripted policy instead of a model:
+//!
+//! - a plain answer of `answer_tokens` tokens, or, for the first `tool_rounds` assistant turns
+//!   of a conversation, a hermes/Qwen tool call (`<tool_call>{"name": ..., "arguments": ...}
+//!   </tool_call>`) to `tool_name`;
+//! - latency of `latency + per_token * tokens`; logprobs derived from the request's seed, so
+//!   the same request gives the same answer;
+//! - fault injection by deterministic draw per request: a fraction of 503s, of connections
+//!   dropped mid-response, of slow responses, of malformed bodies;
+//! - `/pause` and `/resume` that really hold requests (`mode=keep` freezes them, `mode=abort`
+//!   ends them with `finish_reason: "abort"` and their partial ids), and counters, among them
+//!   requests aborted because the client disconnected.
+//!
+//! `async-grpo simulate --port P --tokenizer PATH` runs it from the binary.
+
+mod server;
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use tokenizers::Tokenizer;
+use tokio::sync::watch;
+
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// Fractions of requests that fail on purpose (each in `[0, 1]`, drawn per request).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    /// Answer 503 Service Unavailable.
+    pub error_503: f64,
+    /// Send the headers, then drop the connection mid-body.
+    pub drop_connection: f64,
+    /// Add `slow_delay` before answering.
+    pub slow: f64,
+    /// The extra delay of a slow response.
+    pub slow_delay: Duration,
+    /// Answer 200 with a body whose `choices[0].token_ids` is not a list.
+    pub malformed: f64,
+}
+
+/// How the simulator behaves.
+#[derive(Clone)]
+pub struct SimConfig {
+    /// Encodes answers and decodes prompts.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The model name it serves.
+    pub model: String,
+    /// Its context length.
+    pub max_model_len: u32,
+    /// Tokens of a final answer (before the EOS token).
+    pub answer_tokens: usize,
+    /// Assistant turns that call a tool before the final answer.
+    pub tool_rounds: usize,
+    /// The tool it calls.
+    pub tool_name: String,
+    /// The token that ends a finished answer, if the tokenizer has it.
+    pub eos_token: String,
+    /// Delay before the first token.
+    pub latency: Duration,
+    /// Delay per generated token.
+    pub per_token: Duration,
+    /// Deliberate failures.
+    pub faults: Faults,
+    /// Seed of the fault draws.
+    pub fault_seed: u64,
+}
+
+impl SimConfig {
+    /// Defaults: model `sim`, 4096 tokens of context, 32-token answers, no tool rounds, no
+    /// latency, no faults, EOS `<|im_end|>`.
+    pub fn new(tokenizer: Tokenizer) -> SimConfig {
+        SimConfig {
+            tokenizer: Arc::new(tokenizer),
+            model: "sim".to_owned(),
+            max_model_len: 4096,
+            answer_tokens: 32,
+            tool_rounds: 0,
+            tool_name: "calculator".to_owned(),
+            eos_token: "<|im_end|>".to_owned(),
+            latency: Duration::ZERO,
+            per_token: Duration::ZERO,
+            faults: Faults::default(),
+            fault_seed: 0,
+        }
+    }
+
+    /// Loads a `tokenizer.json` (a Hugging Face tokenizer file).
+    pub fn from_tokenizer_file(path: &Path) -> Result<SimConfig, String> {
+        let tokenizer = Tokenizer::from_file(path)
+            .map_err(|e| format!("could not load tokenizer {}: {e}", path.display()))?;
+        Ok(SimConfig::new(tokenizer))
+    }
+}
+
+impl std::fmt::Debug for SimConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimConfig")
+            .field("model", &self.model)
+            .field("max_model_len", &self.max_model_len)
+            .field("answer_tokens", &self.answer_tokens)
+            .field("tool_rounds", &self.tool_rounds)
+            .field("latency", &self.latency)
+            .field("per_token", &self.per_token)
+            .field("faults", &self.faults)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the simulator has seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    /// Requests to every endpoint.
+    pub requests: u64,
+    /// Completion requests answered (any outcome).
+    pub completions: u64,
+    /// Chat completion requests answered.
+    pub chats: u64,
+    /// Generation requests dropped because the client disconnected before the answer.
+    pub aborted_by_disconnect: u64,
+    /// Generation requests ended by `/pause?mode=abort`.
+    pub aborted_by_pause: u64,
+    /// 503s injected.
+    pub injected_503: u64,
+    /// Connections dropped on purpose.
+    pub injected_drops: u64,
+    /// Slow responses injected.
+    pub injected_slow: u64,
+    /// Malformed bodies injected.
+    pub injected_malformed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    completions: AtomicU64,
+    chats: AtomicU64,
+    aborted_by_disconnect: AtomicU64,
+    aborted_by_pause: AtomicU64,
+    injected_503: AtomicU64,
+    injected_drops: AtomicU64,
+    injected_slow: AtomicU64,
+    injected_malformed: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> SimCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SimCounters {
+            requests: get(&self.requests),
+            completions: get(&self.completions),
+            chats: get(&self.chats),
+            aborted_by_disconnect: get(&self.aborted_by_disconnect),
+            aborted_by_pause: get(&self.aborted_by_pause),
+            injected_503: get(&self.injected_503),
+            injected_drops: get(&self.injected_drops),
+            injected_slow: get(&self.injected_slow),
+            injected_malformed: get(&self.injected_malformed),
+        }
+    }
+}
+
+/// Pause state: whether requests are held, and how many abort signals were given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Pause {
+    paused: bool,
+    /// `mode=keep`: requests in flight are frozen too, not only new ones.
+    freeze: bool,
+    aborts: u64,
+}
+
+/// A running simulator; dropping it stops the server.
+#[derive(Debug)]
+pub struct Simulator {
+    addr: SocketAddr,
+    state: Arc<server::State>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Simulator {
+    /// Starts serving on `addr` (`127.0.0.1:0` picks a free port) on the current runtime.
+    pub async fn start(config: SimConfig, addr: SocketAddr) -> std::io::Result<Simulator> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(server::State::new(config));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = server::router(Arc::clone(&state));
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            });
+            if let Err(error) = serve.await {
+                tracing::error!(%error, "the simulator stopped with an error");
+            }
+        });
+        Ok(Simulator {
+            addr,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> SimCounters {
+        self.state.counters.snapshot()
+    }
+
+    /// Stops the server and waits for it (requests in flight are dropped).
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A small byte-level BPE tokenizer trained, in well under a second, on text shaped like the
+/// simulator's answers and chat markup, with `<|im_start|>`, `<|im_end|>`, `<tool_call>` and
+/// `</tool_call>` as special tokens: a real tokenizer for hermetic tests and demos, without a
+/// model download.
+pub fn training_tokenizer() -> Tokenizer {
+    use tokenizers::{
+        AddedToken,
+        models::{
+            TrainerWrapper,
+            bpe::{BPE, BpeTrainerBuilder},
+        },
+        pre_tokenizers::byte_level::ByteLevel,
+    };
+    let specials = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"];
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(600)
+        .min_frequency(1)
+        .show_progress(false)
+        .special_tokens(
+            specials
+                .iter()
+                .map(|s| AddedToken::from(*s, true))
+                .collect(),
+        )
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build()
+        .into();
+    let mut tokenizer = Tokenizer::new(BPE::default());
+    tokenizer.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+    tokenizer.with_decoder(Some(ByteLevel::default()));
+    let corpus = server::WORDS
+        .iter()
+        .map(|w| format!("{w} "))
+        .chain([
+            "user\nWhat is 2 + 3? The answer is 5.\n".to_owned(),
+            "{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}\n".to_owned(),
+            "system\nYou are a helpful assistant. 0123456789\n".to_owned(),
+        ])
+        .collect::<Vec<_>>();
+    if let Err(error) = tokenizer.train(&mut trainer, corpus.iter()) {
+        unreachable!("training on a fixed in-memory corpus cannot fail: {error}");
+    }
+    tokenizer.add_special_tokens(&specials.map(|s| AddedToken::from(s, true)));
+    tokenizer
+}
+
+fn pause_channel() -> (watch::Sender<Pause>, watch::Receiver<Pause>) {
+    watch::channel(Pause::default())
+}

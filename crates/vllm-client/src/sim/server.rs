@@ -1,0 +1,644 @@
+//! The simulator's HTTP handlers and its scripted policy.
+
+use std::time::Instant;
+
+use axum::{
+    Json, Router,
+    body::{Body, Bytes},
+    extract::{Query, State as Extract},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::{Counters, Pause, SimConfig, pause_channel};
+use crate::{
+    sync::{Arc, AtomicU64, Ordering},
+    types::{ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest},
+};
+
+/// Words the final answers are made of (and the test tokenizer is trained on).
+pub(super) const WORDS: &[&str] = &[
+    "the", "answer", "is", "simple", "model", "thinks", "about", "numbers", "and", "tools",
+    "result", "value", "step", "check", "then", "so", "we", "get", "first", "next", "finally",
+    "because", "sum", "product", "The",
+];
+
+pub(crate) struct State {
+    config: SimConfig,
+    pub(super) counters: Counters,
+    pause: watch::Sender<Pause>,
+    sequence: AtomicU64,
+    eos: Option<u32>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl State {
+    pub(super) fn new(config: SimConfig) -> State {
+        let eos = config.tokenizer.token_to_id(&config.eos_token);
+        State {
+            eos,
+            config,
+            counters: Counters::default(),
+            pause: pause_channel().0,
+            sequence: AtomicU64::new(0),
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.sequence.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, String> {
+        self.config
+            .tokenizer
+            .encode(text, special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.config.tokenizer.decode(ids, false).unwrap_or_default()
+    }
+
+    fn token_text(&self, id: u32, as_ids: bool) -> String {
+        if as_ids {
+            format!("token_id:{id}")
+        } else {
+            self.decode(&[id])
+        }
+    }
+
+    /// The scripted answer: a tool call while fewer than `tool_rounds` calls were made, else a
+    /// final answer of `answer_tokens` tokens; both end with EOS.
+    fn answer(&self, calls_so_far: usize, seed: u64) -> (String, Vec<u32>, bool) {
+        let calling = calls_so_far < self.config.tool_rounds;
+        let mut ids = if calling {
+            self.encode(&tool_call_text(&self.config.tool_name, seed), false)
+                .unwrap_or_default()
+        } else {
+            let mut rng = seed;
+            let mut text = format!("The answer is {}.", mix(seed) % 100);
+            let mut ids = self.encode(&text, false).unwrap_or_default();
+            while ids.len() < self.config.answer_tokens {
+                rng = mix(rng);
+                text.push(' ');
+                text.push_str(WORDS[(rng % WORDS.len() as u64) as usize]);
+                ids = self.encode(&text, false).unwrap_or_default();
+            }
+            ids.truncate(self.config.answer_tokens);
+            ids
+        };
+        let text = self.decode(&ids);
+        ids.extend(self.eos);
+        (text, ids, calling)
+    }
+
+    /// Waits out latency and pause; `Some(k)` when `/pause?mode=abort` ended the request after
+    /// `k` tokens.
+    async fn generate(&self, tokens: usize) -> Option<usize> {
+        let mut pause = self.pause.subscribe();
+        wait_unpaused(&mut pause).await;
+        let aborts = pause.borrow().aborts;
+        let started = Instant::now();
+        let total =
+            self.config.latency + self.config.per_token * u32::try_from(tokens).unwrap_or(u32::MAX);
+        tokio::select! {
+            () = tokio::time::sleep(total) => {}
+            () = wait_abort(&mut pause, aborts) => {
+                let generating = started.elapsed().saturating_sub(self.config.latency);
+                let done = if self.config.per_token.is_zero() {
+                    0
+                } else {
+                    (generating.as_nanos() / self.config.per_token.as_nanos()) as usize
+                };
+                self.counters.aborted_by_pause.fetch_add(1, Ordering::Relaxed);
+                return Some(done.min(tokens));
+            }
+        }
+        if pause.borrow().paused && pause.borrow().freeze {
+            wait_unpaused(&mut pause).await;
+        }
+        None
+    }
+
+    /// The injected fault for request `sequence`, if any (slow responses sleep here).
+    async fn fault(&self, sequence: u64) -> Option<Fault> {
+        let faults = &self.config.faults;
+        let draw = unit(mix(self.config.fault_seed ^ mix(sequence)));
+        let mut edge = faults.error_503;
+        if draw < edge {
+            self.counters.injected_503.fetch_add(1, Ordering::Relaxed);
+            return Some(Fault::Unavailable);
+        }
+        edge += faults.drop_connection;
+        if draw < edge {
+            self.counters.injected_drops.fetch_add(1, Ordering::Relaxed);
+            return Some(Fault::Drop);
+        }
+        edge += faults.slow;
+        if draw < edge {
+            self.counters.injected_slow.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(faults.slow_delay).await;
+            return None;
+        }
+        edge += faults.malformed;
+        if draw < edge {
+            self.counters
+                .injected_malformed
+                .fetch_add(1, Ordering::Relaxed);
+            return Some(Fault::Malformed);
+        }
+        None
+    }
+
+    /// The context check vLLM 0.32 makes: a prompt over the limit or exactly filling it is a
+    /// 400; otherwise `max_tokens` is clipped to the room left.
+    fn room(&self, prompt_len: usize, max_tokens: u32) -> Result<u32, Box<Response>> {
+        let limit = self.config.max_model_len as usize;
+        if prompt_len > limit {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "This model's maximum context length is {limit} tokens. However, your prompt contains \
+                     {prompt_len} input tokens, which exceeds this limit even without any output tokens. \
+                     Please reduce the length of the input prompt."
+                ),
+                "BadRequestError",
+                Some("input_tokens"),
+            )));
+        }
+        let room = (limit - prompt_len) as u32;
+        if room == 0 {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "max_tokens must be at least 1, got 0.",
+                "BadRequestError",
+                None,
+            )));
+        }
+        Ok(max_tokens.min(room))
+    }
+
+    fn logprob(seed: u64, position: usize, id: u32) -> f64 {
+        let draw = mix(seed ^ mix(position as u64) ^ u64::from(id));
+        -((draw % 5000) as f64 / 1000.0) - 0.001
+    }
+}
+
+enum Fault {
+    Unavailable,
+    Drop,
+    Malformed,
+}
+
+/// Counts a generation request as aborted by disconnect if it is dropped before answering.
+struct Pending {
+    state: Arc<State>,
+    answered: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.state
+                .counters
+                .aborted_by_disconnect
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+pub(super) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/pause", post(pause))
+        .route("/resume", post(resume))
+        .route("/is_paused", get(is_paused))
+        .route("/get_world_size", get(world_size))
+        .route("/reset_prefix_cache", post(acknowledge))
+        .route("/init_weight_transfer_engine", post(acknowledge))
+        .route("/start_weight_update", post(acknowledge))
+        .route("/update_weights", post(acknowledge))
+        .route("/finish_weight_update", post(acknowledge))
+        .with_state(state)
+}
+
+type Shared = Extract<Arc<State>>;
+
+async fn health(Extract(state): Shared) -> StatusCode {
+    state.count();
+    StatusCode::OK
+}
+
+async fn models(Extract(state): Shared) -> Json<Value> {
+    state.count();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "async-grpo-simulator",
+            "root": state.config.model,
+            "max_model_len": state.config.max_model_len,
+        }]
+    }))
+}
+
+async fn completions(Extract(state): Shared, body: Bytes) -> Response {
+    let sequence = state.count();
+    let mut pending = Pending {
+        state: Arc::clone(&state),
+        answered: false,
+    };
+    let response = complete(&state, sequence, &body).await;
+    state.counters.completions.fetch_add(1, Ordering::Relaxed);
+    pending.answered = true;
+    response
+}
+
+async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
+    let request: CompletionRequest = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request: {e}"),
+                "BadRequestError",
+                None,
+            );
+        }
+    };
+    if request.model != state.config.model {
+        return unknown_model(&request.model);
+    }
+    match state.fault(sequence).await {
+        Some(Fault::Unavailable) => return unavailable(),
+        Some(Fault::Drop) => return dropped(),
+        Some(Fault::Malformed) => return malformed(&state.config.model),
+        None => {}
+    }
+    let prompt = match &request.prompt {
+        Prompt::Tokens(ids) => ids.clone(),
+        Prompt::Text(text) => {
+            match state.encode(text, request.add_special_tokens.unwrap_or(true)) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        &e,
+                        "BadRequestError",
+                        Some("prompt"),
+                    );
+                }
+            }
+        }
+    };
+    let max_tokens = match state.room(prompt.len(), request.max_tokens) {
+        Ok(max_tokens) => max_tokens as usize,
+        Err(response) => return *response,
+    };
+    let seed = request.sampling.seed.unwrap_or(sequence);
+    let signature = format!("{{\"name\": \"{}\", \"arguments\"", state.config.tool_name);
+    let calls_so_far = state.decode(&prompt).matches(&signature).count();
+    let (_, mut ids, _) = state.answer(calls_so_far, seed);
+    let mut finish = "stop";
+    if ids.len() > max_tokens {
+        ids.truncate(max_tokens);
+        finish = "length";
+    }
+    if let Some(done) = state.generate(ids.len()).await {
+        ids.truncate(done);
+        finish = "abort";
+    }
+    let as_ids = request.return_tokens_as_token_ids == Some(true);
+    let logprobs = request.logprobs.map(|_| {
+        let tokens: Vec<String> = ids.iter().map(|id| state.token_text(*id, as_ids)).collect();
+        let mut offset = 0u32;
+        let offsets: Vec<u32> = tokens
+            .iter()
+            .map(|t| {
+                let at = offset;
+                offset += t.len() as u32;
+                at
+            })
+            .collect();
+        json!({
+            "tokens": tokens,
+            "token_logprobs": ids.iter().enumerate().map(|(i, id)| State::logprob(seed, i, *id)).collect::<Vec<_>>(),
+            "text_offset": offsets,
+            "top_logprobs": null,
+        })
+    });
+    let mut choice = json!({
+        "index": 0,
+        "text": state.decode(&ids),
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "stop_reason": null,
+    });
+    if request.return_token_ids {
+        choice["token_ids"] = json!(ids);
+        choice["prompt_token_ids"] = json!(prompt);
+    }
+    Json(json!({
+        "id": format!("cmpl-sim-{sequence}"),
+        "object": "text_completion",
+        "created": 0,
+        "model": state.config.model,
+        "choices": [choice],
+        "usage": { "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() },
+    }))
+    .into_response()
+}
+
+async fn chat(Extract(state): Shared, body: Bytes) -> Response {
+    let sequence = state.count();
+    let mut pending = Pending {
+        state: Arc::clone(&state),
+        answered: false,
+    };
+    let response = chat_complete(&state, sequence, &body).await;
+    state.counters.chats.fetch_add(1, Ordering::Relaxed);
+    pending.answered = true;
+    response
+}
+
+async fn chat_complete(state: &State, sequence: u64, body: &[u8]) -> Response {
+    let request: ChatRequest = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid request: {e}"),
+                "BadRequestError",
+                None,
+            );
+        }
+    };
+    if request.model != state.config.model {
+        return unknown_model(&request.model);
+    }
+    match state.fault(sequence).await {
+        Some(Fault::Unavailable) => return unavailable(),
+        Some(Fault::Drop) => return dropped(),
+        Some(Fault::Malformed) => return malformed(&state.config.model),
+        None => {}
+    }
+    // A ChatML rendering: good enough for a simulator, which never claims template fidelity.
+    let mut text = String::new();
+    for message in &request.messages {
+        let role = message["role"].as_str().unwrap_or("user");
+        let content = message["content"].as_str().unwrap_or_default();
+        text.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
+    }
+    text.push_str("<|im_start|>assistant\n");
+    let prompt = match state.encode(&text, false) {
+        Ok(ids) => ids,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &e,
+                "BadRequestError",
+                Some("messages"),
+            );
+        }
+    };
+    let max_tokens = match state.room(prompt.len(), request.max_tokens.unwrap_or(u32::MAX)) {
+        Ok(max_tokens) => max_tokens as usize,
+        Err(response) => return *response,
+    };
+    let calls_so_far = request
+        .messages
+        .iter()
+        .filter(|m| {
+            m["role"] == "assistant" && m["tool_calls"].as_array().is_some_and(|c| !c.is_empty())
+        })
+        .count();
+    let has_tools = request
+        .tools
+        .as_ref()
+        .is_some_and(|tools| !tools.is_empty());
+    let seed = request.sampling.seed.unwrap_or(sequence);
+    let (answer, mut ids, calling) =
+        state.answer(if has_tools { calls_so_far } else { usize::MAX }, seed);
+    let mut finish = if calling { "tool_calls" } else { "stop" };
+    if ids.len() > max_tokens {
+        ids.truncate(max_tokens);
+        finish = "length";
+    }
+    if let Some(done) = state.generate(ids.len()).await {
+        ids.truncate(done);
+        finish = "abort";
+    }
+    let message = if calling && finish == "tool_calls" {
+        json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": format!("call_sim_{sequence}"),
+                "type": "function",
+                "function": { "name": state.config.tool_name, "arguments": tool_arguments(seed).to_string() },
+            }],
+        })
+    } else {
+        json!({ "role": "assistant", "content": if finish == "stop" { answer } else { state.decode(&ids) } })
+    };
+    let as_ids = request.return_tokens_as_token_ids == Some(true);
+    let logprobs = (request.logprobs == Some(true)).then(|| {
+        json!({
+            "content": ids.iter().enumerate().map(|(i, id)| json!({
+                "token": state.token_text(*id, as_ids),
+                "logprob": State::logprob(seed, i, *id),
+                "bytes": state.decode(&[*id]).into_bytes(),
+                "top_logprobs": [],
+            })).collect::<Vec<_>>()
+        })
+    });
+    let mut choice = json!({ "index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish, "stop_reason": null });
+    let mut response = json!({
+        "id": format!("chatcmpl-sim-{sequence}"),
+        "object": "chat.completion",
+        "created": 0,
+        "model": state.config.model,
+        "usage": { "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() },
+    });
+    if request.return_token_ids == Some(true) {
+        choice["token_ids"] = json!(ids);
+        response["prompt_token_ids"] = json!(prompt);
+    }
+    response["choices"] = json!([choice]);
+    Json(response).into_response()
+}
+
+async fn tokenize(Extract(state): Shared, Json(request): Json<TokenizeRequest>) -> Response {
+    state.count();
+    match state.encode(&request.prompt, request.add_special_tokens.unwrap_or(true)) {
+        Ok(tokens) => Json(json!({
+            "count": tokens.len(),
+            "max_model_len": state.config.max_model_len,
+            "tokens": tokens,
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(e) => error(
+            StatusCode::BAD_REQUEST,
+            &e,
+            "BadRequestError",
+            Some("prompt"),
+        ),
+    }
+}
+
+async fn detokenize(Extract(state): Shared, Json(request): Json<DetokenizeRequest>) -> Json<Value> {
+    state.count();
+    Json(json!({ "prompt": state.decode(&request.tokens) }))
+}
+
+#[derive(Deserialize)]
+struct PauseQuery {
+    mode: Option<String>,
+}
+
+async fn pause(Extract(state): Shared, Query(query): Query<PauseQuery>) -> Response {
+    state.count();
+    let mode = query.mode.unwrap_or_else(|| "abort".to_owned());
+    if !["keep", "abort", "wait"].contains(&mode.as_str()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown pause mode '{mode}'"),
+            "BadRequestError",
+            Some("mode"),
+        );
+    }
+    state.pause.send_modify(|pause| {
+        pause.paused = true;
+        pause.freeze = mode == "keep";
+        if mode == "abort" {
+            pause.aborts += 1;
+        }
+    });
+    Json(json!({ "status": "paused" })).into_response()
+}
+
+async fn resume(Extract(state): Shared) -> Json<Value> {
+    state.count();
+    state.pause.send_modify(|pause| {
+        pause.paused = false;
+        pause.freeze = false;
+    });
+    Json(json!({ "status": "resumed" }))
+}
+
+async fn is_paused(Extract(state): Shared) -> Json<Value> {
+    state.count();
+    Json(json!({ "is_paused": state.pause.borrow().paused }))
+}
+
+async fn world_size(Extract(state): Shared) -> Json<Value> {
+    state.count();
+    Json(json!({ "world_size": 1 }))
+}
+
+async fn acknowledge(Extract(state): Shared) -> Json<Value> {
+    state.count();
+    Json(json!({}))
+}
+
+async fn wait_unpaused(pause: &mut watch::Receiver<Pause>) {
+    while pause.borrow_and_update().paused {
+        if pause.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn wait_abort(pause: &mut watch::Receiver<Pause>, seen: u64) {
+    loop {
+        if pause.borrow_and_update().aborts != seen {
+            return;
+        }
+        if pause.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn tool_arguments(seed: u64) -> Value {
+    json!({ "expression": format!("{} * {}", mix(seed) % 50 + 2, mix(seed ^ 1) % 50 + 2) })
+}
+
+fn tool_call_text(tool: &str, seed: u64) -> String {
+    format!(
+        "<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {}}}\n</tool_call>",
+        tool_arguments(seed)
+    )
+}
+
+fn error(status: StatusCode, message: &str, kind: &str, param: Option<&str>) -> Response {
+    let body = json!({ "error": { "message": message, "type": kind, "param": param, "code": status.as_u16() } });
+    (status, Json(body)).into_response()
+}
+
+fn unknown_model(model: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        &format!("The model `{model}` does not exist."),
+        "NotFoundError",
+        Some("model"),
+    )
+}
+
+fn unavailable() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "simulated overload: try again",
+        "ServiceUnavailableError",
+        None,
+    )
+}
+
+fn dropped() -> Response {
+    let stream = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("simulated connection drop"))
+    });
+    Response::new(Body::from_stream(stream))
+}
+
+fn malformed(model: &str) -> Response {
+    let body = json!({
+        "id": "cmpl-sim-malformed",
+        "model": model,
+        "choices": [{ "index": 0, "text": "x", "token_ids": "not a list", "finish_reason": "stop" }],
+    });
+    Json(body).into_response()
+}
+
+/// SplitMix64: a deterministic, well-mixed hash of a number.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,115 @@
+//! Several servers: sticky keys, least-busy choice, ejection of a failing server.
+
+use std::time::Duration;
+
+use vllm_client::{ClientConfig, GenerateParams};
+
+use crate::{eventually, fast_retry, simulator};
+
+fn keyed(key: &str) -> GenerateParams {
+    GenerateParams {
+        max_tokens: 4,
+        sticky_key: Some(key.into()),
+        ..GenerateParams::default()
+    }
+}
+
+#[tokio::test]
+async fn a_sticky_key_keeps_a_rollout_on_one_server() {
+    let (a, b) = (simulator(|_| {}).await, simulator(|_| {}).await);
+    let client = crate::client(&[&a, &b], fast_retry());
+    for _ in 0..10 {
+        client
+            .generate(&[1], &keyed("rollout-1"))
+            .await
+            .expect("ok");
+    }
+    let counts = (a.counters().completions, b.counters().completions);
+    assert!(counts == (10, 0) || counts == (0, 10), "{counts:?}");
+}
+
+#[tokio::test]
+async fn without_a_key_concurrent_requests_go_to_the_least_busy_server() {
+    let slow = |c: &mut vllm_client::sim::SimConfig| c.latency = Duration::from_millis(300);
+    let (a, b) = (simulator(slow).await, simulator(slow).await);
+    let client = crate::client(&[&a, &b], fast_retry());
+    let turns: Vec<_> = (0..8)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .generate(
+                        &[1],
+                        &GenerateParams {
+                            max_tokens: 4,
+                            ..Default::default()
+                        },
+                    )
+                    .await
+            })
+        })
+        .collect();
+    assert!(eventually(|| client.in_flight().iter().sum::<usize>() == 8).await);
+    assert_eq!(client.in_flight(), [4, 4]);
+    for turn in turns {
+        turn.await.expect("no panic").expect("ok");
+    }
+}
+
+#[tokio::test]
+async fn a_failing_server_is_ejected_and_its_requests_go_elsewhere_until_it_is_tried_again() {
+    let broken = simulator(|c| c.faults.error_503 = 1.0).await;
+    let healthy = simulator(|_| {}).await;
+    let config = ClientConfig::with_servers([broken.url(), healthy.url()])
+        .model("sim")
+        .retry(fast_retry())
+        .eject_for(Duration::from_millis(300));
+    let client = vllm_client::Client::new(config).expect("client");
+
+    for i in 0..10 {
+        client
+            .generate(&[1], &keyed(&format!("r{i}")))
+            .await
+            .expect("the healthy server answers");
+    }
+    assert_eq!(
+        broken.counters().completions,
+        1,
+        "ejected after its first failure"
+    );
+    assert_eq!(healthy.counters().completions, 10);
+    assert_eq!(client.stats().ejections, 1);
+
+    // After the ejection period the broken server is tried again, and ejected again.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    for i in 0..4 {
+        client
+            .generate(&[1], &keyed(&format!("s{i}")))
+            .await
+            .expect("ok");
+    }
+    assert_eq!(broken.counters().completions, 2);
+    assert_eq!(client.stats().ejections, 2);
+}
+
+#[tokio::test]
+async fn a_dead_server_is_ejected_and_the_rollout_moves_on() {
+    let dead = simulator(|_| {}).await;
+    let dead_url = dead.url();
+    dead.stop().await;
+    let alive = simulator(|_| {}).await;
+    let client = vllm_client::Client::new(
+        ClientConfig::with_servers([dead_url, alive.url()])
+            .model("sim")
+            .retry(fast_retry()),
+    )
+    .expect("client");
+    for i in 0..5 {
+        client
+            .generate(&[1], &keyed(&format!("k{i}")))
+            .await
+            .expect("ok");
+    }
+    assert_eq!(alive.counters().completions, 5);
+    assert!(client.stats().ejections >= 1);
+}
