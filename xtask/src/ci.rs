@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, loom, run_checked, tidy};
+use crate::{cargo, loom, run_checked, tidy, vllm};
 
 /// One step of CI.
 struct Step {
@@ -60,6 +60,10 @@ const STEPS: &[Step] = &[
     Step {
         name: "tidy",
         run: tidy::run,
+    },
+    Step {
+        name: "e2e (real vLLM)",
+        run: vllm::e2e,
     },
 ];
 

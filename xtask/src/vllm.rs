@@ -585,3 +585,31 @@ fn size_text(path: &Path) -> String {
         })
         .unwrap_or_else(|| "size unknown".to_owned())
 }
+
+/// `cargo xtask e2e`: starts the real server (installing it on first use), runs the
+/// vllm-client suite against it, and stops the server by its pid whatever the outcome. An
+/// install or start failure fails the task: nothing here is ever skipped.
+pub(crate) fn e2e() -> anyhow::Result<()> {
+    const PORT: u16 = 8123;
+    const MAX_MODEL_LEN: u32 = 2048;
+    let cache = Cache { dir: cache_dir()? };
+    start(PORT, MAX_MODEL_LEN)?;
+    let tests = crate::run_checked(
+        crate::cargo(&[
+            "nextest",
+            "run",
+            "--package",
+            "vllm-client",
+            "--features",
+            "e2e",
+            "--test",
+            "e2e",
+        ])
+        .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
+        .env("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN.to_string())
+        .env("VLLM_TOKENIZER", cache.model().join("tokenizer.json")),
+    );
+    let stopped = stop();
+    tests?;
+    stopped
+}

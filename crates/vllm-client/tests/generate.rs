@@ -93,7 +93,7 @@ async fn a_prompt_longer_than_the_context_is_a_4xx_with_vllms_message_and_no_ret
         Some("input_tokens")
     );
     let message = error.to_string();
-    assert!(message.starts_with("POST /v1/completions: vLLM answered 400: This model's maximum context length is 64 tokens. However, your prompt contains 100 input tokens"), "{message}");
+    assert!(message.starts_with("POST /v1/completions: vLLM answered 400: This model's maximum context length is 64 tokens. However, your prompt contains at least 100 input tokens"), "{message}");
     assert_eq!((client.stats().attempts, client.stats().retries), (1, 0));
 
     let full = client

@@ -6,6 +6,7 @@ mod generate;
 mod pause;
 mod replicas;
 mod retry;
+mod wire;
 
 use std::time::Duration;
 

@@ -172,8 +172,9 @@ impl State {
                 StatusCode::BAD_REQUEST,
                 &format!(
                     "This model's maximum context length is {limit} tokens. However, your prompt contains \
-                     {prompt_len} input tokens, which exceeds this limit even without any output tokens. \
-                     Please reduce the length of the input prompt."
+                     at least {prompt_len} input tokens, which exceeds this limit even without any output \
+                     tokens. Please reduce the length of the input prompt. (parameter=input_tokens, \
+                     value={prompt_len})"
                 ),
                 "BadRequestError",
                 Some("input_tokens"),
@@ -183,9 +184,9 @@ impl State {
         if room == 0 {
             return Err(Box::new(error(
                 StatusCode::BAD_REQUEST,
-                "max_tokens must be at least 1, got 0.",
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
                 "BadRequestError",
-                None,
+                Some("max_tokens"),
             )));
         }
         Ok(max_tokens.min(room))
