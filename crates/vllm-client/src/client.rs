@@ -717,6 +717,10 @@ impl Client {
 }
 
 fn decode<T: DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, Error> {
+    // The fast path; only a body that fails is decoded again to find the offending field.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         Error::decode(

@@ -33,6 +33,12 @@ pub(crate) struct State {
     pause: watch::Sender<Pause>,
     sequence: AtomicU64,
     eos: Option<u32>,
+    /// The ids of `" word"` for each of [`WORDS`], encoded once.
+    words: Vec<Vec<u32>>,
+    /// The ids of `"The answer is N."` for N in 0..100, encoded once.
+    openings: Vec<Vec<u32>>,
+    /// Every token's text, decoded once (logprob `tokens` need one per sampled id).
+    token_texts: Vec<String>,
 }
 
 impl std::fmt::Debug for State {
@@ -45,9 +51,26 @@ impl std::fmt::Debug for State {
 
 impl State {
     pub(super) fn new(config: SimConfig) -> State {
-        let eos = config.tokenizer.token_to_id(&config.eos_token);
+        let tokenizer = &config.tokenizer;
+        let encode = |text: &str| {
+            tokenizer
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default()
+        };
+        let words = WORDS.iter().map(|w| encode(&format!(" {w}"))).collect();
+        let openings = (0..100)
+            .map(|n| encode(&format!("The answer is {n}.")))
+            .collect();
+        let vocab = u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX);
+        let token_texts = (0..vocab)
+            .map(|id| tokenizer.decode(&[id], false).unwrap_or_default())
+            .collect();
         State {
-            eos,
+            eos: tokenizer.token_to_id(&config.eos_token),
+            words,
+            openings,
+            token_texts,
             config,
             counters: Counters::default(),
             pause: pause_channel().0,
@@ -76,7 +99,10 @@ impl State {
         if as_ids {
             format!("token_id:{id}")
         } else {
-            self.decode(&[id])
+            self.token_texts
+                .get(id as usize)
+                .cloned()
+                .unwrap_or_else(|| self.decode(&[id]))
         }
     }
 
@@ -88,14 +114,12 @@ impl State {
             self.encode(&tool_call_text(&self.config.tool_name, seed), false)
                 .unwrap_or_default()
         } else {
-            let mut rng = seed;
-            let mut text = format!("The answer is {}.", mix(seed) % 100);
-            let mut ids = self.encode(&text, false).unwrap_or_default();
+            // "The answer is N." then words, from ids encoded once: no per-request tokenizing.
+            let mut rng = mix(seed);
+            let mut ids = self.openings[(rng % 100) as usize].clone();
             while ids.len() < self.config.answer_tokens {
                 rng = mix(rng);
-                text.push(' ');
-                text.push_str(WORDS[(rng % WORDS.len() as u64) as usize]);
-                ids = self.encode(&text, false).unwrap_or_default();
+                ids.extend_from_slice(&self.words[(rng % WORDS.len() as u64) as usize]);
             }
             ids.truncate(self.config.answer_tokens);
             ids
@@ -317,8 +341,12 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         Err(response) => return *response,
     };
     let seed = request.sampling.seed.unwrap_or(sequence);
-    let signature = format!("{{\"name\": \"{}\", \"arguments\"", state.config.tool_name);
-    let calls_so_far = state.decode(&prompt).matches(&signature).count();
+    let calls_so_far = if state.config.tool_rounds == 0 {
+        0
+    } else {
+        let signature = format!("{{\"name\": \"{}\", \"arguments\"", state.config.tool_name);
+        state.decode(&prompt).matches(&signature).count()
+    };
     let (_, mut ids, _) = state.answer(calls_so_far, seed);
     let mut finish = "stop";
     if ids.len() > max_tokens {
