@@ -12,7 +12,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     error::Error,
     retry::RetryPolicy,
-    sync::{Arc, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock, lock},
+    sync::{Arc, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock, Weak, lock},
     types::{
         ChatRequest, ChatResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
         DetokenizeResponse, FinishReason, ModelCard, ModelList, PauseMode, Prompt, SamplingParams,
@@ -256,6 +256,31 @@ impl Client {
             .iter()
             .map(|s| s.inflight.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Probes every ejected server's `/health` every `interval` and takes back at once a server
+    /// that answers 200, instead of waiting for its ejection to run out. The task ends by
+    /// itself when the last clone of the client is dropped; abort it to stop earlier.
+    pub fn spawn_health_checks(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(inner) = inner.upgrade() else { return };
+                let client = Client { inner };
+                let now = Instant::now();
+                for index in 0..client.inner.servers.len() {
+                    let server = &client.inner.servers[index];
+                    if server.is_available(now) {
+                        continue;
+                    }
+                    if client.health_of(index).await.is_ok() {
+                        *lock(&server.ejected_until) = None;
+                        tracing::info!(server = %server.base, "server answers /health again; sending it requests");
+                    }
+                }
+            }
+        })
     }
 
     /// Forgets a sticky key (call it when a rollout ends).

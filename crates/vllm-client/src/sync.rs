@@ -1,7 +1,7 @@
 //! The one module that names `std::sync`; everything else imports from here.
 
 pub(crate) use std::sync::{
-    Arc, Mutex, RwLock,
+    Arc, Mutex, RwLock, Weak,
     atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering},
 };
 

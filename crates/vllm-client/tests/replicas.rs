@@ -113,3 +113,39 @@ async fn a_dead_server_is_ejected_and_the_rollout_moves_on() {
     assert_eq!(alive.counters().completions, 5);
     assert!(client.stats().ejections >= 1);
 }
+
+#[tokio::test]
+async fn an_ejected_server_that_answers_health_again_is_taken_back_before_its_ejection_ends() {
+    // Generation fails on `flaky` but /health answers: the prober takes it back quickly, long
+    // before the 60 s ejection would end, and the next keyed request may go there again.
+    let flaky = simulator(|c| c.faults.error_503 = 1.0).await;
+    let healthy = simulator(|_| {}).await;
+    let config = ClientConfig::with_servers([flaky.url(), healthy.url()])
+        .model("sim")
+        .retry(fast_retry())
+        .eject_for(Duration::from_secs(60));
+    let client = vllm_client::Client::new(config).expect("client");
+    let prober = client.spawn_health_checks(Duration::from_millis(20));
+
+    client.generate(&[1], &keyed("a")).await.expect("ok");
+    client.generate(&[1], &keyed("b")).await.expect("ok");
+    assert_eq!(client.stats().ejections, 1);
+    let before = flaky.counters().completions;
+    let mut taken_back = false;
+    for i in 0..300 {
+        client
+            .generate(&[1], &keyed(&format!("c{i}")))
+            .await
+            .expect("the healthy server answers");
+        if flaky.counters().completions > before {
+            taken_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        taken_back,
+        "the flaky server received requests again within 3 s, not 60 s"
+    );
+    prober.abort();
+}
