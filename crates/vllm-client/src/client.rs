@@ -27,6 +27,7 @@ pub struct ClientConfig {
     model: Option<String>,
     retry: RetryPolicy,
     connect_timeout: Duration,
+    request_timeout: Duration,
     eject_for: Duration,
     max_idle_per_host: usize,
 }
@@ -48,6 +49,7 @@ impl ClientConfig {
             model: None,
             retry: RetryPolicy::default(),
             connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
             eject_for: Duration::from_secs(5),
             max_idle_per_host: 4096,
         }
@@ -68,6 +70,13 @@ impl ClientConfig {
     /// How long connecting may take.
     pub fn connect_timeout(mut self, timeout: Duration) -> ClientConfig {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a call other than generation may take: health checks, tokenizing, the
+    /// control endpoints (default 60 s). Generation is bounded by the retry deadline.
+    pub fn request_timeout(mut self, timeout: Duration) -> ClientConfig {
+        self.request_timeout = timeout;
         self
     }
 
@@ -144,6 +153,7 @@ struct Inner {
     model: RwLock<Option<String>>,
     max_model_len: AtomicU32,
     retry: RetryPolicy,
+    request_timeout: Duration,
     eject_for: Duration,
     seeds: AtomicU64,
     seed_base: u64,
@@ -156,13 +166,34 @@ struct Inner {
 struct Server {
     base: String,
     inflight: AtomicUsize,
-    ejected_until: Mutex<Option<Instant>>,
+    ejected: Mutex<Option<Ejection>>,
+}
+
+/// Why and until when a server is left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ejection {
+    until: Instant,
+    /// It could not be reached (refused, reset, hung): `/health` answering again is enough to
+    /// take it back. A server that answered 5xx waits out its ejection, since its `/health`
+    /// may well answer while generation fails.
+    unreachable: bool,
 }
 
 impl Server {
     fn is_available(&self, now: Instant) -> bool {
-        lock(&self.ejected_until).is_none_or(|until| until <= now)
+        lock(&self.ejected).is_none_or(|ejection| ejection.until <= now)
     }
+}
+
+/// `now + duration`, or a year from now when that overflows (`Duration::MAX` means "no limit").
+fn after(now: Instant, duration: Duration) -> Instant {
+    now.checked_add(duration)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+fn after_tokio(now: tokio::time::Instant, duration: Duration) -> tokio::time::Instant {
+    now.checked_add(duration)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
 /// Counts a request against its server while it is in flight.
@@ -182,6 +213,22 @@ impl Client {
                 "client",
                 "at least one server URL is needed",
             ));
+        }
+        for server in &config.servers {
+            let url = reqwest::Url::parse(server).map_err(|e| {
+                Error::invalid(
+                    "client",
+                    format!(
+                        "server URL '{server}' is not a URL ({e}); write it as http://HOST:PORT"
+                    ),
+                )
+            })?;
+            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                return Err(Error::invalid(
+                    "client",
+                    format!("server URL '{server}' must be http://HOST:PORT or https://HOST:PORT"),
+                ));
+            }
         }
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -205,7 +252,7 @@ impl Client {
                     .map(|base| Server {
                         base: base.clone(),
                         inflight: AtomicUsize::new(0),
-                        ejected_until: Mutex::new(None),
+                        ejected: Mutex::new(None),
                     })
                     .collect(),
                 sticky: Mutex::new(HashMap::new()),
@@ -213,6 +260,7 @@ impl Client {
                 model: RwLock::new(config.model),
                 max_model_len: AtomicU32::new(0),
                 retry: config.retry,
+                request_timeout: config.request_timeout,
                 eject_for: config.eject_for,
                 seeds: AtomicU64::new(0),
                 seed_base,
@@ -258,25 +306,49 @@ impl Client {
             .collect()
     }
 
-    /// Probes every ejected server's `/health` every `interval` and takes back at once a server
-    /// that answers 200, instead of waiting for its ejection to run out. The task ends by
-    /// itself when the last clone of the client is dropped; abort it to stop earlier.
+    /// Every `interval`, probes the `/health` of each server ejected because it could not be
+    /// reached (refused, reset, hung), and takes it back as soon as it answers 200 instead of
+    /// waiting for its ejection to run out. A server ejected for answering 5xx waits out its
+    /// ejection: its `/health` may answer while generation fails. The task ends by itself
+    /// once the last clone of the client is dropped; abort it to stop earlier.
     pub fn spawn_health_checks(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
         let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        let probe_timeout = interval.clamp(Duration::from_secs(1), Duration::from_secs(10));
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(interval).await;
-                let Some(inner) = inner.upgrade() else { return };
-                let client = Client { inner };
-                let now = Instant::now();
-                for index in 0..client.inner.servers.len() {
-                    let server = &client.inner.servers[index];
-                    if server.is_available(now) {
+                // Hold the client only to read what to probe, never across a probe.
+                let (http, targets) = {
+                    let Some(inner) = inner.upgrade() else { return };
+                    let now = Instant::now();
+                    let targets: Vec<(usize, String, Ejection)> = inner
+                        .servers
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(index, server)| {
+                            let ejection = (*lock(&server.ejected))?;
+                            (ejection.unreachable && ejection.until > now)
+                                .then(|| (index, server.base.clone(), ejection))
+                        })
+                        .collect();
+                    (inner.http.clone(), targets)
+                };
+                for (index, base, ejection) in targets {
+                    let probe = http
+                        .get(format!("{base}/health"))
+                        .timeout(probe_timeout)
+                        .send();
+                    let healthy =
+                        matches!(probe.await, Ok(response) if response.status().is_success());
+                    if !healthy {
                         continue;
                     }
-                    if client.health_of(index).await.is_ok() {
-                        *lock(&server.ejected_until) = None;
-                        tracing::info!(server = %server.base, "server answers /health again; sending it requests");
+                    let Some(inner) = inner.upgrade() else { return };
+                    let mut current = lock(&inner.servers[index].ejected);
+                    // Only the ejection that was probed: a newer failure stays in force.
+                    if *current == Some(ejection) {
+                        *current = None;
+                        tracing::info!(server = %base, "server answers /health again; sending it requests");
                     }
                 }
             }
@@ -292,28 +364,30 @@ impl Client {
     /// loads is normal), then reads `/v1/models`: the model name (unless configured) and
     /// `max_model_len`. Fails with the last error once `timeout` passes.
     pub async fn wait_until_ready(&self, timeout: Duration) -> Result<ModelCard, Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = after_tokio(tokio::time::Instant::now(), timeout);
+        let pause = Duration::from_millis(250);
         for index in 0..self.inner.servers.len() {
             loop {
-                match self.health_of(index).await {
-                    Ok(()) => break,
-                    Err(error) if Instant::now() + Duration::from_millis(250) < deadline => {
-                        tracing::debug!(server = %self.inner.servers[index].base, %error, "waiting for the server");
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
-                    Err(error) => {
-                        return Err(Error::invalid(
-                            "GET /health",
-                            format!(
-                                "{} was not ready within {timeout:?}; last error: {error}",
-                                self.inner.servers[index].base
-                            ),
-                        ));
-                    }
+                let error = match tokio::time::timeout_at(deadline, self.health_of(index)).await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(error)) => error,
+                    Err(_elapsed) => Error::timeout("GET /health", timeout, None),
+                };
+                if after_tokio(tokio::time::Instant::now(), pause) >= deadline {
+                    return Err(Error::timeout(
+                        &format!("GET {}/health", self.inner.servers[index].base),
+                        timeout,
+                        Some(error),
+                    ));
                 }
+                tracing::debug!(server = %self.inner.servers[index].base, %error, "waiting for the server");
+                tokio::time::sleep(pause).await;
             }
         }
-        let models = self.models().await?;
+        let models = match tokio::time::timeout_at(deadline, self.models()).await {
+            Ok(models) => models?,
+            Err(_elapsed) => return Err(Error::timeout("GET /v1/models", timeout, None)),
+        };
         let wanted = self.model();
         let card =
             match &wanted {
@@ -602,7 +676,11 @@ impl Client {
 
     fn eject(&self, index: usize, error: &Error) {
         let server = &self.inner.servers[index];
-        *lock(&server.ejected_until) = Some(Instant::now() + self.inner.eject_for);
+        let unreachable = error.is_transport() || error.is_timeout();
+        *lock(&server.ejected) = Some(Ejection {
+            until: after(Instant::now(), self.inner.eject_for),
+            unreachable,
+        });
         self.inner.ejections.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(server = %server.base, %error, eject_for = ?self.inner.eject_for, "server failed; sending requests elsewhere");
     }
@@ -617,7 +695,7 @@ impl Client {
     ) -> Result<Resp, Error> {
         let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
         let policy = self.inner.retry;
-        let deadline = tokio::time::Instant::now() + policy.deadline;
+        let deadline = after_tokio(tokio::time::Instant::now(), policy.deadline);
         let body = body.map(serde_json::to_vec).transpose().map_err(|e| {
             Error::invalid(
                 &endpoint,
@@ -625,18 +703,24 @@ impl Client {
             )
         })?;
         let mut attempt = 0u32;
+        let mut last: Option<Error> = None;
         loop {
             let index = self.pick(key);
             let outcome = tokio::time::timeout_at(
                 deadline,
-                self.attempt(index, &method, path, body.as_deref(), &endpoint),
+                self.attempt(index, &method, path, body.as_deref(), &endpoint, None),
             )
             .await;
             let error = match outcome {
                 Ok(Ok(bytes)) => return decode(&endpoint, &bytes).map_err(|e| self.failed(e)),
                 Ok(Err(error)) => error,
                 Err(_elapsed) => {
-                    return Err(self.failed(Error::timeout(&endpoint, policy.deadline)));
+                    let timeout = Error::timeout(&endpoint, policy.deadline, last);
+                    if self.inner.servers.len() > 1 {
+                        // A server that hangs must not keep its sticky rollouts forever.
+                        self.eject(index, &timeout);
+                    }
+                    return Err(self.failed(timeout));
                 }
             };
             if error.is_retryable() && self.inner.servers.len() > 1 {
@@ -647,7 +731,7 @@ impl Client {
                 return Err(self.failed(error));
             }
             let pause = policy.backoff(attempt - 1);
-            if tokio::time::Instant::now() + pause >= deadline {
+            if after_tokio(tokio::time::Instant::now(), pause) >= deadline {
                 return Err(self.failed(error));
             }
             self.inner.retries.fetch_add(1, Ordering::Relaxed);
@@ -660,6 +744,7 @@ impl Client {
                 "retrying"
             );
             tokio::time::sleep(pause).await;
+            last = Some(error);
         }
     }
 
@@ -671,6 +756,7 @@ impl Client {
         path: &str,
         body: Option<&[u8]>,
         endpoint: &str,
+        timeout: Option<Duration>,
     ) -> Result<Vec<u8>, Error> {
         let server = &self.inner.servers[index];
         server.inflight.fetch_add(1, Ordering::Relaxed);
@@ -684,6 +770,9 @@ impl Client {
             request = request
                 .header(CONTENT_TYPE, "application/json")
                 .body(body.to_vec());
+        }
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
         }
         let response = request
             .send()
@@ -709,14 +798,30 @@ impl Client {
         body: Option<&[u8]>,
     ) -> Result<Resp, Error> {
         let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
-        let bytes = self.attempt(index, &method, path, body, &endpoint).await?;
+        let bytes = self
+            .attempt(
+                index,
+                &method,
+                path,
+                body,
+                &endpoint,
+                Some(self.inner.request_timeout),
+            )
+            .await?;
         decode(&endpoint, &bytes)
     }
 
     async fn health_of(&self, index: usize) -> Result<(), Error> {
-        self.attempt(index, &Method::GET, "/health", None, "GET /health")
-            .await
-            .map(drop)
+        self.attempt(
+            index,
+            &Method::GET,
+            "/health",
+            None,
+            "GET /health",
+            Some(self.inner.request_timeout),
+        )
+        .await
+        .map(drop)
     }
 
     /// A control call on every server, one after another; the first failure is returned.
@@ -734,8 +839,15 @@ impl Client {
             )
         })?;
         for index in 0..self.inner.servers.len() {
-            self.attempt(index, &method, path, body.as_deref(), &endpoint)
-                .await?;
+            self.attempt(
+                index,
+                &method,
+                path,
+                body.as_deref(),
+                &endpoint,
+                Some(self.inner.request_timeout),
+            )
+            .await?;
         }
         Ok(())
     }

@@ -31,8 +31,8 @@ enum Kind {
     Decode { path: String, message: String },
     /// The response was well-formed but unusable (e.g. no token ids).
     Invalid(String),
-    /// The deadline passed before a usable answer.
-    Timeout(Duration),
+    /// The deadline passed before a usable answer; the last failure before it, if any.
+    Timeout(Duration, Option<Error>),
 }
 
 impl Error {
@@ -46,6 +46,10 @@ impl Error {
     }
 
     pub(crate) fn transport(endpoint: &str, error: reqwest::Error) -> Error {
+        if error.is_builder() {
+            // A request that could not even be built will not build on a retry.
+            return Error::invalid(endpoint, format!("the request could not be built: {error}"));
+        }
         Error::new(Kind::Transport(error), endpoint)
     }
 
@@ -70,14 +74,14 @@ impl Error {
         Error::new(Kind::Invalid(message.into()), endpoint)
     }
 
-    pub(crate) fn timeout(endpoint: &str, after: Duration) -> Error {
-        Error::new(Kind::Timeout(after), endpoint)
+    pub(crate) fn timeout(endpoint: &str, after: Duration, last: Option<Error>) -> Error {
+        Error::new(Kind::Timeout(after, last), endpoint)
     }
 
     /// Whether the deadline (or a request timeout) passed.
     pub fn is_timeout(&self) -> bool {
         match &self.inner.kind {
-            Kind::Timeout(_) => true,
+            Kind::Timeout(..) => true,
             Kind::Transport(error) => error.is_timeout(),
             _ => false,
         }
@@ -173,7 +177,13 @@ impl fmt::Display for Error {
                 )
             }
             Kind::Invalid(message) => write!(f, "{endpoint}: {message}"),
-            Kind::Timeout(after) => write!(f, "{endpoint}: no usable answer within {after:?}"),
+            Kind::Timeout(after, last) => {
+                write!(f, "{endpoint}: no usable answer within {after:?}")?;
+                if let Some(last) = last {
+                    write!(f, "; last error: {last}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -182,6 +192,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.inner.kind {
             Kind::Transport(error) => Some(error),
+            Kind::Timeout(_, Some(last)) => Some(last),
             _ => None,
         }
     }

@@ -187,10 +187,22 @@ async fn waiting_for_a_server_that_never_comes_fails_with_the_last_error() {
         .wait_until_ready(Duration::from_millis(600))
         .await
         .expect_err("nobody listens");
+    assert!(error.is_timeout());
     let message = error.to_string();
-    assert!(
-        message.contains("was not ready within 600ms; last error:"),
-        "{message}"
+    let expected = format!(
+        "GET http://127.0.0.1:{port}/health: no usable answer within 600ms; last error: GET /health: connection failed"
+    );
+    assert!(message.starts_with(&expected), "{message}");
+}
+
+#[tokio::test]
+async fn a_server_url_without_a_scheme_is_refused_up_front() {
+    let error = vllm_client::Client::new(ClientConfig::new("localhost:8000"))
+        .expect_err("not a URL to call");
+    assert!(!error.is_retryable());
+    assert_eq!(
+        error.to_string(),
+        "client: server URL 'localhost:8000' must be http://HOST:PORT or https://HOST:PORT"
     );
 }
 

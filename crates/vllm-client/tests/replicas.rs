@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use vllm_client::{ClientConfig, GenerateParams};
+use vllm_client::{
+    ClientConfig, GenerateParams,
+    sim::{SimConfig, Simulator, training_tokenizer},
+};
 
 use crate::{eventually, fast_retry, simulator};
 
@@ -115,9 +118,53 @@ async fn a_dead_server_is_ejected_and_the_rollout_moves_on() {
 }
 
 #[tokio::test]
-async fn an_ejected_server_that_answers_health_again_is_taken_back_before_its_ejection_ends() {
-    // Generation fails on `flaky` but /health answers: the prober takes it back quickly, long
-    // before the 60 s ejection would end, and the next keyed request may go there again.
+async fn an_unreachable_server_that_answers_health_again_is_taken_back_before_its_ejection_ends() {
+    // `gone` is down when the rollouts start, then comes back on the same port: the prober
+    // takes it back long before its 60 s ejection would end.
+    let gone = simulator(|_| {}).await;
+    let addr = gone.addr();
+    gone.stop().await;
+    let healthy = simulator(|_| {}).await;
+    let config = ClientConfig::with_servers([format!("http://{addr}"), healthy.url()])
+        .model("sim")
+        .retry(fast_retry())
+        .eject_for(Duration::from_secs(60));
+    let client = vllm_client::Client::new(config).expect("client");
+    let prober = client.spawn_health_checks(Duration::from_millis(20));
+    for i in 0..2 {
+        client
+            .generate(&[1], &keyed(&format!("a{i}")))
+            .await
+            .expect("the healthy server answers");
+    }
+    assert_eq!(client.stats().ejections, 1);
+
+    let mut config = SimConfig::new(training_tokenizer());
+    config.model = "sim".into();
+    let back = Simulator::start(config, addr)
+        .await
+        .expect("the port is free again");
+    let mut taken_back = false;
+    for i in 0..300 {
+        client
+            .generate(&[1], &keyed(&format!("b{i}")))
+            .await
+            .expect("ok");
+        if back.counters().completions > 0 {
+            taken_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    prober.abort();
+    assert!(
+        taken_back,
+        "the server that came back received requests within 3 s, not 60 s"
+    );
+}
+
+#[tokio::test]
+async fn a_server_ejected_for_5xx_waits_out_its_ejection_even_if_health_answers() {
     let flaky = simulator(|c| c.faults.error_503 = 1.0).await;
     let healthy = simulator(|_| {}).await;
     let config = ClientConfig::with_servers([flaky.url(), healthy.url()])
@@ -126,26 +173,18 @@ async fn an_ejected_server_that_answers_health_again_is_taken_back_before_its_ej
         .eject_for(Duration::from_secs(60));
     let client = vllm_client::Client::new(config).expect("client");
     let prober = client.spawn_health_checks(Duration::from_millis(20));
-
-    client.generate(&[1], &keyed("a")).await.expect("ok");
-    client.generate(&[1], &keyed("b")).await.expect("ok");
-    assert_eq!(client.stats().ejections, 1);
-    let before = flaky.counters().completions;
-    let mut taken_back = false;
-    for i in 0..300 {
+    for i in 0..20 {
         client
-            .generate(&[1], &keyed(&format!("c{i}")))
+            .generate(&[1], &keyed(&format!("k{i}")))
             .await
-            .expect("the healthy server answers");
-        if flaky.counters().completions > before {
-            taken_back = true;
-            break;
-        }
+            .expect("ok");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(
-        taken_back,
-        "the flaky server received requests again within 3 s, not 60 s"
-    );
     prober.abort();
+    assert_eq!(
+        flaky.counters().completions,
+        1,
+        "tried once, then left out although /health answers"
+    );
+    assert_eq!(client.stats().ejections, 1);
 }
