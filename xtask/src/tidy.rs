@@ -17,6 +17,16 @@ const IGNORE: &str = concat!("#[", "ignore");
 const SHOULD_PANIC: &str = concat!("#[", "should_panic");
 const STD_SYNC: &str = concat!("std::", "sync");
 
+/// Whether a line names `std::sync`, directly or inside a `std::{...}` import (a single-line
+/// one; rustfmt puts a long import on several lines, whose `sync::` line begins with `sync`).
+fn names_std_sync(line: &str) -> bool {
+    let words = |text: &str| {
+        text.split(|c: char| !c.is_alphanumeric() && c != '_')
+            .any(|word| word == "sync")
+    };
+    line.contains(STD_SYNC) || (line.contains("std::{") && words(line))
+}
+
 pub(crate) fn run() -> anyhow::Result<()> {
     let problems = check(&root())?;
     if !problems.is_empty() {
@@ -53,13 +63,17 @@ fn check(root: &Path) -> anyhow::Result<Vec<String>> {
                 let in_crate_src =
                     shown.to_string().starts_with("crates/") && shown.to_string().contains("/src/");
                 let is_sync_module = path.file_name().is_some_and(|n| n == "sync.rs");
+                // Inside a `use std::{` that rustfmt spread over several lines.
+                let mut in_std_use = false;
                 for (number, line) in text.lines().enumerate() {
                     let code = line.trim_start();
-                    if in_crate_src
-                        && !is_sync_module
-                        && !code.starts_with("//")
-                        && line.contains(STD_SYNC)
-                    {
+                    let std_sync = names_std_sync(line) || (in_std_use && code.starts_with("sync"));
+                    if code.starts_with("use std::{") && !code.contains('}') {
+                        in_std_use = true;
+                    } else if in_std_use && code.starts_with("};") {
+                        in_std_use = false;
+                    }
+                    if in_crate_src && !is_sync_module && !code.starts_with("//") && std_sync {
                         problems.push(format!(
                             "{shown}:{}: only the crate's sync.rs names `{STD_SYNC}`; import from `crate::sync`",
                             number + 1
@@ -129,7 +143,9 @@ mod tests {
         std::fs::write(dir.join("src/bad.rs"), format!("fn f() {{}}\n{IGNORE}]\n")).expect("write");
         std::fs::write(
             dir.join("crates/c/src/lib.rs"),
-            format!("//! c\nuse {STD_SYNC}::Arc;\n"),
+            format!(
+                "//! c\nuse {STD_SYNC}::Arc;\nuse std::{{fmt, sync::Mutex}};\nuse std::{{\n    fmt,\n    sync::Arc,\n}};\n"
+            ),
         )
         .expect("write");
         std::fs::write(
@@ -139,11 +155,13 @@ mod tests {
         .expect("write");
         let problems = check(&dir).expect("readable");
         std::fs::remove_dir_all(&dir).expect("cleanup");
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems.len(), 5, "{problems:?}");
         assert!(problems[0].starts_with(&format!(
             "crates/c/src/lib.rs:2: only the crate's sync.rs names `{STD_SYNC}`"
         )));
-        assert!(problems[1].starts_with("src/bad.rs:1: must start with a `//!` line"));
-        assert!(problems[2].starts_with(&format!("src/bad.rs:2: `{IGNORE}]` is not allowed")));
+        assert!(problems[1].starts_with("crates/c/src/lib.rs:3: only the crate's sync.rs"));
+        assert!(problems[2].starts_with("crates/c/src/lib.rs:6: only the crate's sync.rs"));
+        assert!(problems[3].starts_with("src/bad.rs:1: must start with a `//!` line"));
+        assert!(problems[4].starts_with(&format!("src/bad.rs:2: `{IGNORE}]` is not allowed")));
     }
 }

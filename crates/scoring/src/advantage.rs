@@ -103,6 +103,26 @@ impl AdvantageConfig {
     }
 }
 
+impl AdvantageConfig {
+    /// Checks the knobs a configuration file can get wrong: `eps` finite and `>= 0`, `clip`
+    /// finite and `>= 0`. The estimators never panic on a bad value (a NaN or negative
+    /// clip is ignored), but a loader should refuse it with this message.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(format!(
+                "eps must be a finite number >= 0, got {}",
+                self.eps
+            ));
+        }
+        if let Some(clip) = self.clip
+            && !(clip.is_finite() && clip >= 0.0)
+        {
+            return Err(format!("clip must be a finite number >= 0, got {clip}"));
+        }
+        Ok(())
+    }
+}
+
 impl Default for AdvantageConfig {
     fn default() -> AdvantageConfig {
         AdvantageConfig::preset("trl").unwrap_or_else(|| unreachable!("trl is a preset"))
@@ -168,7 +188,8 @@ pub struct GroupAdvantages {
     pub baseline_size: usize,
     /// Mean of the baseline rewards (0 when empty).
     pub mean: f64,
-    /// Std of the baseline rewards as configured (0 when fewer than two).
+    /// The std that scales the advantages: the group's (the batch's for
+    /// [`Estimator::BatchStd`]), as configured; 0 when fewer than two rewards.
     pub std: f64,
     /// Completions whose reward was NaN or infinite (left out, advantage 0).
     pub non_finite: usize,
@@ -284,8 +305,8 @@ fn advantages_with(
             Estimator::Rloo => n / (n - 1.0) * (r - stats.mean),
         };
         match config.clip {
-            Some(clip) => a.clamp(-clip, clip),
-            None => a,
+            Some(clip) if clip >= 0.0 => a.clamp(-clip, clip),
+            _ => a,
         }
     };
     let advantages = completions
@@ -301,7 +322,7 @@ fn advantages_with(
         dropped: kind == GroupKind::ZeroVariance && config.drop_zero_variance,
         baseline_size: stats.n,
         mean: stats.mean,
-        std: stats.std,
+        std: scale,
         non_finite: stats.non_finite,
     }
 }

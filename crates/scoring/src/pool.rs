@@ -8,6 +8,9 @@ use std::{any::Any, fmt, panic::AssertUnwindSafe};
 
 use tokio::sync::oneshot;
 
+/// A job's result, or the payload of its panic.
+pub(crate) type JobResult<R> = Result<R, Box<dyn Any + Send>>;
+
 /// The pool; dropping it lets its threads exit once their current job returns.
 pub(crate) struct RewardPool {
     pool: rayon::ThreadPool,
@@ -29,17 +32,27 @@ impl RewardPool {
         Ok(RewardPool { pool, threads })
     }
 
-    /// Runs `job` on a pool thread; the receiver gets its result, or its panic payload.
-    pub(crate) fn run<R, F>(&self, job: F) -> oneshot::Receiver<Result<R, Box<dyn Any + Send>>>
+    /// Runs `job` on a pool thread. The first receiver fires when the job starts, the second
+    /// gets its result (or its panic payload). A job whose result receiver is gone by the time
+    /// a thread takes it is skipped: nobody waits for it.
+    pub(crate) fn run<R, F>(
+        &self,
+        job: F,
+    ) -> (oneshot::Receiver<()>, oneshot::Receiver<JobResult<R>>)
     where
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
+        let (started, has_started) = oneshot::channel();
         let (done, result) = oneshot::channel();
         self.pool.spawn(move || {
+            if done.is_closed() {
+                return;
+            }
+            let _ = started.send(());
             let _ = done.send(std::panic::catch_unwind(AssertUnwindSafe(job)));
         });
-        result
+        (has_started, result)
     }
 }
 

@@ -18,15 +18,18 @@ use crate::{
 pub struct ScorerConfig {
     threads: usize,
     default_timeout: Duration,
+    queue_timeout: Duration,
     thread_name: String,
 }
 
 impl Default for ScorerConfig {
-    /// As many threads as the machine has cores, a 60 s timeout.
+    /// As many threads as the machine has cores, a 60 s timeout from a function's start, and
+    /// up to 10 minutes waiting for a thread.
     fn default() -> ScorerConfig {
         ScorerConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             default_timeout: Duration::from_secs(60),
+            queue_timeout: Duration::from_secs(600),
             thread_name: "reward".to_owned(),
         }
     }
@@ -42,6 +45,13 @@ impl ScorerConfig {
     /// The timeout of a function that sets none.
     pub fn default_timeout(mut self, timeout: Duration) -> ScorerConfig {
         self.default_timeout = timeout;
+        self
+    }
+
+    /// How long a sync function may wait for a pool thread before its column is given up for
+    /// that group (default 10 minutes). Its own timeout counts from when it starts.
+    pub fn queue_timeout(mut self, timeout: Duration) -> ScorerConfig {
+        self.queue_timeout = timeout;
         self
     }
 
@@ -317,6 +327,7 @@ struct Inner {
     counters: Vec<Counters>,
     pool: RewardPool,
     default_timeout: Duration,
+    queue_timeout: Duration,
 }
 
 impl Scorer {
@@ -348,6 +359,7 @@ impl Scorer {
                 counters,
                 pool,
                 default_timeout: config.default_timeout,
+                queue_timeout: config.queue_timeout,
             }),
         })
     }
@@ -388,45 +400,7 @@ impl Scorer {
 
     async fn column(&self, reward: &Reward, counters: &Counters, group: Arc<Group>) -> Column {
         let expected = group.len();
-        let timeout = reward.timeout.unwrap_or(self.inner.default_timeout);
-        let result = match &reward.runner {
-            Runner::Sync(function) => {
-                let function = Arc::clone(function);
-                let done = self.inner.pool.run(move || function.score(&group));
-                match tokio::time::timeout(timeout, done).await {
-                    Ok(Ok(Ok(result))) => {
-                        result.map_err(|e| failure(FailureKind::Error, e.to_string()))
-                    }
-                    Ok(Ok(Err(panic))) => {
-                        Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
-                    }
-                    Ok(Err(_dropped)) => Err(failure(
-                        FailureKind::Error,
-                        "the reward pool dropped the job".into(),
-                    )),
-                    Err(_elapsed) => Err(timed_out(timeout)),
-                }
-            }
-            Runner::Async(function) => {
-                match std::panic::catch_unwind(AssertUnwindSafe(|| function.score(group))) {
-                    Err(panic) => Err(failure(FailureKind::Panic, panic_message(panic.as_ref()))),
-                    Ok(future) => {
-                        match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind())
-                            .await
-                        {
-                            Ok(Ok(result)) => {
-                                result.map_err(|e| failure(FailureKind::Error, e.to_string()))
-                            }
-                            Ok(Err(panic)) => {
-                                Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
-                            }
-                            Err(_elapsed) => Err(timed_out(timeout)),
-                        }
-                    }
-                }
-            }
-        };
-        let result = result.and_then(|scores: Scores| {
+        let result = self.run(reward, group).await.and_then(|scores: Scores| {
             if scores.len() == expected {
                 Ok(scores)
             } else {
@@ -480,6 +454,55 @@ impl Scorer {
         }
         counters.count(column.failure.as_ref());
         column
+    }
+
+    /// Runs one function on one group: its scores, or why there are none.
+    async fn run(&self, reward: &Reward, group: Arc<Group>) -> Result<Scores, ColumnFailure> {
+        let timeout = reward.timeout.unwrap_or(self.inner.default_timeout);
+        match &reward.runner {
+            Runner::Sync(function) => {
+                let function = Arc::clone(function);
+                let (started, done) = self.inner.pool.run(move || function.score(&group));
+                // The timeout counts from the start: a busy pool is not the function's fault.
+                let queue_timeout = self.inner.queue_timeout;
+                if tokio::time::timeout(queue_timeout, started).await.is_err() {
+                    let message =
+                        format!("waited {queue_timeout:?} for a reward thread (all busy); not run");
+                    return Err(failure(FailureKind::Timeout, message));
+                }
+                match tokio::time::timeout(timeout, done).await {
+                    Ok(Ok(Ok(result))) => {
+                        result.map_err(|e| failure(FailureKind::Error, e.to_string()))
+                    }
+                    Ok(Ok(Err(panic))) => {
+                        Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
+                    }
+                    Ok(Err(_dropped)) => Err(failure(
+                        FailureKind::Error,
+                        "the reward pool dropped the job".into(),
+                    )),
+                    Err(_elapsed) => Err(timed_out(timeout)),
+                }
+            }
+            Runner::Async(function) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| function.score(group))) {
+                    Err(panic) => Err(failure(FailureKind::Panic, panic_message(panic.as_ref()))),
+                    Ok(future) => {
+                        match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind())
+                            .await
+                        {
+                            Ok(Ok(result)) => {
+                                result.map_err(|e| failure(FailureKind::Error, e.to_string()))
+                            }
+                            Ok(Err(panic)) => {
+                                Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
+                            }
+                            Err(_elapsed) => Err(timed_out(timeout)),
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

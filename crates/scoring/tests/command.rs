@@ -113,3 +113,35 @@ async fn a_missing_program_is_named() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_program_killed_at_its_timeout_is_really_gone() {
+    let pid_file = std::env::temp_dir().join(format!("scoring-kill-{}", std::process::id()));
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let column = score_with(shell(&script), Duration::from_millis(300)).await;
+    assert_eq!(column.failure.map(|f| f.kind), Some(FailureKind::Timeout));
+
+    let pid = std::fs::read_to_string(&pid_file).expect("the program wrote its pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let stat = format!("/proc/{}/stat", pid.trim());
+    assert!(
+        std::path::Path::new("/proc/self/stat").exists(),
+        "this test reads /proc (Linux)"
+    );
+    // Gone, or a zombie waiting to be reaped: either way no longer running.
+    let mut running = true;
+    for _ in 0..200 {
+        let state = std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.chars().next()));
+        running = matches!(state, Some(Some(c)) if c != 'Z');
+        if !running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !running,
+        "the program was killed when the scorer stopped waiting"
+    );
+}

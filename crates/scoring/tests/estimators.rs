@@ -224,3 +224,52 @@ fn presets_are_named_and_unknown_names_are_refused() {
     assert_eq!(AdvantageConfig::default(), preset("trl"));
     assert!(AdvantageConfig::preset("ppo").is_none());
 }
+
+#[test]
+fn bad_clip_and_eps_values_are_refused_by_validate_and_never_panic() {
+    let negative = AdvantageConfig {
+        clip: Some(-1.0),
+        ..preset("trl")
+    };
+    assert_eq!(
+        negative.validate(),
+        Err("clip must be a finite number >= 0, got -1".to_owned())
+    );
+    // Ignored rather than a panic in `f64::clamp`.
+    let result = group_advantages(&scored(&[0.0, 1.0]), &negative);
+    assert_close(&result.advantages, &[-1.0, 1.0], 1e-6);
+    let nan = AdvantageConfig {
+        clip: Some(f64::NAN),
+        ..preset("trl")
+    };
+    assert!(nan.validate().is_err());
+    assert_eq!(
+        group_advantages(&scored(&[0.0, 1.0]), &nan)
+            .advantages
+            .len(),
+        2
+    );
+    let eps = AdvantageConfig {
+        eps: -1e-8,
+        ..preset("trl")
+    };
+    assert_eq!(
+        eps.validate(),
+        Err("eps must be a finite number >= 0, got -0.00000001".to_owned())
+    );
+    assert_eq!(preset("trl").validate(), Ok(()));
+}
+
+#[test]
+fn batch_std_reports_the_std_it_divided_by() {
+    // The batch {0, 1, 2, 4} of the test above: population std 1.479019946.
+    let results = batch_advantages(
+        &[scored(&[0.0, 1.0]), scored(&[2.0, 4.0])],
+        &preset("batch"),
+    );
+    assert_close(
+        &[results[0].std, results[1].std],
+        &[1.479_019_95, 1.479_019_95],
+        1e-6,
+    );
+}

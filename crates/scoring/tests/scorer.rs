@@ -233,3 +233,66 @@ fn a_scorer_refuses_duplicate_names_and_non_finite_weights() {
     );
     assert!(matches!(weight.err(), Some(ScorerError::BadWeight { .. })));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_eat_into_a_functions_timeout() {
+    // One thread, three groups at once, each call 150 ms with a 400 ms timeout: the third
+    // starts about 300 ms after it was queued. Counted from the queue it would pass 400 ms
+    // with its own run; counted from its start it is well within.
+    let slow = Reward::new_sync("slow", |group: &Group| {
+        std::thread::sleep(Duration::from_millis(150));
+        Ok(vec![Some(1.0); group.len()])
+    })
+    .timeout(Duration::from_millis(400));
+    let scorer = Scorer::new(vec![slow], ScorerConfig::default().threads(1)).expect("valid");
+    let groups = (0..3).map(|_| {
+        let scorer = scorer.clone();
+        tokio::spawn(async move { scorer.score(group(1)).await })
+    });
+    for scored in futures::future::join_all(groups).await {
+        let scored = scored.expect("no panic");
+        assert_eq!(scored.columns[0].failure, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_while_queued_never_runs() {
+    let signal = Signal::default();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let blocking = {
+        let (signal, calls) = (signal.clone(), Arc::clone(&calls));
+        Reward::new_sync("blocking", move |group: &Group| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            signal.wait();
+            Ok(vec![Some(1.0); group.len()])
+        })
+    };
+    let config = ScorerConfig::default()
+        .threads(1)
+        .queue_timeout(Duration::from_millis(100));
+    let scorer = Scorer::new(vec![blocking], config).expect("valid");
+
+    let first = {
+        let scorer = scorer.clone();
+        tokio::spawn(async move { scorer.score(group(1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = scorer.score(group(1)).await;
+    let failure = second.columns[0].failure.clone().expect("given up");
+    assert_eq!(
+        (failure.kind, failure.message.as_str()),
+        (
+            FailureKind::Timeout,
+            "waited 100ms for a reward thread (all busy); not run"
+        )
+    );
+
+    signal.raise();
+    assert_eq!(first.await.expect("no panic").columns[0].failure, None);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the abandoned call was skipped"
+    );
+}

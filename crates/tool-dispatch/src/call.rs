@@ -157,7 +157,7 @@ impl Engine {
         timeout: Duration,
         slot: &mut Option<OwnedSemaphorePermit>,
     ) -> Ended {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = far(tokio::time::Instant::now(), timeout);
         let permit = match slot.take() {
             Some(permit) => permit,
             // An earlier call of this turn timed out and its thread still holds the turn's
@@ -248,7 +248,14 @@ impl Engine {
             }
             Ok(Reply::Cancelled { reason, permit }) => {
                 *slot = Some(permit);
-                Ended::error(Outcome::Cancelled, &reason.to_string())
+                match reason {
+                    Rejected::ShuttingDown => Ended::error(Outcome::Cancelled, &reason.to_string()),
+                    // The dispatcher is open; the operating system refused a thread.
+                    Rejected::NoThread => Ended::error(
+                        Outcome::Failed,
+                        &format!("tool '{name}' could not run: {reason}"),
+                    ),
+                }
             }
             // Unreachable by the pool's contract (every job is run or cancelled, loom-checked);
             // still a message, never a panic.
@@ -325,6 +332,12 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     } else {
         "a non-string panic payload".to_owned()
     }
+}
+
+/// `now + duration`, or a year from now when that overflows (`Duration::MAX` = no limit).
+pub(crate) fn far(now: tokio::time::Instant, duration: Duration) -> tokio::time::Instant {
+    now.checked_add(duration)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
 /// A duration as people write it: `200ms`, `1.5s`.

@@ -11,9 +11,10 @@ use futures::future::BoxFuture;
 
 use crate::{error::DispatchError, tool::ToolResult};
 
-/// The future a [`crate::ToolDispatcher`] returns for a turn. It holds the turn's pool slot;
-/// dropping it releases the slot and abandons the call in progress (a queued sync call is then
-/// skipped, a running one finishes on its thread unobserved).
+/// The future a [`crate::ToolDispatcher`] returns for a turn. It holds the turn's pool slot.
+/// Dropping it abandons the call in progress and releases the slot, except that a sync call
+/// keeps the slot until its job leaves the pool: a queued one is skipped when a thread pops
+/// it, a running one finishes on its thread unobserved.
 pub struct ResponseFuture {
     inner: BoxFuture<'static, Result<Vec<ToolResult>, DispatchError>>,
 }

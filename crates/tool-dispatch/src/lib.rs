@@ -15,8 +15,9 @@
 //! - **Order**: the calls of one turn run one after another in the model's order, since tools
 //!   with an environment behind them are stateful. Turns of different rollouts run
 //!   concurrently.
-//! - **Backpressure**: `poll_ready` reserves a slot of the pool; it is pending while the pool
-//!   already holds all the calls it can.
+//! - **Backpressure**: `poll_ready` reserves one of `max_threads + queue_capacity` slots, held
+//!   by the turn for its whole life; it is pending while every slot is taken, so the pool
+//!   never holds more calls than it has room for.
 //! - **Nothing a tool does crashes the caller**: an unknown name, bad arguments, an error, a
 //!   panic and a timeout each become a `{"error": ...}` message the model can read, counted
 //!   apart in [`MetricsSnapshot`].

@@ -257,7 +257,7 @@ impl Pool {
     pub(crate) fn shutdown(&self, timeout: Option<std::time::Duration>) -> PoolReport {
         let (cancelled, running_at_close) = self.close();
         #[cfg(not(tool_dispatch_loom))]
-        let deadline = timeout.map(|timeout| std::time::Instant::now() + timeout);
+        let deadline = timeout.and_then(|timeout| std::time::Instant::now().checked_add(timeout));
         #[cfg(tool_dispatch_loom)]
         assert!(timeout.is_none(), "loom models have no clock");
 

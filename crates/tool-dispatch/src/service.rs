@@ -125,9 +125,12 @@ impl fmt::Display for ShutdownReport {
 ///   on the runtime.
 /// - A turn's calls run one after another, in the model's order; different turns run
 ///   concurrently.
-/// - `poll_ready` reserves one of `max_threads + queue_capacity` slots, so it is `Pending`
-///   exactly when the pool could not take another call: that is the backpressure. The slot
-///   lives in the response future; dropping the future releases it.
+/// - `poll_ready` reserves one of `max_threads + queue_capacity` slots: that is the
+///   backpressure. A turn holds its slot for its whole life (async calls included), and a sync
+///   call carries it into the pool, so the pool never holds more jobs than slots. The slot
+///   lives in the response future; dropping the future releases it, except that a sync call
+///   in progress keeps it until its job leaves the pool (skipped if still queued, or when the
+///   tool returns).
 /// - Every outcome is a [`ToolResult`] the model can read; a turn never fails because of a
 ///   tool. The service's error means only that the dispatcher is shutting down.
 ///
@@ -242,7 +245,7 @@ impl ToolDispatcher {
 
 async fn drain(engine: Arc<Engine>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = crate::call::far(tokio::time::Instant::now(), timeout);
     let gauges = &engine.gauges;
     let finished_before = gauges.finished.load(Ordering::Relaxed);
     let cancelled_before = gauges.cancelled.load(Ordering::Relaxed);

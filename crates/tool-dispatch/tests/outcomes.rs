@@ -265,3 +265,18 @@ async fn a_call_that_times_out_while_queued_never_runs() {
     );
     assert_eq!(dispatcher.metrics().pool.stuck, 0);
 }
+
+#[tokio::test]
+async fn a_timeout_of_duration_max_means_no_limit_rather_than_a_panic() {
+    let dispatcher = dispatcher(
+        vec![quick("sync").timeout(Duration::MAX)],
+        DispatcherConfig::new(1).default_timeout(Duration::MAX),
+    );
+    let results = dispatcher
+        .run(vec![ToolCall::new("sync", json!({}))])
+        .await
+        .expect("open");
+    assert_eq!(results[0].content, "sync");
+    let report = dispatcher.shutdown(Duration::MAX).await;
+    assert_eq!((report.threads_joined, report.threads_detached), (1, 0));
+}

@@ -426,22 +426,8 @@ impl Client {
         params: &GenerateParams,
     ) -> Result<Completion, Error> {
         const ENDPOINT: &str = "POST /v1/completions";
-        let mut sampling = params.sampling.clone();
-        let seed = *sampling.seed.get_or_insert_with(|| self.next_seed());
-        let request = CompletionRequest {
-            model: self.require_model(ENDPOINT)?,
-            prompt: Prompt::Tokens(prompt_ids.to_vec()),
-            max_tokens: params.max_tokens,
-            n: 1,
-            sampling,
-            logprobs: Some(0),
-            prompt_logprobs: None,
-            return_token_ids: true,
-            return_tokens_as_token_ids: None,
-            add_special_tokens: Some(false),
-            echo: None,
-            structured_outputs: params.structured_outputs.clone(),
-        };
+        let seed = params.sampling.seed.unwrap_or_else(|| self.next_seed());
+        let request = generate_request(self.require_model(ENDPOINT)?, prompt_ids, params, seed);
         let response: CompletionResponse = self
             .call(
                 Method::POST,
@@ -853,6 +839,32 @@ impl Client {
     }
 }
 
+/// The request [`Client::generate`] sends: RL's contract with vLLM in one place.
+fn generate_request(
+    model: String,
+    prompt_ids: &[u32],
+    params: &GenerateParams,
+    seed: u64,
+) -> CompletionRequest {
+    CompletionRequest {
+        model,
+        prompt: Prompt::Tokens(prompt_ids.to_vec()),
+        max_tokens: params.max_tokens,
+        n: 1,
+        sampling: SamplingParams {
+            seed: Some(seed),
+            ..params.sampling.clone()
+        },
+        logprobs: Some(0),
+        prompt_logprobs: None,
+        return_token_ids: true,
+        return_tokens_as_token_ids: None,
+        add_special_tokens: Some(false),
+        echo: None,
+        structured_outputs: params.structured_outputs.clone(),
+    }
+}
+
 fn decode<T: DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, Error> {
     // The fast path; only a body that fails is decoded again to find the offending field.
     if let Ok(value) = serde_json::from_slice(bytes) {
@@ -883,5 +895,37 @@ impl fmt::Debug for Client {
             .field("model", &self.model())
             .field("retry", &self.inner.retry)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generate_sends_what_vllm_was_sent_when_its_fixture_was_recorded() {
+        // The body sent to a real vLLM 0.32 (tests/fixtures), which answered with token ids and
+        // one logprob per id. Built here from the same inputs, it must be the same JSON: token
+        // prompt, n 1, logprobs 0, return_token_ids, add_special_tokens false, the seed.
+        let recorded: serde_json::Value = serde_json::from_str(include_str!(
+            "../tests/fixtures/completion_token_ids.request.json"
+        ))
+        .expect("json");
+        let params = GenerateParams {
+            max_tokens: 8,
+            sampling: SamplingParams {
+                temperature: Some(1.0),
+                top_p: Some(1.0),
+                ..SamplingParams::default()
+            },
+            ..GenerateParams::default()
+        };
+        let built = generate_request(
+            "SmolLM2-135M-Instruct".into(),
+            &[504, 3575, 282, 4649, 314],
+            &params,
+            1234,
+        );
+        assert_eq!(serde_json::to_value(&built).expect("serializes"), recorded);
     }
 }

@@ -36,8 +36,9 @@ fn a_token_id_completion_carries_ids_and_a_logprob_per_id_inside_the_choice() {
 }
 
 #[test]
-fn the_requests_the_client_builds_have_the_shape_vllm_was_sent() {
-    // The recorded request decodes into the typed request and re-encodes to the same JSON.
+fn the_recorded_request_round_trips_through_the_typed_request() {
+    // The recorded request decodes into the typed request and re-encodes to the same JSON (that
+    // `generate` builds exactly this body is a unit test next to it, in src/client.rs).
     let recorded: serde_json::Value =
         serde_json::from_str(&fixture("completion_token_ids.request.json")).expect("json");
     let typed: CompletionRequest = serde_json::from_value(recorded.clone()).expect("typed");

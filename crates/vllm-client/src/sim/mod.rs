@@ -219,7 +219,8 @@ impl Simulator {
         self.state.counters.snapshot()
     }
 
-    /// Stops the server and waits for it (requests in flight are dropped).
+    /// Stops accepting connections and ends the server task. Connections already open run on
+    /// tasks of their own and may still finish the request they carry.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
