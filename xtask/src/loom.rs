@@ -1,6 +1,7 @@
 //! `cargo xtask loom`: the loom models of the tool pool, then each with its planted bug.
 //!
-//! The models live in `crates/tool-dispatch/src/pool/models.rs`. They are compiled with the
+//! The models live in `crates/tool-dispatch/src/pool/models.rs` (the pool) and
+//! `crates/tool-dispatch/src/call_state.rs` (a call's waiter against its job). They are compiled with the
 //! crate-specific `--cfg tool_dispatch_loom` (a global `--cfg loom` would change tokio and
 //! break the async layer), in release with debug assertions, in their own target directory
 //! so that the changed flags do not invalidate the main build.
@@ -15,17 +16,28 @@ use crate::{cargo, root, run_checked};
 const PLANTED: &[(&str, &str)] = &[
     (
         "spawn_past_max",
-        "loom_running_jobs_never_exceed_max_threads",
+        "pool::models::loom_running_jobs_never_exceed_max_threads",
     ),
     (
         "submit_ignores_shutdown",
-        "loom_job_racing_shutdown_is_run_or_cancelled",
+        "pool::models::loom_job_racing_shutdown_is_run_or_cancelled",
     ),
     (
         "close_drops_queued",
-        "loom_shutdown_cancels_or_runs_every_queued_job",
+        "pool::models::loom_shutdown_cancels_or_runs_every_queued_job",
     ),
-    ("close_skips_wakeup", "loom_shutdown_wakes_idle_threads"),
+    (
+        "close_skips_wakeup",
+        "pool::models::loom_shutdown_wakes_idle_threads",
+    ),
+    (
+        "run_abandoned_job",
+        "call_state::models::loom_waiter_and_job_agree",
+    ),
+    (
+        "count_stuck_after_cas",
+        "call_state::models::loom_waiter_and_job_agree",
+    ),
 ];
 
 fn loom_test(extra: &[&str]) -> Command {
@@ -49,10 +61,10 @@ fn loom_test(extra: &[&str]) -> Command {
 }
 
 pub(crate) fn run() -> anyhow::Result<()> {
-    run_checked(&mut loom_test(&["--", "pool::models::"]))?;
+    run_checked(&mut loom_test(&["--", "models::"]))?;
 
     for (fault, model) in PLANTED {
-        let test = format!("pool::models::{model}");
+        let test = (*model).to_owned();
         let output = loom_test(&["--quiet", "--", "--exact", &test])
             .env("TOOL_DISPATCH_LOOM_FAULTS", fault)
             .stdout(Stdio::piped())

@@ -13,10 +13,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    call_state::{Abandoned, CallState},
     metrics::{Gauges, ToolMetrics},
     pool::{Job, Pool, Rejected},
     registry::{Registry, validate_arguments},
-    sync::{Arc, AtomicU8, Ordering},
+    sync::{Arc, Ordering},
     tool::{
         Arguments, AsyncTool, BoxError, Outcome, Runner, SyncTool, ToolCall, ToolResult,
         error_content, value_content,
@@ -365,30 +366,6 @@ impl Drop for Running<'_> {
     }
 }
 
-/// Where a sync call is, shared by its waiter and its pool job.
-struct CallState(AtomicU8);
-
-const QUEUED: u8 = 0;
-const RUNNING: u8 = 1;
-const DONE: u8 = 2;
-const ABANDONED: u8 = 3;
-
-/// Where a call was when its waiter gave up on it.
-enum Abandoned {
-    /// Still queued: the pool thread that pops it skips it.
-    Queued,
-    /// Running: its thread is stuck until the tool returns.
-    Running,
-    /// It had just finished: the reply is on its way.
-    AlreadyDone,
-}
-
-impl CallState {
-    fn new() -> CallState {
-        CallState(AtomicU8::new(QUEUED))
-    }
-}
-
 /// The waiter's side of a sync call; if dropped while armed (the turn's future was dropped),
 /// it abandons the call so a queued job is skipped and a running one is counted as stuck.
 struct Waiting<'a> {
@@ -400,23 +377,7 @@ struct Waiting<'a> {
 impl Waiting<'_> {
     fn abandon(&mut self) -> Abandoned {
         self.armed = false;
-        let state = &self.state.0;
-        if state
-            .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            return Abandoned::Queued;
-        }
-        // Count the thread as stuck before it can see ABANDONED and uncount it.
-        self.gauges.stuck_threads.fetch_add(1, Ordering::AcqRel);
-        if state
-            .compare_exchange(RUNNING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            return Abandoned::Running;
-        }
-        self.gauges.stuck_threads.fetch_sub(1, Ordering::AcqRel);
-        Abandoned::AlreadyDone
+        self.state.abandon(&self.gauges.stuck_threads)
     }
 }
 
@@ -465,19 +426,14 @@ impl Job for SyncJob {
             enqueued,
             gauges,
         } = *self;
-        if state
-            .0
-            .compare_exchange(QUEUED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !state.start() {
             // Abandoned while queued: nobody waits for it, so it does not run.
             return;
         }
         let queue_wait = enqueued.elapsed();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(args)))
             .map_err(|panic| panic_message(panic.as_ref()));
-        if state.0.swap(DONE, Ordering::AcqRel) == ABANDONED {
-            gauges.stuck_threads.fetch_sub(1, Ordering::AcqRel);
+        if state.finish(&gauges.stuck_threads) {
             tracing::info!(
                 target: "tool_dispatch",
                 ran_for_ms = (enqueued.elapsed() - queue_wait).as_millis() as u64,

@@ -75,6 +75,7 @@
 
 #[cfg(not(tool_dispatch_loom))]
 mod call;
+mod call_state;
 #[cfg(not(tool_dispatch_loom))]
 mod error;
 #[cfg(not(tool_dispatch_loom))]

@@ -72,6 +72,10 @@ pub(crate) struct Faults {
     pub(crate) close_drops_queued: bool,
     /// `close` does not wake idle threads.
     pub(crate) close_skips_wakeup: bool,
+    /// A call's job runs although its waiter gave up while it was queued (`call_state.rs`).
+    pub(crate) run_abandoned_job: bool,
+    /// A waiter counts a stuck thread after marking the call abandoned (`call_state.rs`).
+    pub(crate) count_stuck_after_cas: bool,
 }
 
 #[cfg(tool_dispatch_loom)]
@@ -90,9 +94,12 @@ impl Faults {
                 "submit_ignores_shutdown" => faults.submit_ignores_shutdown = true,
                 "close_drops_queued" => faults.close_drops_queued = true,
                 "close_skips_wakeup" => faults.close_skips_wakeup = true,
+                "run_abandoned_job" => faults.run_abandoned_job = true,
+                "count_stuck_after_cas" => faults.count_stuck_after_cas = true,
                 other => panic!(
                     "unknown fault {other:?} in TOOL_DISPATCH_LOOM_FAULTS; known: spawn_past_max, \
-                     submit_ignores_shutdown, close_drops_queued, close_skips_wakeup"
+                     submit_ignores_shutdown, close_drops_queued, close_skips_wakeup, \
+                     run_abandoned_job, count_stuck_after_cas"
                 ),
             }
         }

@@ -17,7 +17,7 @@ pub(crate) use std::{
 pub(crate) use loom::{
     sync::{
         Arc, Condvar, Mutex, MutexGuard,
-        atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering},
     },
     thread,
 };
