@@ -824,18 +824,46 @@ impl Client {
                 format!("the request could not be serialized: {e}"),
             )
         })?;
-        for index in 0..self.inner.servers.len() {
-            self.attempt(
-                index,
-                &method,
-                path,
-                body.as_deref(),
-                &endpoint,
-                Some(self.inner.request_timeout),
-            )
-            .await?;
+        // Every replica gets the call, also after one fails (a pause or a weight update must
+        // not stop half-way silently); the error names each replica that failed.
+        let calls = self
+            .inner
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(index, server)| {
+                let (method, endpoint, body) = (&method, &endpoint, body.as_deref());
+                async move {
+                    let timeout = Some(self.inner.request_timeout);
+                    let result = self
+                        .attempt(index, method, path, body, endpoint, timeout)
+                        .await;
+                    (server.base.as_str(), result)
+                }
+            });
+        let results = futures::future::join_all(calls).await;
+        let total = results.len();
+        let mut failed: Vec<(&str, Error)> = results
+            .into_iter()
+            .filter_map(|(base, r)| r.err().map(|e| (base, e)))
+            .collect();
+        match failed.len() {
+            0 => Ok(()),
+            1 if total == 1 => Err(failed.remove(0).1),
+            count => {
+                let detail: Vec<String> = failed
+                    .iter()
+                    .map(|(base, e)| format!("{base}: {e}"))
+                    .collect();
+                Err(Error::invalid(
+                    &endpoint,
+                    format!(
+                        "failed on {count} of {total} servers: {}",
+                        detail.join("; ")
+                    ),
+                ))
+            }
         }
-        Ok(())
     }
 }
 

@@ -188,3 +188,34 @@ async fn a_server_ejected_for_5xx_waits_out_its_ejection_even_if_health_answers(
     );
     assert_eq!(client.stats().ejections, 1);
 }
+
+#[tokio::test]
+async fn a_control_call_reaches_every_replica_and_names_the_one_that_failed() {
+    let (a, b) = (simulator(|_| {}).await, simulator(|_| {}).await);
+    let down = simulator(|_| {}).await;
+    let down_url = down.url();
+    down.stop().await;
+    let client = vllm_client::Client::new(
+        ClientConfig::with_servers([a.url(), down_url.clone(), b.url()])
+            .model("sim")
+            .retry(fast_retry()),
+    )
+    .expect("client");
+
+    let error = client
+        .pause(vllm_client::PauseMode::Keep)
+        .await
+        .expect_err("one replica is down");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "POST /pause: failed on 1 of 3 servers: {down_url}: "
+        )),
+        "{message}"
+    );
+    // The replicas that answered are paused all the same.
+    for sim in [&a, &b] {
+        let single = crate::client(&[sim], fast_retry());
+        assert!(single.is_paused().await.expect("answers"));
+    }
+}
