@@ -74,6 +74,8 @@
 //! ```
 
 #[cfg(not(tool_dispatch_loom))]
+pub mod builtin;
+#[cfg(not(tool_dispatch_loom))]
 mod call;
 mod call_state;
 #[cfg(not(tool_dispatch_loom))]

@@ -2,6 +2,7 @@
 
 mod backpressure;
 mod blocking;
+mod builtins;
 mod order;
 mod outcomes;
 mod shutdown;

@@ -1,0 +1,345 @@
+//! Built-in tools, and [`ToolConfig`]: a tool described in a configuration file.
+//!
+//! | kind | runs | arguments | result |
+//! |---|---|---|---|
+//! | `calculator` | sync, in-process | `{"expression": "17 * 23"}` | the value (`391`) |
+//! | `python` | sync, `python3 -I -` in a subprocess | `{"code": "..."}` | stdout, then stderr and the exit code if any |
+//! | `command` | sync, any program | the JSON arguments on its stdin | its stdout (a non-zero exit is an error) |
+//! | `http` (feature `http`) | async | POSTed as JSON to `url` | the response body (a non-2xx is an error) |
+//!
+//! `command` and `python` kill the program at their timeout (default 30 s) and keep at most
+//! `max_output_bytes` of stdout and of stderr (default 16 KiB), saying how much was cut.
+//! `python` is not a sandbox: code runs with the engine's permissions.
+
+mod calculator;
+#[cfg(feature = "http")]
+mod http;
+mod process;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub use self::calculator::evaluate;
+use crate::tool::{Tool, ToolSpec};
+
+/// The kinds of built-in tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// An external program.
+    Command,
+    /// An HTTP endpoint (feature `http`).
+    Http,
+    /// Python code in a subprocess.
+    Python,
+    /// Arithmetic.
+    Calculator,
+}
+
+impl ToolKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ToolKind::Command => "command",
+            ToolKind::Http => "http",
+            ToolKind::Python => "python",
+            ToolKind::Calculator => "calculator",
+        }
+    }
+}
+
+/// One tool as a configuration file describes it (a `[[tools]]` table):
+///
+/// ```toml
+/// [[tools]]
+/// name = "lookup"
+/// kind = "command"        # "command" | "http" | "python" | "calculator"
+/// command = ["./lookup.sh"]
+/// description = "Look a term up"
+/// parameters = { type = "object", properties = { query = { type = "string" } }, required = ["query"] }
+/// timeout = "10s"
+/// ```
+///
+/// Unknown fields are refused. `description` and `parameters` are what the chat template
+/// renders; `calculator` and `python` have their own defaults.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What runs it.
+    pub kind: ToolKind,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// JSON schema of the arguments.
+    #[serde(default)]
+    pub parameters: Option<Value>,
+    /// `command`: the program and its arguments.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// `http`: the endpoint.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `python`: the interpreter (default `python3`).
+    #[serde(default)]
+    pub interpreter: Option<String>,
+    /// How long a call may take: `500ms`, `10s`, `2m` (default 30 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// `command`, `python`: bytes kept of stdout and of stderr each (default 16384).
+    #[serde(default)]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// A [`ToolConfig`] that does not describe a usable tool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tool '{name}': {reason}")]
+pub struct ToolConfigError {
+    name: String,
+    reason: String,
+}
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_MAX_OUTPUT: usize = 16 * 1024;
+
+impl ToolConfig {
+    /// Builds the tool: checks that the fields fit the kind, and parses the timeout.
+    pub fn build(&self) -> Result<Tool, ToolConfigError> {
+        let fail = |reason: String| ToolConfigError {
+            name: self.name.clone(),
+            reason,
+        };
+        let kind = self.kind.as_str();
+        let only = |field: &str, present: bool, for_kind: &str| {
+            if present && kind != for_kind {
+                Err(fail(format!(
+                    "`{field}` is only for kind \"{for_kind}\", not \"{kind}\""
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        only("command", self.command.is_some(), "command")?;
+        only("url", self.url.is_some(), "http")?;
+        only("interpreter", self.interpreter.is_some(), "python")?;
+        let timeout = match &self.timeout {
+            Some(text) => parse_duration(text).map_err(|e| fail(format!("timeout: {e}")))?,
+            None => DEFAULT_TIMEOUT,
+        };
+        let max_output = self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT);
+        let description = |default: &str| {
+            self.description
+                .clone()
+                .unwrap_or_else(|| default.to_owned())
+        };
+        let parameters = |default: Value| self.parameters.clone().unwrap_or(default);
+        let open = || json!({ "type": "object", "properties": {} });
+        // The dispatcher's timeout stays a little behind the tool's own, so that a program is
+        // killed and reported before its caller gives up on it.
+        let margin = Duration::from_secs(1);
+
+        let tool = match self.kind {
+            ToolKind::Calculator => Tool::new_sync(
+                ToolSpec::new(&self.name, description("Evaluate an arithmetic expression"))
+                    .parameters(parameters(calculator::parameters())),
+                calculator::call,
+            )
+            .timeout(timeout),
+            ToolKind::Python => {
+                let python = process::PythonTool {
+                    interpreter: self
+                        .interpreter
+                        .clone()
+                        .unwrap_or_else(|| "python3".to_owned()),
+                    timeout,
+                    max_output,
+                };
+                Tool::new_sync(
+                    ToolSpec::new(
+                        &self.name,
+                        description("Run Python code and see its output"),
+                    )
+                    .parameters(parameters(process::PythonTool::parameters())),
+                    move |args| python.call(args),
+                )
+                .timeout(timeout + margin)
+            }
+            ToolKind::Command => {
+                let argv = self.command.clone().unwrap_or_default();
+                if argv.first().is_none_or(|program| program.trim().is_empty()) {
+                    return Err(fail(
+                        "kind \"command\" needs `command = [\"program\", \"arg\", ...]`".to_owned(),
+                    ));
+                }
+                let command = process::CommandTool {
+                    argv,
+                    timeout,
+                    max_output,
+                };
+                Tool::new_sync(
+                    ToolSpec::new(&self.name, description("Run a command"))
+                        .parameters(parameters(open())),
+                    move |args| command.call(args),
+                )
+                .timeout(timeout + margin)
+            }
+            ToolKind::Http => {
+                let url = self
+                    .url
+                    .clone()
+                    .ok_or_else(|| fail("kind \"http\" needs `url = \"http://...\"`".to_owned()))?;
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(fail(format!(
+                        "url '{url}' must start with http:// or https://"
+                    )));
+                }
+                self.http_tool(
+                    url,
+                    description("Call a web service"),
+                    parameters(open()),
+                    timeout,
+                )
+                .map_err(fail)?
+            }
+        };
+        Ok(tool)
+    }
+
+    #[cfg(feature = "http")]
+    fn http_tool(
+        &self,
+        url: String,
+        description: String,
+        parameters: Value,
+        timeout: Duration,
+    ) -> Result<Tool, String> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| format!("could not start an HTTP client: {e}"))?;
+        let http = http::HttpTool { client, url };
+        Ok(Tool::new_async(
+            ToolSpec::new(&self.name, description).parameters(parameters),
+            move |args| http.clone().call(args),
+        )
+        .timeout(timeout))
+    }
+
+    #[cfg(not(feature = "http"))]
+    fn http_tool(&self, _: String, _: String, _: Value, _: Duration) -> Result<Tool, String> {
+        Err("kind \"http\" needs tool-dispatch's `http` feature".to_owned())
+    }
+}
+
+/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration; write e.g. 500ms, 10s, 2m or 1h"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        "" => return Err(format!("'{text}' needs a unit: ms, s, m or h")),
+        other => {
+            return Err(format!(
+                "unknown unit '{other}' in '{text}'; use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("'{text}' is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml_like: Value) -> ToolConfig {
+        serde_json::from_value(toml_like).expect("a tool table")
+    }
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(
+            parse_duration("10"),
+            Err("'10' needs a unit: ms, s, m or h".to_owned())
+        );
+        assert_eq!(
+            parse_duration("10 parsecs"),
+            Err("unknown unit 'parsecs' in '10 parsecs'; use ms, s, m or h".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_config_says_which_tool_and_which_field_is_wrong() {
+        let no_command = config(json!({"name": "lookup", "kind": "command"}))
+            .build()
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            no_command.as_deref(),
+            Some("tool 'lookup': kind \"command\" needs `command = [\"program\", \"arg\", ...]`")
+        );
+        let misplaced = config(json!({"name": "calc", "kind": "calculator", "url": "http://x"}))
+            .build()
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            misplaced.as_deref(),
+            Some("tool 'calc': `url` is only for kind \"http\", not \"calculator\"")
+        );
+        let timeout = config(json!({"name": "calc", "kind": "calculator", "timeout": "soon"}))
+            .build()
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            timeout.as_deref(),
+            Some("tool 'calc': timeout: 'soon' is not a duration; write e.g. 500ms, 10s, 2m or 1h")
+        );
+        let unknown = serde_json::from_value::<ToolConfig>(
+            json!({"name": "calc", "kind": "calculator", "colour": "red"}),
+        );
+        assert!(unknown.is_err_and(|e| e.to_string().starts_with("unknown field `colour`")));
+    }
+
+    #[test]
+    fn built_in_kinds_come_with_their_schema_and_description() {
+        let calculator = config(json!({"name": "calc", "kind": "calculator"}))
+            .build()
+            .expect("valid");
+        assert!(calculator.is_sync());
+        assert_eq!(
+            calculator.spec().parameters["required"],
+            json!(["expression"])
+        );
+        let python = config(json!({"name": "py", "kind": "python", "timeout": "5s"}))
+            .build()
+            .expect("valid");
+        assert_eq!(
+            python.spec().description,
+            "Run Python code and see its output"
+        );
+        let lookup = config(json!({
+            "name": "lookup", "kind": "command", "command": ["./lookup.sh"], "description": "Look a term up",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+        }))
+        .build()
+        .expect("valid");
+        assert_eq!(
+            lookup.spec().to_openai()["function"]["parameters"]["required"],
+            json!(["query"])
+        );
+    }
+}
