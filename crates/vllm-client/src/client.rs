@@ -428,7 +428,7 @@ impl Client {
         const ENDPOINT: &str = "POST /v1/completions";
         let seed = params.sampling.seed.unwrap_or_else(|| self.next_seed());
         let request = generate_request(self.require_model(ENDPOINT)?, prompt_ids, params, seed);
-        let response: CompletionResponse = self
+        let response: TurnResponse = self
             .call(
                 Method::POST,
                 "/v1/completions",
@@ -865,6 +865,35 @@ impl Client {
             }
         }
     }
+}
+
+/// The part of a completion response `generate` reads. Leaner than [`CompletionResponse`]:
+/// the per-token strings, offsets and alternatives it does not need are skipped, not
+/// allocated.
+#[derive(serde::Deserialize)]
+struct TurnResponse {
+    choices: Vec<TurnChoice>,
+}
+
+#[derive(serde::Deserialize)]
+struct TurnChoice {
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    prompt_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    logprobs: Option<TurnLogprobs>,
+    finish_reason: Option<FinishReason>,
+    #[serde(default)]
+    stop_reason: Option<serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct TurnLogprobs {
+    #[serde(default)]
+    token_logprobs: Vec<Option<f64>>,
 }
 
 /// The request [`Client::generate`] sends: RL's contract with vLLM in one place.

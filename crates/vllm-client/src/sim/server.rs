@@ -95,6 +95,13 @@ impl State {
         self.config.tokenizer.decode(ids, false).unwrap_or_default()
     }
 
+    fn token_text_ref(&self, id: u32, as_ids: bool) -> std::borrow::Cow<'_, str> {
+        match self.token_texts.get(id as usize) {
+            Some(text) if !as_ids => std::borrow::Cow::Borrowed(text.as_str()),
+            _ => std::borrow::Cow::Owned(self.token_text(id, as_ids)),
+        }
+    }
+
     fn token_text(&self, id: u32, as_ids: bool) -> String {
         if as_ids {
             format!("token_id:{id}")
@@ -138,6 +145,10 @@ impl State {
         let started = Instant::now();
         let total =
             self.config.latency + self.config.per_token * u32::try_from(tokens).unwrap_or(u32::MAX);
+        if total.is_zero() {
+            // No latency to simulate: no timer to arm (it would cost a scheduler round trip).
+            return None;
+        }
         tokio::select! {
             () = tokio::time::sleep(total) => {}
             () = wait_abort(&mut pause, aborts) => {
@@ -358,10 +369,14 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         finish = "abort";
     }
     let as_ids = request.return_tokens_as_token_ids == Some(true);
+    // Typed and borrowed: the simulator must cost little next to the client it measures.
+    let tokens: Vec<std::borrow::Cow<'_, str>> = ids
+        .iter()
+        .map(|id| state.token_text_ref(*id, as_ids))
+        .collect();
     let logprobs = request.logprobs.map(|_| {
-        let tokens: Vec<String> = ids.iter().map(|id| state.token_text(*id, as_ids)).collect();
         let mut offset = 0u32;
-        let offsets: Vec<u32> = tokens
+        let text_offset = tokens
             .iter()
             .map(|t| {
                 let at = offset;
@@ -369,33 +384,78 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
                 at
             })
             .collect();
-        json!({
-            "tokens": tokens,
-            "token_logprobs": ids.iter().enumerate().map(|(i, id)| State::logprob(seed, i, *id)).collect::<Vec<_>>(),
-            "text_offset": offsets,
-            "top_logprobs": null,
-        })
+        let token_logprobs = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| State::logprob(seed, i, *id))
+            .collect();
+        SimLogprobs {
+            tokens: &tokens,
+            token_logprobs,
+            text_offset,
+            top_logprobs: None,
+        }
     });
-    let mut choice = json!({
-        "index": 0,
-        "text": state.decode(&ids),
-        "logprobs": logprobs,
-        "finish_reason": finish,
-        "stop_reason": null,
-    });
-    if request.return_token_ids {
-        choice["token_ids"] = json!(ids);
-        choice["prompt_token_ids"] = json!(prompt);
-    }
-    Json(json!({
-        "id": format!("cmpl-sim-{sequence}"),
-        "object": "text_completion",
-        "created": 0,
-        "model": state.config.model,
-        "choices": [choice],
-        "usage": { "prompt_tokens": prompt.len(), "completion_tokens": ids.len(), "total_tokens": prompt.len() + ids.len() },
-    }))
-    .into_response()
+    let with_ids = request.return_token_ids;
+    let body = SimCompletion {
+        id: format!("cmpl-sim-{sequence}"),
+        object: "text_completion",
+        created: 0,
+        model: &state.config.model,
+        choices: [SimChoice {
+            index: 0,
+            text: state.decode(&ids),
+            logprobs,
+            finish_reason: finish,
+            stop_reason: None,
+            token_ids: with_ids.then_some(&ids),
+            prompt_token_ids: with_ids.then_some(&prompt),
+        }],
+        usage: SimUsage {
+            prompt_tokens: prompt.len(),
+            completion_tokens: ids.len(),
+            total_tokens: prompt.len() + ids.len(),
+        },
+    };
+    Json(body).into_response()
+}
+
+#[derive(serde::Serialize)]
+struct SimCompletion<'a> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [SimChoice<'a>; 1],
+    usage: SimUsage,
+}
+
+#[derive(serde::Serialize)]
+struct SimChoice<'a> {
+    index: u32,
+    text: String,
+    logprobs: Option<SimLogprobs<'a>>,
+    finish_reason: &'static str,
+    stop_reason: Option<()>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<&'a Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a Vec<u32>>,
+}
+
+#[derive(serde::Serialize)]
+struct SimLogprobs<'a> {
+    tokens: &'a [std::borrow::Cow<'a, str>],
+    token_logprobs: Vec<f64>,
+    text_offset: Vec<u32>,
+    top_logprobs: Option<()>,
+}
+
+#[derive(serde::Serialize)]
+struct SimUsage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
 }
 
 async fn chat(Extract(state): Shared, body: Bytes) -> Response {
