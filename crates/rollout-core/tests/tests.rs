@@ -1,0 +1,3 @@
+//! Integration tests of rollout-core: one test binary, one module per area.
+
+mod reconcile;
