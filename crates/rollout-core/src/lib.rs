@@ -5,11 +5,18 @@
 //!   version. The reconciler turns a conversation's turns into [`TrainingRow`]s
 //!   (`input_ids`, `completion_mask`, `old_log_probs`), classifying each turn boundary as
 //!   clean, realigned or forked, and counting drift.
+//! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
+//!   Mistral outputs into content and [`ToolCall`]s; a malformed call stays content and is
+//!   reported, never a panic.
 
+mod message;
+pub mod parse;
 mod reconcile;
 mod turn;
 
 pub use crate::{
+    message::Message,
+    parse::{ParsedOutput, ToolCall, ToolCallParser},
     reconcile::{
         ReconcileError, Reconciled, Reconciler, ReconcilerConfig, RolloutId, Tally, TrainingRow,
         Transition, reconcile,

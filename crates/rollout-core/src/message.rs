@@ -88,7 +88,9 @@ impl TryFrom<Map<String, Value>> for Message {
     fn try_from(map: Map<String, Value>) -> Result<Self, Self::Error> {
         match map.get("role") {
             Some(Value::String(_)) => Ok(Self(map)),
-            Some(other) => Err(format!("a message's \"role\" must be a string, not {other}")),
+            Some(other) => Err(format!(
+                "a message's \"role\" must be a string, not {other}"
+            )),
             None => Err(format!(
                 "a message needs a \"role\"; got {}",
                 json!(map).to_string().chars().take(80).collect::<String>()

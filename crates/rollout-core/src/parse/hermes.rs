@@ -50,7 +50,10 @@ impl ToolCallParser for HermesParser {
                     } else {
                         " (and the call is not closed with </tool_call>)"
                     };
-                    output.push_failure(raw, format!("invalid JSON in <tool_call>: {error}{unclosed}"));
+                    output.push_failure(
+                        raw,
+                        format!("invalid JSON in <tool_call>: {error}{unclosed}"),
+                    );
                 }
             }
             at = end;

@@ -26,7 +26,10 @@ impl ToolCallParser for Llama3JsonParser {
         };
         loop {
             let rest = &text[at..];
-            let skipped = rest.len() - rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';').len();
+            let skipped = rest.len()
+                - rest
+                    .trim_start_matches(|c: char| c.is_whitespace() || c == ';')
+                    .len();
             at += skipped;
             if at >= text.len() {
                 break;

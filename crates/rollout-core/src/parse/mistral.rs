@@ -73,7 +73,10 @@ fn parse_json_calls(text: &str, output: &mut ParsedOutput) -> Result<usize, Stri
     };
     let mut calls = Vec::with_capacity(items.len());
     for item in items {
-        let had_id = item.get("id").and_then(Value::as_str).is_some_and(|id| !id.is_empty());
+        let had_id = item
+            .get("id")
+            .and_then(Value::as_str)
+            .is_some_and(|id| !id.is_empty());
         let mut call = call_from_object(item, None)?;
         mistral_id(&mut call, had_id);
         calls.push(call);
@@ -89,7 +92,10 @@ fn parse_named_call(text: &str, output: &mut ParsedOutput) -> Result<usize, Stri
         .ok_or_else(|| "expected a JSON array or name[ARGS]{..} after [TOOL_CALLS]".to_owned())?;
     let head = &text[..args];
     let (name, id) = match head.find(CALL_ID) {
-        Some(c) => (&head[..c], Some(head[c + CALL_ID.len()..].trim().to_owned())),
+        Some(c) => (
+            &head[..c],
+            Some(head[c + CALL_ID.len()..].trim().to_owned()),
+        ),
         None => (head, None),
     };
     let name = name.trim();

@@ -211,7 +211,12 @@ pub(crate) fn call_from_object(value: Value, id: Option<String>) -> Result<ToolC
     let name = match object.remove("name") {
         Some(Value::String(name)) if !name.is_empty() => name,
         Some(Value::String(_)) => return Err("the call's \"name\" is empty".into()),
-        Some(other) => return Err(format!("the call's \"name\" is {}, not a string", kind(&other))),
+        Some(other) => {
+            return Err(format!(
+                "the call's \"name\" is {}, not a string",
+                kind(&other)
+            ));
+        }
         None => return Err("the call has no \"name\"".into()),
     };
     let arguments = object

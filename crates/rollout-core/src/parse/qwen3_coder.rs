@@ -144,7 +144,9 @@ impl ToolCallParser for Qwen3CoderParser {
             };
             // The call ends at its closing tag, else at the next call, else at the end.
             let search_from = start + marker;
-            let close = text[search_from..].find(end).map(|o| search_from + o + end.len());
+            let close = text[search_from..]
+                .find(end)
+                .map(|o| search_from + o + end.len());
             let next = if wrapped {
                 text[search_from..].find(OPEN).map(|o| search_from + o)
             } else {
