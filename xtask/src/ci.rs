@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, loom, run_checked, tidy};
+use crate::{cargo, fixtures, loom, run_checked, tidy};
 
 /// One step of CI.
 struct Step {
@@ -30,6 +30,10 @@ const STEPS: &[Step] = &[
                 "warnings",
             ]))
         },
+    },
+    Step {
+        name: "fixtures",
+        run: fixtures::run,
     },
     Step {
         name: "test",

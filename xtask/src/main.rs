@@ -5,6 +5,7 @@
 
 mod bench;
 mod ci;
+mod fixtures;
 mod loom;
 mod tidy;
 
@@ -19,16 +20,18 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci      every check CI runs: fmt, clippy, tests, doc tests, loom, tidy
-  loom    the loom models of the tool pool, then each model again with its planted bug
-  bench   the benchmarks; results go to target/bench/
-  tidy    repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  ci        every check CI runs: fmt, clippy, fixtures, tests, doc tests, loom, tidy
+  fixtures  fetch the real tokenizers and chat templates the tests use into the cache
+  loom      the loom models of the tool pool, then each model again with its planted bug
+  bench     the benchmarks; results go to target/bench/
+  tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
 ";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let result = match task.as_deref() {
         Some("ci") => ci::run(),
+        Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
         Some("bench") => bench::run(),
         Some("tidy") => tidy::run(),

@@ -66,6 +66,11 @@ impl Message {
         self.0.insert(key.to_owned(), value);
     }
 
+    /// A mutable reference to a field.
+    pub(crate) fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
+        self.0.get_mut(key)
+    }
+
     /// The role.
     pub fn role(&self) -> &str {
         self.0.get("role").and_then(Value::as_str).unwrap_or("")

