@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, fixtures, loom, run_checked, tidy};
+use crate::{cargo, fixtures, loom, parity, run_checked, tidy};
 
 /// One step of CI.
 struct Step {
@@ -34,6 +34,10 @@ const STEPS: &[Step] = &[
     Step {
         name: "fixtures",
         run: fixtures::run,
+    },
+    Step {
+        name: "parity",
+        run: parity::run,
     },
     Step {
         name: "test",

