@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderError, RenderOptions, ToolCall};
 use serde_json::{Map, Value, json};
 
-use crate::{fixture, qwen3, qwen3_with_template, qwen25};
+use crate::{fixture, qwen3, qwen25};
 
 #[test]
 fn qwen3_renders_and_tokenizes_a_conversation_as_transformers_does() {
@@ -76,7 +76,7 @@ fn enable_thinking_false_adds_an_empty_think_block() {
 
 #[test]
 fn continue_final_message_ends_inside_the_last_message() {
-    let tokenizer = qwen3_with_template("Qwen-Qwen2.5-7B-Instruct.jinja");
+    let tokenizer = qwen25();
     let options = RenderOptions {
         continue_final_message: true,
         ..RenderOptions::default()
@@ -259,22 +259,23 @@ fn incremental_rendering_detects_a_template_that_drops_earlier_reasoning() {
     let mut conversation = tokenizer
         .incremental(RenderOptions::default())
         .expect("template");
-    conversation
-        .push(&[
-            Message::user("What is 2+2?"),
-            Message::assistant("4").with("reasoning_content", json!("2+2 is 4.")),
-        ])
-        .expect("renders");
+    conversation.push(&[
+        Message::user("What is 2+2?"),
+        Message::assistant("4").with("reasoning_content", json!("2+2 is 4.")),
+    ]);
+    conversation.render(false).expect("renders");
     assert!(conversation.text().contains("<think>\n2+2 is 4.\n</think>"));
-    conversation
-        .push(&[Message::user("And 3+3?")])
-        .expect("renders");
+    conversation.push(&[Message::user("And 3+3?")]);
+    conversation.prompt().expect("renders");
     assert!(
         !conversation.text().contains("2+2 is 4."),
         "Qwen3 drops earlier reasoning"
     );
     let stats = conversation.stats();
-    assert_eq!((stats.pushes, stats.rewrites), (2, 1));
+    assert_eq!(
+        (stats.renders, stats.rewrites, stats.full_encodes),
+        (2, 1, 2)
+    );
     assert_eq!(
         conversation.ids(),
         tokenizer.encode(conversation.text()).expect("encodes")
@@ -283,29 +284,21 @@ fn incremental_rendering_detects_a_template_that_drops_earlier_reasoning() {
 
 #[test]
 fn incremental_rendering_tokenizes_only_the_suffix_when_the_prefix_holds() {
-    let tokenizer = qwen3_with_template("Qwen-Qwen2.5-7B-Instruct.jinja");
+    let tokenizer = qwen25();
     let mut conversation = tokenizer
         .incremental(RenderOptions::default())
         .expect("template");
     let long = "word ".repeat(2000);
-    conversation
-        .push(&[Message::system(long.clone()), Message::user("hi")])
-        .expect("renders");
+    conversation.push(&[Message::system(long.clone()), Message::user("hi")]);
+    conversation.prompt().expect("renders");
     let first = conversation.stats().encoded_bytes;
-    conversation
-        .push(&[Message::assistant("hello"), Message::user("again")])
-        .expect("renders");
-    let stats = conversation.stats();
-    assert_eq!(
-        (stats.rewrites, stats.full_encodes, stats.incremental),
-        (0, 1, 1)
-    );
-    assert!(
-        stats.encoded_bytes - first < 100,
-        "only the suffix was tokenized: {stats:?}"
-    );
+    conversation.push(&[Message::assistant("hello"), Message::user("again")]);
     let prompt = conversation.prompt().expect("renders");
-    assert_eq!(prompt.suffix, "<|im_start|>assistant\n");
+    assert!(
+        prompt
+            .text
+            .ends_with("again<|im_end|>\n<|im_start|>assistant\n")
+    );
     let full = tokenizer
         .apply_chat_template(
             &[
@@ -318,6 +311,37 @@ fn incremental_rendering_tokenizes_only_the_suffix_when_the_prefix_holds() {
         )
         .expect("renders");
     assert_eq!(prompt.ids, full.ids);
+    let stats = conversation.stats();
+    assert_eq!(
+        (stats.rewrites, stats.full_encodes, stats.incremental),
+        (0, 1, 1)
+    );
+    assert!(
+        stats.encoded_bytes - first < 100,
+        "only the suffix was tokenized: {stats:?}"
+    );
+}
+
+#[test]
+fn a_failed_render_keeps_the_conversation_as_it_was() {
+    let template = ChatTemplate::new(
+        "strict",
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}",
+    )
+    .expect("compiles");
+    let tokenizer = ChatTokenizer::new(qwen25().tokenizer().clone(), template, Map::new());
+    let mut conversation = tokenizer
+        .incremental(RenderOptions::default())
+        .expect("template");
+    conversation.push(&[Message::user("a")]);
+    let ids = conversation.render(false).expect("renders").ids.to_vec();
+    conversation.push(&[Message::tool("x", "b")]);
+    let error = conversation.render(false).expect_err("raises");
+    assert_eq!(
+        error.to_string(),
+        "chat template strict, line 1: no tools here"
+    );
+    assert_eq!(conversation.ids(), ids);
 }
 
 fn text_piece() -> impl Strategy<Value = String> {
@@ -351,30 +375,31 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn incremental_ids_equal_full_rendering_and_rewrites_are_detected_exactly(
+    fn incremental_ids_equal_full_rendering_on_every_render(
         batches in prop::collection::vec(prop::collection::vec(message(), 1..4), 1..6),
     ) {
         let tokenizer = qwen25();
         let mut conversation = tokenizer.incremental(RenderOptions::default()).expect("template");
         let mut all = vec![Message::user("start")];
-        conversation.push(&all).expect("renders");
-        let mut expected_rewrites = 0;
+        conversation.push(&all);
+        conversation.prompt().expect("renders");
         for batch in &batches {
-            let before = conversation.text().to_owned();
-            conversation.push(batch).expect("renders");
+            conversation.push(batch);
             all.extend(batch.iter().cloned());
-            let full = tokenizer.apply_chat_template(&all, &RenderOptions::default()).expect("renders");
-            // Qwen2.5 merges consecutive tool messages into one block: appending a tool
-            // message after a tool message rewrites the end of the previous block.
-            if !full.text.starts_with(&before) {
-                expected_rewrites += 1;
+            for generation in [false, true] {
+                let before = conversation.text().to_owned();
+                let rewrites = conversation.stats().rewrites;
+                let rendered = conversation.render(generation).expect("renders");
+                let (text, ids) = (rendered.text.to_owned(), rendered.ids.to_vec());
+                let options = RenderOptions { add_generation_prompt: generation, ..RenderOptions::default() };
+                let full = tokenizer.apply_chat_template(&all, &options).expect("renders");
+                prop_assert_eq!(&text, &full.text);
+                prop_assert_eq!(&ids, &full.ids);
+                if full.text.starts_with(&before) {
+                    // History kept: never counted as a rewrite, never tokenized whole.
+                    prop_assert_eq!(conversation.stats().rewrites, rewrites);
+                }
             }
-            prop_assert_eq!(conversation.stats().rewrites, expected_rewrites);
-            prop_assert_eq!(conversation.text(), full.text.as_str());
-            prop_assert_eq!(conversation.ids(), full.ids.as_slice());
-            let prompt = conversation.prompt().expect("renders");
-            let full_prompt = tokenizer.apply_chat_template(&all, &RenderOptions::generation()).expect("renders");
-            prop_assert_eq!(prompt.ids, full_prompt.ids);
         }
     }
 
@@ -385,18 +410,19 @@ proptest! {
         let tokenizer = qwen25();
         let mut conversation = tokenizer.incremental(RenderOptions::default()).expect("template");
         let mut all = vec![Message::user("start")];
-        conversation.push(&all).expect("renders");
+        conversation.push(&all);
+        conversation.prompt().expect("renders");
         for batch in &batches {
             let batch: Vec<Message> = batch.iter().filter(|m| m.role() != "tool").cloned().collect();
-            if batch.is_empty() {
-                continue;
-            }
-            conversation.push(&batch).expect("renders");
+            conversation.push(&batch);
             all.extend(batch);
+            conversation.prompt().expect("renders");
         }
-        let full = tokenizer.apply_chat_template(&all, &RenderOptions::default()).expect("renders");
+        let full = tokenizer.apply_chat_template(&all, &RenderOptions::generation()).expect("renders");
         prop_assert_eq!(conversation.ids(), full.ids.as_slice());
-        prop_assert_eq!(conversation.stats().rewrites, 0);
+        let stats = conversation.stats();
+        prop_assert_eq!(stats.rewrites, 0);
+        prop_assert_eq!(stats.full_encodes, 1);
     }
 }
 

@@ -1,12 +1,14 @@
-//! A conversation whose token buffer grows by the suffix new messages add.
+//! A conversation whose token buffer grows by what new messages add.
 //!
-//! Each [`IncrementalRender::push`] renders the conversation once (the rendering without
-//! the new messages is the one kept from the previous push), checks that the kept text is a
-//! prefix of the new one, and tokenizes only the difference: from the last special token
-//! of the kept text on, since added tokens split the input and the ids before that token
-//! cannot change. When the template rewrites history (Qwen3 drops the reasoning of earlier
-//! turns, for one) the kept text is not a prefix: the whole text is tokenized again and the
-//! rewrite is counted.
+//! Messages are appended with [`IncrementalRender::push`]; each
+//! [`IncrementalRender::prompt`] (or [`IncrementalRender::render`]) renders the conversation
+//! once with the template, checks that the text kept from the previous render is still a
+//! prefix up to and including its last special token (the *anchor*), and tokenizes only
+//! the text from the anchor on. Added tokens split the input before anything else, so the
+//! ids before the anchor cannot change; the property tests check the result against a
+//! full tokenization. When the template rewrites history (Qwen3 drops the reasoning of
+//! earlier turns, for one) the kept text is not a prefix: the whole text is tokenized again
+//! and the rewrite is counted.
 
 use minijinja::value::Value;
 
@@ -19,26 +21,26 @@ use crate::Message;
 /// What an incremental conversation did, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct IncrementalStats {
-    /// Calls to [`IncrementalRender::push`].
-    pub pushes: u64,
-    /// Pushes or prompts that tokenized only the new suffix.
+    /// Renders of the conversation (one per prompt).
+    pub renders: u64,
+    /// Renders that tokenized only the text from the anchor on.
     pub incremental: u64,
-    /// Pushes whose rendering did not start with the kept text: history was rewritten and
-    /// the whole conversation was tokenized again.
+    /// Renders whose text did not start with the kept text up to its anchor: the template
+    /// rewrote history and the whole conversation was tokenized again.
     pub rewrites: u64,
-    /// Whole-text tokenizations for any reason (first push, rewrites, no special token yet).
+    /// Whole-text tokenizations for any reason (first render, rewrites, no special token).
     pub full_encodes: u64,
-    /// Bytes of text given to the tokenizer, over all calls.
+    /// Bytes of text given to the tokenizer, over all renders.
     pub encoded_bytes: u64,
 }
 
-/// The ids of a generation prompt: the conversation so far plus the assistant header.
+/// The ids of a render: the conversation, plus the assistant header for a prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Prompt {
+pub struct Prompt<'a> {
     /// Every id to send.
-    pub ids: Vec<u32>,
-    /// The text the generation prompt added after the conversation.
-    pub suffix: String,
+    pub ids: &'a [u32],
+    /// The rendered text.
+    pub text: &'a str,
 }
 
 /// A conversation rendered with a template, its text and ids kept between turns.
@@ -60,7 +62,6 @@ impl<'t> IncrementalRender<'t> {
         template: &'t ChatTemplate,
         mut options: RenderOptions,
     ) -> Self {
-        options.add_generation_prompt = false;
         options.continue_final_message = false;
         Self {
             tokenizer,
@@ -74,94 +75,69 @@ impl<'t> IncrementalRender<'t> {
         }
     }
 
-    /// Appends messages; on error nothing is changed.
-    pub fn push(&mut self, messages: &[Message]) -> Result<(), RenderError> {
-        let before = self.messages.len();
+    /// Appends messages; they are rendered by the next [`IncrementalRender::prompt`].
+    pub fn push(&mut self, messages: &[Message]) {
         self.messages.extend(messages.iter().map(message_value));
-        let rendered = self.template.render_values(
+    }
+
+    /// Renders the conversation with the generation prompt: the ids to send for the next
+    /// answer.
+    pub fn prompt(&mut self) -> Result<Prompt<'_>, RenderError> {
+        self.render(true)
+    }
+
+    /// Renders the conversation, with or without the generation prompt, tokenizing only
+    /// what changed after the kept anchor. On error the kept state is unchanged.
+    pub fn render(&mut self, add_generation_prompt: bool) -> Result<Prompt<'_>, RenderError> {
+        self.options.add_generation_prompt = add_generation_prompt;
+        let text = self.template.render_values(
             &self.messages,
             &self.options,
             self.tokenizer.special_tokens(),
-        );
-        let text = match rendered {
-            Ok(text) => text,
-            Err(error) => {
-                self.messages.truncate(before);
-                return Err(error);
-            }
-        };
-        self.stats.pushes += 1;
-        let rewritten = !text.starts_with(&self.text);
-        if rewritten {
+        )?;
+        self.stats.renders += 1;
+        let kept = self.anchor.filter(|anchor| {
+            text.as_bytes()
+                .starts_with(&self.text.as_bytes()[..anchor.end])
+        });
+        if self.anchor.is_some() && kept.is_none() {
             self.stats.rewrites += 1;
         }
-        let (keep, new_ids, anchor) = self.extend(&text, rewritten)?;
-        self.ids.truncate(keep);
-        self.ids.extend_from_slice(&new_ids);
-        self.anchor = anchor;
-        self.text = text;
-        Ok(())
-    }
-
-    /// The ids to send for the next answer: the conversation and the generation prompt.
-    pub fn prompt(&mut self) -> Result<Prompt, RenderError> {
-        let options = RenderOptions {
-            add_generation_prompt: true,
-            ..self.options.clone()
-        };
-        let text = self.template.render_values(
-            &self.messages,
-            &options,
-            self.tokenizer.special_tokens(),
-        )?;
-        let rewritten = !text.starts_with(&self.text);
-        let suffix = if rewritten {
-            String::new()
-        } else {
-            text[self.text.len()..].to_owned()
-        };
-        let (keep, new_ids, _) = self.extend(&text, rewritten)?;
-        let mut ids = Vec::with_capacity(keep + new_ids.len());
-        ids.extend_from_slice(&self.ids[..keep]);
-        ids.extend_from_slice(&new_ids);
-        Ok(Prompt { ids, suffix })
-    }
-
-    /// The ids of `text` as how many kept ids stay, the new ids after them, and the new
-    /// anchor; only the suffix from the kept anchor on is tokenized when `text` extends the
-    /// kept text.
-    fn extend(
-        &mut self,
-        text: &str,
-        rewritten: bool,
-    ) -> Result<(usize, Vec<u32>, Option<Anchor>), RenderError> {
-        match self.anchor {
-            Some(anchor) if !rewritten => {
+        match kept {
+            Some(anchor) => {
                 let chunk = &text[anchor.byte..];
                 let (new_ids, new_anchor) = self.tokenizer.encode_anchored(chunk)?;
                 self.stats.incremental += 1;
                 self.stats.encoded_bytes += chunk.len() as u64;
-                let shifted = new_anchor.map(|a| Anchor {
+                self.ids.truncate(anchor.index);
+                self.ids.extend_from_slice(&new_ids);
+                self.anchor = new_anchor.map(|a| Anchor {
                     byte: anchor.byte + a.byte,
+                    end: anchor.byte + a.end,
                     index: anchor.index + a.index,
                 });
-                Ok((anchor.index, new_ids, shifted))
             }
-            _ => {
+            None => {
+                let (ids, anchor) = self.tokenizer.encode_anchored(&text)?;
                 self.stats.full_encodes += 1;
                 self.stats.encoded_bytes += text.len() as u64;
-                let (ids, anchor) = self.tokenizer.encode_anchored(text)?;
-                Ok((0, ids, anchor))
+                self.ids = ids;
+                self.anchor = anchor;
             }
         }
+        self.text = text;
+        Ok(Prompt {
+            ids: &self.ids,
+            text: &self.text,
+        })
     }
 
-    /// The text of the conversation so far (no generation prompt).
+    /// The text of the last render.
     pub fn text(&self) -> &str {
         &self.text
     }
 
-    /// The ids of [`IncrementalRender::text`].
+    /// The ids of the last render.
     pub fn ids(&self) -> &[u32] {
         &self.ids
     }

@@ -41,12 +41,15 @@ pub struct ChatTokenizer {
     special_ids: HashSet<u32>,
 }
 
-/// Where the token after the last special token starts: re-encoding from the special token
-/// on gives the same ids as encoding the whole text (added tokens split the input).
+/// The last special token of a text: encoding a text that starts with the same bytes up to
+/// the end of this token gives the same ids before it (added tokens split the input before
+/// any normalization or merging), so only the text from the token on needs encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Anchor {
-    /// Byte offset of the special token in the text.
+    /// Byte offset where the special token starts.
     pub(crate) byte: usize,
+    /// Byte offset where it ends.
+    pub(crate) end: usize,
     /// Its index in the ids.
     pub(crate) index: usize,
 }
@@ -332,9 +335,9 @@ impl ChatTokenizer {
         let anchor = ids
             .iter()
             .rposition(|id| self.special_ids.contains(id))
-            .map(|index| Anchor {
-                byte: encoding.get_offsets()[index].0,
-                index,
+            .map(|index| {
+                let (byte, end) = encoding.get_offsets()[index];
+                Anchor { byte, end, index }
             });
         Ok((ids.to_vec(), anchor))
     }
