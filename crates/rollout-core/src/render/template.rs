@@ -48,6 +48,9 @@ impl ChatTemplate {
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(|out, _state, value| {
+            if let Some(text) = value.as_str() {
+                return out.write_str(text).map_err(Error::from);
+            }
             let mut text = String::new();
             pyjson::write_str(&mut text, value);
             out.write_str(&text).map_err(Error::from)
