@@ -254,6 +254,38 @@ fn named_templates_are_chosen_as_transformers_chooses_them() {
 }
 
 #[test]
+fn the_template_s_bos_is_the_only_bos_even_when_the_tokenizer_would_add_one() {
+    let dir = tempdir("bos");
+    // A post-processor that prepends <s>, as Llama tokenizers have: encoding with special
+    // tokens added would give two BOS; apply_chat_template encodes without.
+    let tokenizer = TINY_TOKENIZER.replace(
+        r#""post_processor":null"#,
+        r#""post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"pair":[{"Sequence":{"id":"A","type_id":0}}],"special_tokens":{"<s>":{"id":"<s>","ids":[0],"tokens":["<s>"]}}}"#,
+    );
+    std::fs::write(dir.join("tokenizer.json"), tokenizer).expect("write");
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        json!({"bos_token": "<s>", "chat_template": "{{ bos_token }}{{ messages[0].content }}"})
+            .to_string(),
+    )
+    .expect("write");
+    let tokenizer = ChatTokenizer::from_dir(&dir).expect("loads");
+    let with_post_processor = tokenizer
+        .tokenizer()
+        .encode("<s>hi", true)
+        .expect("encodes");
+    assert_eq!(
+        with_post_processor.get_ids(),
+        [0, 0, 3],
+        "the post-processor adds a BOS"
+    );
+    let rendered = tokenizer
+        .apply_chat_template(&[Message::user("hi")], &RenderOptions::default())
+        .expect("renders");
+    assert_eq!(rendered.ids, [0, 3]);
+}
+
+#[test]
 fn incremental_rendering_detects_a_template_that_drops_earlier_reasoning() {
     let tokenizer = qwen3();
     let mut conversation = tokenizer
