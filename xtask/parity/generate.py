@@ -3,9 +3,10 @@
 usage: python generate.py CACHE CASES OUT
 
 Renders every case of CASES (crates/rollout-core/tests/parity/cases.json) with every
-template in CACHE/templates/*.jinja and with the Qwen3 tokenizer's own template
-("qwen3-tokenizer"), through the real Qwen3 tokenizer in CACHE/qwen3, and writes the text,
-the ids, or the error of each to OUT as JSON. The clock that templates read
+template in CACHE/templates/*.jinja and with the tokenizers' own templates
+("qwen3-tokenizer", "llama31-tokenizer"), through the real Llama-3.1 tokenizer in
+CACHE/llama31 for the families CASES lists as Llama-3 ones and the real Qwen3 tokenizer in
+CACHE/qwen3 for the others, and writes the text, the ids, or the error of each to OUT. The clock that templates read
 (strftime_now) is frozen at 2026-01-15 12:30:45 so that the output does not depend on the
 day it was made; nothing else of transformers is changed.
 """
@@ -37,8 +38,12 @@ def main():
     cache, cases_path, out_path = sys.argv[1:4]
     with open(cases_path, encoding="utf-8") as f:
         spec = json.load(f)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(cache, "qwen3"))
-    families = {"qwen3-tokenizer": None}
+    tokenizers = {
+        "qwen3": AutoTokenizer.from_pretrained(os.path.join(cache, "qwen3")),
+        "llama31": AutoTokenizer.from_pretrained(os.path.join(cache, "llama31")),
+    }
+    llama = set(spec["llama31_families"])
+    families = {"qwen3-tokenizer": None, "llama31-tokenizer": None}
     template_dir = os.path.join(cache, "templates")
     for name in sorted(os.listdir(template_dir)):
         if name.endswith(".jinja"):
@@ -46,6 +51,7 @@ def main():
                 families[name] = f.read()
     results = {}
     for family, source in families.items():
+        tokenizer = tokenizers["llama31" if family in llama else "qwen3"]
         results[family] = {}
         for case in spec["cases"]:
             kwargs = dict(case.get("kwargs", {}))

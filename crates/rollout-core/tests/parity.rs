@@ -1,13 +1,14 @@
-//! Template parity: every llama.cpp template and Qwen3's own, on every case of
+//! Template parity: every llama.cpp template and the tokenizers' own, on every case of
 //! `parity/cases.json`, against what transformers' `apply_chat_template` produced
-//! (`xtask/parity/generate.py`, run by `cargo xtask fixtures` into the cache).
+//! (`xtask/parity/generate.py`, run by `cargo xtask fixtures` into the cache). Llama-3
+//! templates go through the real Llama-3.1 tokenizer, the others through the real Qwen3 one.
 
 use std::{collections::BTreeMap, fmt::Write};
 
 use rollout_core::{ChatTemplate, Message, RenderOptions};
 use serde_json::Value;
 
-use crate::{fixture, qwen3};
+use crate::{fixture, llama31, qwen3};
 
 /// 2026-01-15 12:30:45 UTC, the clock the generator froze.
 const FROZEN_CLOCK: i64 = 1_768_480_245;
@@ -82,18 +83,27 @@ fn every_template_renders_every_case_as_transformers_does() {
     let mut report = String::new();
     let mut unexplained = Vec::new();
     let mut stale_explanations = Vec::new();
-    let (mut total_pass, mut total) = (0, 0);
+    let (mut total_pass, mut total, mut both_refused) = (0, 0, 0);
     let results = expected["results"]
         .as_object()
         .expect("results by template");
     let families: BTreeMap<&String, &Value> = results.iter().collect();
-    // One tokenizer for every family: the template is what varies.
-    let qwen3 = qwen3();
+    // Two tokenizers loaded once; the template is what varies.
+    let (qwen3, llama31) = (qwen3(), llama31());
+    let llama_families: Vec<&str> = spec["llama31_families"]
+        .as_array()
+        .map(|families| families.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
     for (family, outputs) in families {
-        let template = if family == "qwen3-tokenizer" {
-            let source = qwen3
+        let tokenizer = if llama_families.contains(&family.as_str()) {
+            &llama31
+        } else {
+            &qwen3
+        };
+        let template = if family.ends_with("-tokenizer") {
+            let source = tokenizer
                 .template(None, false)
-                .expect("Qwen3's own template")
+                .expect("the tokenizer's own template")
                 .source();
             ChatTemplate::new(family.as_str(), source)
         } else {
@@ -115,10 +125,13 @@ fn every_template_renders_every_case_as_transformers_does() {
             let want = &outputs[&case.name];
             // What `ChatTokenizer::apply_chat_template` does: render, then encode.
             let got = template
-                .render(&case.messages, &case.options, qwen3.special_tokens())
-                .and_then(|text| Ok((qwen3.encode(&text)?, text)));
+                .render(&case.messages, &case.options, tokenizer.special_tokens())
+                .and_then(|text| Ok((tokenizer.encode(&text)?, text)));
             let verdict = match (want.get("error"), &got) {
-                (Some(_), Err(_)) => Ok(()),
+                (Some(_), Err(_)) => {
+                    both_refused += 1;
+                    Ok(())
+                }
                 (Some(error), Ok(_)) => {
                     Err(format!("transformers raised {error} but Rust rendered"))
                 }
@@ -159,14 +172,23 @@ fn every_template_renders_every_case_as_transformers_does() {
         }
         total_pass += passed;
         total += cases.len();
-        let _ = writeln!(report, "{family}: {passed}/{}", cases.len());
+        let tokenizer_name = if std::ptr::eq(tokenizer, &llama31) {
+            "llama3.1"
+        } else {
+            "qwen3"
+        };
+        let _ = writeln!(
+            report,
+            "{family} [{tokenizer_name} tokenizer]: {passed}/{}",
+            cases.len()
+        );
         for note in notes {
             let _ = writeln!(report, "{note}");
         }
     }
     let _ = writeln!(
         report,
-        "parity: {total_pass}/{total} renders identical to transformers {} (text and ids), {} unexplained mismatches",
+        "parity: {total_pass}/{total} renders identical to transformers {} (text and ids; {both_refused} of them cases the template refuses in both), {} unexplained mismatches",
         expected["generator"]["transformers"]
             .as_str()
             .unwrap_or("?"),

