@@ -102,7 +102,7 @@ fn every_template_renders_every_case_as_transformers_does() {
         };
         let template = if family.ends_with("-tokenizer") {
             let source = tokenizer
-                .template(None, false)
+                .template(&RenderOptions::default())
                 .expect("the tokenizer's own template")
                 .source();
             ChatTemplate::new(family.as_str(), source)

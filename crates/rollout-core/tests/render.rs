@@ -295,7 +295,7 @@ fn incremental_rendering_detects_a_template_that_drops_earlier_reasoning() {
         Message::user("What is 2+2?"),
         Message::assistant("4").with("reasoning_content", json!("2+2 is 4.")),
     ]);
-    conversation.render(false).expect("renders");
+    conversation.conversation().expect("renders");
     assert!(conversation.text().contains("<think>\n2+2 is 4.\n</think>"));
     conversation.push(&[Message::user("And 3+3?")]);
     conversation.prompt().expect("renders");
@@ -366,9 +366,9 @@ fn a_failed_render_keeps_the_conversation_as_it_was() {
         .incremental(RenderOptions::default())
         .expect("template");
     conversation.push(&[Message::user("a")]);
-    let ids = conversation.render(false).expect("renders").ids.to_vec();
+    let ids = conversation.conversation().expect("renders").ids.to_vec();
     conversation.push(&[Message::tool("x", "b")]);
-    let error = conversation.render(false).expect_err("raises");
+    let error = conversation.conversation().expect_err("raises");
     assert_eq!(
         error.to_string(),
         "chat template strict, line 1: no tools here"
@@ -421,7 +421,12 @@ proptest! {
             for generation in [false, true] {
                 let before = conversation.text().to_owned();
                 let rewrites = conversation.stats().rewrites;
-                let rendered = conversation.render(generation).expect("renders");
+                let rendered = if generation {
+                    conversation.prompt()
+                } else {
+                    conversation.conversation()
+                }
+                .expect("renders");
                 let (text, ids) = (rendered.text.to_owned(), rendered.ids.to_vec());
                 let options = RenderOptions { add_generation_prompt: generation, ..RenderOptions::default() };
                 let full = tokenizer.apply_chat_template(&all, &options).expect("renders");

@@ -1,7 +1,7 @@
 //! A conversation whose token buffer grows by what new messages add.
 //!
 //! Messages are appended with [`IncrementalRender::push`]; each
-//! [`IncrementalRender::prompt`] (or [`IncrementalRender::render`]) renders the conversation
+//! [`IncrementalRender::prompt`] (or [`IncrementalRender::conversation`]) renders the conversation
 //! once with the template, checks that the text kept from the previous render is still a
 //! prefix up to and including its last special token (the *anchor*), and tokenizes only
 //! the text from the anchor on. Added tokens split the input before anything else, so the
@@ -81,14 +81,19 @@ impl<'t> IncrementalRender<'t> {
     }
 
     /// Renders the conversation with the generation prompt: the ids to send for the next
-    /// answer.
+    /// answer. On error the kept state is unchanged.
     pub fn prompt(&mut self) -> Result<Prompt<'_>, RenderError> {
         self.render(true)
     }
 
-    /// Renders the conversation, with or without the generation prompt, tokenizing only
-    /// what changed after the kept anchor. On error the kept state is unchanged.
-    pub fn render(&mut self, add_generation_prompt: bool) -> Result<Prompt<'_>, RenderError> {
+    /// Renders the conversation without the generation prompt (the whole conversation as
+    /// a training or evaluation text). On error the kept state is unchanged.
+    pub fn conversation(&mut self) -> Result<Prompt<'_>, RenderError> {
+        self.render(false)
+    }
+
+    /// Renders, tokenizing only what changed after the kept anchor.
+    fn render(&mut self, add_generation_prompt: bool) -> Result<Prompt<'_>, RenderError> {
         self.options.add_generation_prompt = add_generation_prompt;
         let text = self.template.render_values(
             &self.messages,

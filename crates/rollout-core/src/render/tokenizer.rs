@@ -259,13 +259,11 @@ impl ChatTokenizer {
             .collect()
     }
 
-    /// The template transformers would use: the named one, else `tool_use` when tools are
-    /// given and it exists, else `default`, else the only one.
-    pub fn template(
-        &self,
-        name: Option<&str>,
-        with_tools: bool,
-    ) -> Result<&ChatTemplate, RenderError> {
+    /// The template transformers would use for these options: the one named by
+    /// `options.chat_template`, else `tool_use` when tools are given and it exists, else
+    /// `default`, else the only one.
+    pub fn template(&self, options: &RenderOptions) -> Result<&ChatTemplate, RenderError> {
+        let (name, with_tools) = (options.chat_template.as_deref(), options.tools.is_some());
         let find = |wanted: &str| {
             self.templates
                 .iter()
@@ -300,7 +298,7 @@ impl ChatTokenizer {
         messages: &[Message],
         options: &RenderOptions,
     ) -> Result<String, RenderError> {
-        self.template(options.chat_template.as_deref(), options.tools.is_some())?
+        self.template(options)?
             .render(messages, options, &self.special_tokens)
     }
 
@@ -347,7 +345,7 @@ impl ChatTokenizer {
         &self,
         options: RenderOptions,
     ) -> Result<IncrementalRender<'_>, RenderError> {
-        let template = self.template(options.chat_template.as_deref(), options.tools.is_some())?;
+        let template = self.template(&options)?;
         Ok(IncrementalRender::new(self, template, options))
     }
 }
