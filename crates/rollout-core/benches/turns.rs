@@ -211,7 +211,14 @@ fn main() {
         })
         .collect();
 
-    // Warm-up, then the measured runs.
+    // Warm-up, then the measured runs. `BENCH_PROFILE=1` runs only the incremental way, in
+    // a loop, for a profiler.
+    if std::env::var_os("BENCH_PROFILE").is_some() {
+        for _ in 0..40 {
+            black_box(run_incremental(&tokenizer, &turns));
+        }
+        return;
+    }
     run_incremental(&tokenizer, &turns);
     let incremental: Vec<(Vec<Duration>, Vec<usize>)> = (0..7)
         .map(|_| run_incremental(&tokenizer, &turns))
