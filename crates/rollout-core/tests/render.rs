@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderError, RenderOptions, ToolCall};
 use serde_json::{Map, Value, json};
 
-use crate::{fixture, qwen3, qwen25};
+use crate::{fixture, llama31_with_its_template, qwen3, qwen25};
 
 #[test]
 fn qwen3_renders_and_tokenizes_a_conversation_as_transformers_does() {
@@ -297,6 +297,7 @@ fn incremental_rendering_detects_a_template_that_drops_earlier_reasoning() {
     ]);
     conversation.conversation().expect("renders");
     assert!(conversation.text().contains("<think>\n2+2 is 4.\n</think>"));
+    let first_encoded = conversation.stats().encoded_bytes;
     conversation.push(&[Message::user("And 3+3?")]);
     conversation.prompt().expect("renders");
     assert!(
@@ -306,7 +307,15 @@ fn incremental_rendering_detects_a_template_that_drops_earlier_reasoning() {
     let stats = conversation.stats();
     assert_eq!(
         (stats.renders, stats.rewrites, stats.full_encodes),
-        (2, 1, 2)
+        (2, 1, 1),
+        "the rewrite is counted and tokenization restarts at the last special token before it"
+    );
+    let second = stats.encoded_bytes - first_encoded;
+    let unchanged = "<|im_start|>user\nWhat is 2+2?".len() as u64;
+    assert!(
+        second <= conversation.text().len() as u64 - unchanged,
+        "the unchanged first message is not tokenized again: {second} bytes of {}",
+        conversation.text().len()
     );
     assert_eq!(
         conversation.ids(),
@@ -438,6 +447,30 @@ proptest! {
                 }
             }
         }
+    }
+
+    #[test]
+    fn incremental_ids_equal_full_rendering_with_the_llama31_tokenizer_and_template(
+        batches in prop::collection::vec(prop::collection::vec(message(), 1..4), 1..5),
+    ) {
+        let tokenizer = llama31_with_its_template();
+        let options = RenderOptions::default().with_kwarg("date_string", json!("15 Jan 2026"));
+        let mut conversation = tokenizer.incremental(options.clone()).expect("template");
+        let mut all = vec![Message::system("Be brief."), Message::user("start")];
+        conversation.push(&all);
+        conversation.prompt().expect("renders");
+        for batch in &batches {
+            conversation.push(batch);
+            all.extend(batch.iter().cloned());
+            let ids = conversation.prompt().expect("renders").ids.to_vec();
+            let full = tokenizer
+                .apply_chat_template(&all, &RenderOptions { add_generation_prompt: true, ..options.clone() })
+                .expect("renders");
+            prop_assert_eq!(ids, full.ids);
+        }
+        // A tool result right after a prompt replaces its "assistant" header: counted as a
+        // rewrite, re-tokenized from the header's first special token, never from the start.
+        prop_assert_eq!(conversation.stats().full_encodes, 1);
     }
 
     #[test]

@@ -46,6 +46,17 @@ pub(crate) fn llama31() -> ChatTokenizer {
     ChatTokenizer::from_dir(fixture("llama31")).expect("the Llama-3.1 tokenizer loads")
 }
 
+/// The Llama-3.1 tokenizer with Meta's Llama-3.1 template (tools, `<|python_tag|>`, date),
+/// loaded once for the property tests.
+pub(crate) fn llama31_with_its_template() -> &'static ChatTokenizer {
+    static TOKENIZER: LazyLock<ChatTokenizer> = LazyLock::new(|| {
+        llama31()
+            .with_template_file(fixture("templates/meta-llama-Llama-3.1-8B-Instruct.jinja"))
+            .expect("the template compiles")
+    });
+    &TOKENIZER
+}
+
 /// The Qwen3 tokenizer with one of llama.cpp's templates (same ChatML special tokens).
 pub(crate) fn qwen3_with_template(name: &str) -> ChatTokenizer {
     qwen3()

@@ -1,14 +1,17 @@
 //! A conversation whose token buffer grows by what new messages add.
 //!
 //! Messages are appended with [`IncrementalRender::push`]; each
-//! [`IncrementalRender::prompt`] (or [`IncrementalRender::conversation`]) renders the conversation
-//! once with the template, checks that the text kept from the previous render is still a
-//! prefix up to and including its last special token (the *anchor*), and tokenizes only
-//! the text from the anchor on. Added tokens split the input before anything else, so the
-//! ids before the anchor cannot change; the property tests check the result against a
-//! full tokenization. When the template rewrites history (Qwen3 drops the reasoning of
-//! earlier turns, for one) the kept text is not a prefix: the whole text is tokenized again
-//! and the rewrite is counted.
+//! [`IncrementalRender::prompt`] (or [`IncrementalRender::conversation`]) renders the
+//! conversation once with the template, finds how far the new text agrees with the text
+//! kept from the previous render, and tokenizes only from the last special token (an
+//! *anchor*) inside that agreeing prefix. Added tokens split the input before anything
+//! else, so the ids before the anchor cannot change; the property tests check every result
+//! against a full tokenization. Normally the anchor is the previous render's last special
+//! token. When the template rewrites history (Qwen3 drops the reasoning of earlier turns,
+//! Qwen2.5 merges consecutive tool results), or a generation header is followed by
+//! something else than the answer, the text before that token changed: the rewrite is
+//! counted and tokenization restarts from the last special token before the change, or
+//! from the start when there is none.
 
 use minijinja::value::Value;
 
@@ -25,10 +28,11 @@ pub struct IncrementalStats {
     pub renders: u64,
     /// Renders that tokenized only the text from the anchor on.
     pub incremental: u64,
-    /// Renders whose text did not start with the kept text up to its anchor: the template
-    /// rewrote history and the whole conversation was tokenized again.
+    /// Renders that changed the previous render's text before its last special token (the
+    /// template rewrote history, or a generation header was not followed by the answer);
+    /// tokenization restarted from the last special token before the change.
     pub rewrites: u64,
-    /// Whole-text tokenizations for any reason (first render, rewrites, no special token).
+    /// Whole-text tokenizations (the first render, or no special token before a change).
     pub full_encodes: u64,
     /// Bytes of text given to the tokenizer, over all renders.
     pub encoded_bytes: u64,
@@ -52,7 +56,8 @@ pub struct IncrementalRender<'t> {
     messages: Vec<Value>,
     text: String,
     ids: Vec<u32>,
-    anchor: Option<Anchor>,
+    /// Every special token of `text`, in order.
+    anchors: Vec<Anchor>,
     stats: IncrementalStats,
 }
 
@@ -70,7 +75,7 @@ impl<'t> IncrementalRender<'t> {
             messages: Vec::new(),
             text: String::new(),
             ids: Vec::new(),
-            anchor: None,
+            anchors: Vec::new(),
             stats: IncrementalStats::default(),
         }
     }
@@ -101,33 +106,35 @@ impl<'t> IncrementalRender<'t> {
             self.tokenizer.special_tokens(),
         )?;
         self.stats.renders += 1;
-        let kept = self.anchor.filter(|anchor| {
-            text.as_bytes()
-                .starts_with(&self.text.as_bytes()[..anchor.end])
-        });
-        if self.anchor.is_some() && kept.is_none() {
+        let agreeing = common_prefix(text.as_bytes(), self.text.as_bytes());
+        // The last anchor whose token the new text still holds, unchanged, before it.
+        let keep = self
+            .anchors
+            .partition_point(|anchor| anchor.end <= agreeing);
+        if self.anchors.last().is_some_and(|last| last.end > agreeing) {
             self.stats.rewrites += 1;
         }
-        match kept {
-            Some(anchor) => {
+        match keep.checked_sub(1).map(|k| (k, self.anchors[k])) {
+            Some((k, anchor)) => {
                 let chunk = &text[anchor.byte..];
-                let (new_ids, new_anchor) = self.tokenizer.encode_anchored(chunk)?;
+                let (new_ids, new_anchors) = self.tokenizer.encode_anchored(chunk)?;
                 self.stats.incremental += 1;
                 self.stats.encoded_bytes += chunk.len() as u64;
                 self.ids.truncate(anchor.index);
                 self.ids.extend_from_slice(&new_ids);
-                self.anchor = new_anchor.map(|a| Anchor {
+                self.anchors.truncate(k);
+                self.anchors.extend(new_anchors.into_iter().map(|a| Anchor {
                     byte: anchor.byte + a.byte,
                     end: anchor.byte + a.end,
                     index: anchor.index + a.index,
-                });
+                }));
             }
             None => {
-                let (ids, anchor) = self.tokenizer.encode_anchored(&text)?;
+                let (ids, anchors) = self.tokenizer.encode_anchored(&text)?;
                 self.stats.full_encodes += 1;
                 self.stats.encoded_bytes += text.len() as u64;
                 self.ids = ids;
-                self.anchor = anchor;
+                self.anchors = anchors;
             }
         }
         self.text = text;
@@ -161,4 +168,19 @@ impl<'t> IncrementalRender<'t> {
     pub fn stats(&self) -> IncrementalStats {
         self.stats
     }
+}
+
+/// Length of the longest common prefix of two byte strings, compared a block at a time.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 512;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
+        i += BLOCK;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
 }

@@ -41,9 +41,9 @@ pub struct ChatTokenizer {
     special_ids: HashSet<u32>,
 }
 
-/// The last special token of a text: encoding a text that starts with the same bytes up to
-/// the end of this token gives the same ids before it (added tokens split the input before
-/// any normalization or merging), so only the text from the token on needs encoding.
+/// A special token of a text: encoding a text that starts with the same bytes up to the end
+/// of this token gives the same ids before it (added tokens split the input before any
+/// normalization or merging), so only the text from the token on needs encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Anchor {
     /// Byte offset where the special token starts.
@@ -315,14 +315,19 @@ impl ChatTokenizer {
 
     /// The ids of `text`, special tokens matched but none added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, RenderError> {
-        Ok(self.encode_anchored(text)?.0)
+        self.tokenizer
+            .encode(text, false)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|error| RenderError::Tokenize {
+                message: error.to_string(),
+            })
     }
 
-    /// Ids of `text` and where its last special token is.
+    /// Ids of `text` and where each of its special tokens is, in order.
     pub(crate) fn encode_anchored(
         &self,
         text: &str,
-    ) -> Result<(Vec<u32>, Option<Anchor>), RenderError> {
+    ) -> Result<(Vec<u32>, Vec<Anchor>), RenderError> {
         let encoding =
             self.tokenizer
                 .encode(text, false)
@@ -330,14 +335,17 @@ impl ChatTokenizer {
                     message: error.to_string(),
                 })?;
         let ids = encoding.get_ids();
-        let anchor = ids
+        let offsets = encoding.get_offsets();
+        let anchors = ids
             .iter()
-            .rposition(|id| self.special_ids.contains(id))
-            .map(|index| {
-                let (byte, end) = encoding.get_offsets()[index];
+            .enumerate()
+            .filter(|(_, id)| self.special_ids.contains(id))
+            .map(|(index, _)| {
+                let (byte, end) = offsets[index];
                 Anchor { byte, end, index }
-            });
-        Ok((ids.to_vec(), anchor))
+            })
+            .collect();
+        Ok((ids.to_vec(), anchors))
     }
 
     /// A conversation rendered incrementally with this tokenizer's template.
