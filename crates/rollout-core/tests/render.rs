@@ -283,6 +283,7 @@ fn the_template_s_bos_is_the_only_bos_even_when_the_tokenizer_would_add_one() {
         .apply_chat_template(&[Message::user("hi")], &RenderOptions::default())
         .expect("renders");
     assert_eq!(rendered.ids, [0, 3]);
+    assert_eq!(tokenizer.bos_token_id(), Some(0));
 }
 
 #[test]

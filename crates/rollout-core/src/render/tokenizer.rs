@@ -243,6 +243,15 @@ impl ChatTokenizer {
         &self.special_tokens
     }
 
+    /// The id of the beginning-of-sequence token, when the tokenizer names one (templates
+    /// write it; it is never added a second time).
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.special_tokens
+            .get("bos_token")
+            .and_then(Value::as_str)
+            .and_then(|token| self.tokenizer.token_to_id(token))
+    }
+
     /// The id of the end-of-sequence token, when the tokenizer names one.
     pub fn eos_token_id(&self) -> Option<u32> {
         self.special_tokens
