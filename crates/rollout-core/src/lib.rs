@@ -1,0 +1,72 @@
+//! Conversations for RL of language models: from messages to training rows.
+//!
+//! - **Turn records and the reconciler** ([`TurnRecord`], [`Reconciler`]): each model call is
+//!   recorded as the exact prompt ids sent, the ids sampled, their log-probs and the model
+//!   version. The reconciler turns a conversation's turns into [`TrainingRow`]s
+//!   (`input_ids`, `completion_mask`, `old_log_probs`), classifying each turn boundary as
+//!   clean, realigned or forked, and counting drift.
+//! - **Rendering** ([`render`]): a model's own Jinja chat template rendered with minijinja
+//!   to the same text as transformers' `apply_chat_template`, tokenized with `tokenizers`
+//!   ([`ChatTokenizer`]), and incrementally: appending messages tokenizes only what they
+//!   add ([`IncrementalRender`]).
+//! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
+//!   Mistral outputs into content and [`ToolCall`]s; a malformed call stays content and is
+//!   reported, never a panic.
+//!
+//! ```
+//! use rollout_core::{
+//!     ChatTemplate, Message, ReconcilerConfig, RenderOptions, RolloutId, ToolCallParser,
+//!     TurnRecord, parse::HermesParser, reconcile,
+//! };
+//! use serde_json::{Map, json};
+//!
+//! // A model answered with a tool call: parse it into an assistant message.
+//! let parsed = HermesParser.parse(
+//!     "Let me look.<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"rust\"}}\n</tool_call>",
+//! );
+//! assert_eq!(parsed.content, "Let me look.");
+//! assert_eq!(parsed.tool_calls[0].arguments, json!({"q": "rust"}));
+//! let answer = Message::assistant(parsed.content.clone()).with_tool_calls(&parsed.tool_calls);
+//!
+//! // Render the conversation with a chat template, as transformers would.
+//! let template = ChatTemplate::new(
+//!     "chatml",
+//!     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+//!      {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+//! )?;
+//! let text = template.render(
+//!     &[Message::user("Find Rust docs"), answer, Message::tool("call_1", "3 results")],
+//!     &RenderOptions::generation(),
+//!     &Map::new(),
+//! )?;
+//! assert!(text.ends_with("<|im_start|>tool\n3 results<|im_end|>\n<|im_start|>assistant\n"));
+//!
+//! // Two turns of ids become one training row: sampled tokens are trained on.
+//! let turns = [
+//!     TurnRecord::new(vec![1, 2], vec![10, 11], vec![-0.1, -0.2], 0),
+//!     TurnRecord::new(vec![1, 2, 10, 11, 3], vec![12], vec![-0.3], 0),
+//! ];
+//! let rows = reconcile(RolloutId(7), &turns, ReconcilerConfig::default())?.rows;
+//! assert_eq!(rows[0].input_ids, [1, 2, 10, 11, 3, 12]);
+//! assert_eq!(rows[0].completion_mask, [0, 0, 1, 1, 0, 1]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod message;
+pub mod parse;
+mod reconcile;
+pub mod render;
+mod turn;
+
+pub use crate::{
+    message::Message,
+    parse::{ParsedOutput, ToolCall, ToolCallParser},
+    reconcile::{
+        ReconcileError, Reconciled, Reconciler, ReconcilerConfig, RolloutId, Tally, TrainingRow,
+        Transition, reconcile,
+    },
+    render::{
+        ChatTemplate, ChatTokenizer, IncrementalRender, RenderError, RenderOptions, Rendered,
+    },
+    turn::TurnRecord,
+};

@@ -1,0 +1,383 @@
+//! The turn reconciler: a conversation's turn records in, training rows out.
+//!
+//! A row holds the tokens of the conversation so far (the *held* tokens). Each new turn's
+//! prompt is compared with them:
+//!
+//! - **CLEAN**: the held tokens are a prefix of the new prompt. The rest of the prompt
+//!   (tool results, the next user message, template tokens) is appended as context.
+//! - **REALIGN**: the prompt leaves the held tokens inside the last answer (the tokens
+//!   sampled by the previous turn of this row) and fewer than `fork_threshold_tokens` held
+//!   tokens differ. Typical cause: the answer was re-rendered from parsed text and tokenizes
+//!   a little differently. The differing held tokens are overwritten by the prompt's, as
+//!   context (mask 0, log-prob 0): the trainer then sees exactly what the model was
+//!   conditioned on, at the cost of not training on those few tokens.
+//! - **FORK**: anything else (history rewritten before the last answer, or too much drift):
+//!   the row is closed and a new row starts from the new prompt.
+//!
+//! Every transition and every drifted token is counted in a [`Tally`]. The work is linear in
+//! the tokens of the turns given.
+
+use serde::Serialize;
+
+use crate::TurnRecord;
+
+/// Identifies the rollout (one conversation) a training row comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct RolloutId(pub u64);
+
+/// How the reconciler treats drift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcilerConfig {
+    /// A turn whose prompt differs from the held tokens only inside the last answer, in
+    /// fewer than this many held tokens, is realigned; at this many or more it forks.
+    /// `0` never realigns.
+    pub fork_threshold_tokens: usize,
+}
+
+impl Default for ReconcilerConfig {
+    /// `fork_threshold_tokens: 16`: retokenization drift is a handful of tokens at the
+    /// answer's edges; a larger difference means the history was rewritten.
+    fn default() -> Self {
+        Self {
+            fork_threshold_tokens: 16,
+        }
+    }
+}
+
+/// One training sequence: the ids, which of them were sampled, and their old log-probs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainingRow {
+    /// The rollout the row belongs to (a forked conversation has several rows).
+    pub rollout_id: RolloutId,
+    /// Every token of the sequence: prompts, sampled answers, template and tool tokens.
+    pub input_ids: Vec<u32>,
+    /// `1` for a sampled token that is trained on, `0` for everything else.
+    pub completion_mask: Vec<u8>,
+    /// The sampling log-prob of each sampled token, `0.0` everywhere else.
+    pub old_log_probs: Vec<f32>,
+    /// The oldest model version any of the row's turns was sampled under.
+    pub model_version: u64,
+    /// How many turns the row holds.
+    pub turns: usize,
+}
+
+impl TrainingRow {
+    /// The number of tokens trained on (`completion_mask` ones).
+    pub fn trained_tokens(&self) -> usize {
+        self.completion_mask.iter().filter(|&&m| m == 1).count()
+    }
+}
+
+/// How a turn related to the held tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The first turn of a conversation: a row starts.
+    Start,
+    /// The held tokens are a prefix of the new prompt.
+    Clean,
+    /// The prompt differs inside the last answer; `drift_tokens` held tokens were
+    /// overwritten as context.
+    Realign {
+        /// Held tokens replaced by the prompt's.
+        drift_tokens: usize,
+    },
+    /// The prompt differs too much or too early; a new row starts.
+    Fork {
+        /// Held tokens from the first difference to the end of the closed row.
+        drift_tokens: usize,
+    },
+}
+
+/// Counts of transitions and drift for one conversation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    /// Turns whose prompt extended the held tokens.
+    pub clean: u64,
+    /// Turns realigned inside the last answer.
+    pub realign: u64,
+    /// Turns that started a new row.
+    pub fork: u64,
+    /// Held tokens that differed from the next prompt, over realigns and forks.
+    pub drift_tokens: u64,
+}
+
+/// A turn record that cannot be reconciled; nothing of it was applied.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReconcileError {
+    /// Logprobs do not line up with the sampled ids.
+    #[error(
+        "turn {turn}: {sampled} sampled ids but {logprobs} logprobs; the server must return one logprob per sampled token (request logprobs: 0)"
+    )]
+    LogprobsLength {
+        /// Index of the turn in the conversation.
+        turn: usize,
+        /// Sampled ids given.
+        sampled: usize,
+        /// Logprobs given.
+        logprobs: usize,
+    },
+    /// The mask does not line up with the sampled ids.
+    #[error(
+        "turn {turn}: {sampled} sampled ids but a mask of {mask}; give one entry per sampled id"
+    )]
+    MaskLength {
+        /// Index of the turn in the conversation.
+        turn: usize,
+        /// Sampled ids given.
+        sampled: usize,
+        /// Mask entries given.
+        mask: usize,
+    },
+    /// A prompt without tokens cannot have been sent.
+    #[error("turn {turn}: the prompt has no token ids; record the ids that were sent")]
+    EmptyPrompt {
+        /// Index of the turn in the conversation.
+        turn: usize,
+    },
+    /// A log-prob is NaN (the server clamps -inf to a finite value; NaN is a bug upstream).
+    #[error("turn {turn}: logprob of sampled token {index} is NaN")]
+    NanLogprob {
+        /// Index of the turn in the conversation.
+        turn: usize,
+        /// Index of the sampled token.
+        index: usize,
+    },
+}
+
+/// The rows and tally of a finished conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reconciled {
+    /// One row, or several when the conversation forked, in order.
+    pub rows: Vec<TrainingRow>,
+    /// What happened at each turn boundary.
+    pub tally: Tally,
+}
+
+/// Builds the training rows of one conversation, turn by turn.
+#[derive(Debug, Clone)]
+pub struct Reconciler {
+    config: ReconcilerConfig,
+    rollout_id: RolloutId,
+    rows: Vec<TrainingRow>,
+    current: Option<Open>,
+    turns: usize,
+    tally: Tally,
+}
+
+/// The row being built and where its last answer starts.
+#[derive(Debug, Clone)]
+struct Open {
+    row: TrainingRow,
+    last_answer_start: usize,
+}
+
+impl Reconciler {
+    /// A reconciler for the conversation `rollout_id`.
+    pub fn new(rollout_id: RolloutId, config: ReconcilerConfig) -> Self {
+        Self {
+            config,
+            rollout_id,
+            rows: Vec::new(),
+            current: None,
+            turns: 0,
+            tally: Tally::default(),
+        }
+    }
+
+    /// The tokens held by the open row (what a clean next prompt starts with).
+    pub fn held(&self) -> &[u32] {
+        self.current
+            .as_ref()
+            .map_or(&[][..], |open| &open.row.input_ids)
+    }
+
+    /// The transitions counted so far.
+    pub fn tally(&self) -> Tally {
+        self.tally
+    }
+
+    /// Adds the next turn of the conversation. On error nothing is changed.
+    pub fn push(&mut self, turn: &TurnRecord) -> Result<Transition, ReconcileError> {
+        self.validate(turn)?;
+        self.turns += 1;
+        let transition = match self.current.as_mut() {
+            None => {
+                self.current = Some(Open::start(self.rollout_id, turn));
+                Transition::Start
+            }
+            Some(open) => {
+                let held = &open.row.input_ids;
+                let common = common_prefix(held, &turn.prompt_ids);
+                let drift_tokens = held.len() - common;
+                if drift_tokens == 0 {
+                    open.extend_context(&turn.prompt_ids[common..]);
+                    self.tally.clean += 1;
+                    Transition::Clean
+                } else if common >= open.last_answer_start
+                    && drift_tokens < self.config.fork_threshold_tokens
+                {
+                    open.truncate(common);
+                    open.extend_context(&turn.prompt_ids[common..]);
+                    self.tally.realign += 1;
+                    Transition::Realign { drift_tokens }
+                } else {
+                    self.tally.fork += 1;
+                    Transition::Fork { drift_tokens }
+                }
+            }
+        };
+        match transition {
+            Transition::Fork { drift_tokens } => {
+                self.tally.drift_tokens += drift_tokens as u64;
+                if let Some(open) = self.current.replace(Open::start(self.rollout_id, turn)) {
+                    self.rows.push(open.row);
+                }
+                self.append_sampled(turn);
+            }
+            Transition::Realign { drift_tokens } => {
+                self.tally.drift_tokens += drift_tokens as u64;
+                self.append_sampled(turn);
+            }
+            Transition::Start | Transition::Clean => self.append_sampled(turn),
+        }
+        Ok(transition)
+    }
+
+    /// Closes the open row and returns every row with the tally.
+    pub fn finish(mut self) -> Reconciled {
+        self.rows.extend(self.current.take().map(|open| open.row));
+        Reconciled {
+            rows: self.rows,
+            tally: self.tally,
+        }
+    }
+
+    fn append_sampled(&mut self, turn: &TurnRecord) {
+        if let Some(open) = self.current.as_mut() {
+            open.append_sampled(turn);
+        }
+    }
+
+    fn validate(&self, turn: &TurnRecord) -> Result<(), ReconcileError> {
+        let index = self.turns;
+        if turn.prompt_ids.is_empty() {
+            return Err(ReconcileError::EmptyPrompt { turn: index });
+        }
+        if turn.sampled_ids.len() != turn.logprobs.len() {
+            return Err(ReconcileError::LogprobsLength {
+                turn: index,
+                sampled: turn.sampled_ids.len(),
+                logprobs: turn.logprobs.len(),
+            });
+        }
+        if let Some(mask) = &turn.mask
+            && mask.len() != turn.sampled_ids.len()
+        {
+            return Err(ReconcileError::MaskLength {
+                turn: index,
+                sampled: turn.sampled_ids.len(),
+                mask: mask.len(),
+            });
+        }
+        if let Some(position) = turn.logprobs.iter().position(|l| l.is_nan()) {
+            return Err(ReconcileError::NanLogprob {
+                turn: index,
+                index: position,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Open {
+    /// A row holding the turn's prompt as context (its sampled ids come next).
+    fn start(rollout_id: RolloutId, turn: &TurnRecord) -> Self {
+        let mut open = Self {
+            row: TrainingRow {
+                rollout_id,
+                input_ids: Vec::new(),
+                completion_mask: Vec::new(),
+                old_log_probs: Vec::new(),
+                model_version: turn.model_version,
+                turns: 0,
+            },
+            last_answer_start: 0,
+        };
+        open.extend_context(&turn.prompt_ids);
+        open
+    }
+
+    fn extend_context(&mut self, ids: &[u32]) {
+        let row = &mut self.row;
+        row.input_ids.extend_from_slice(ids);
+        row.completion_mask.resize(row.input_ids.len(), 0);
+        row.old_log_probs.resize(row.input_ids.len(), 0.0);
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let row = &mut self.row;
+        row.input_ids.truncate(len);
+        row.completion_mask.truncate(len);
+        row.old_log_probs.truncate(len);
+    }
+
+    fn append_sampled(&mut self, turn: &TurnRecord) {
+        let row = &mut self.row;
+        self.last_answer_start = row.input_ids.len();
+        row.input_ids.extend_from_slice(&turn.sampled_ids);
+        row.old_log_probs.extend_from_slice(&turn.logprobs);
+        match &turn.mask {
+            Some(mask) => row
+                .completion_mask
+                .extend(mask.iter().map(|&trained| u8::from(trained))),
+            None => row.completion_mask.resize(row.input_ids.len(), 1),
+        }
+        row.model_version = row.model_version.min(turn.model_version);
+        row.turns += 1;
+    }
+}
+
+/// Reconciles a whole conversation at once.
+pub fn reconcile(
+    rollout_id: RolloutId,
+    turns: &[TurnRecord],
+    config: ReconcilerConfig,
+) -> Result<Reconciled, ReconcileError> {
+    let mut reconciler = Reconciler::new(rollout_id, config);
+    for turn in turns {
+        reconciler.push(turn)?;
+    }
+    Ok(reconciler.finish())
+}
+
+/// Length of the longest common prefix, compared a block at a time (a memcmp) first.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    const BLOCK: usize = 128;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
+        i += BLOCK;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_crosses_block_boundaries() {
+        let a: Vec<u32> = (0..1000).collect();
+        let mut b = a.clone();
+        assert_eq!(common_prefix(&a, &b), 1000);
+        b[300] = 7;
+        assert_eq!(common_prefix(&a, &b), 300);
+        assert_eq!(common_prefix(&a[..10], &b), 10);
+        assert_eq!(common_prefix(&[], &b), 0);
+    }
+}

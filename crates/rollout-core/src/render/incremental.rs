@@ -1,0 +1,186 @@
+//! A conversation whose token buffer grows by what new messages add.
+//!
+//! Messages are appended with [`IncrementalRender::push`]; each
+//! [`IncrementalRender::prompt`] (or [`IncrementalRender::conversation`]) renders the
+//! conversation once with the template, finds how far the new text agrees with the text
+//! kept from the previous render, and tokenizes only from the last special token (an
+//! *anchor*) inside that agreeing prefix. Added tokens split the input before anything
+//! else, so the ids before the anchor cannot change; the property tests check every result
+//! against a full tokenization. Normally the anchor is the previous render's last special
+//! token. When the template rewrites history (Qwen3 drops the reasoning of earlier turns,
+//! Qwen2.5 merges consecutive tool results), or a generation header is followed by
+//! something else than the answer, the text before that token changed: the rewrite is
+//! counted and tokenization restarts from the last special token before the change, or
+//! from the start when there is none.
+
+use minijinja::value::Value;
+
+use super::{
+    ChatTemplate, ChatTokenizer, RenderError, RenderOptions, template::message_value,
+    tokenizer::Anchor,
+};
+use crate::Message;
+
+/// What an incremental conversation did, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IncrementalStats {
+    /// Renders of the conversation (one per prompt).
+    pub renders: u64,
+    /// Renders that tokenized only the text from the anchor on.
+    pub incremental: u64,
+    /// Renders that changed the previous render's text before its last special token (the
+    /// template rewrote history, or a generation header was not followed by the answer);
+    /// tokenization restarted from the last special token before the change.
+    pub rewrites: u64,
+    /// Whole-text tokenizations (the first render, or no special token before a change).
+    pub full_encodes: u64,
+    /// Bytes of text given to the tokenizer, over all renders.
+    pub encoded_bytes: u64,
+}
+
+/// The ids of a render: the conversation, plus the assistant header for a prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt<'a> {
+    /// Every id to send.
+    pub ids: &'a [u32],
+    /// The rendered text.
+    pub text: &'a str,
+}
+
+/// A conversation rendered with a template, its text and ids kept between turns.
+#[derive(Debug)]
+pub struct IncrementalRender<'t> {
+    tokenizer: &'t ChatTokenizer,
+    template: &'t ChatTemplate,
+    options: RenderOptions,
+    messages: Vec<Value>,
+    text: String,
+    ids: Vec<u32>,
+    /// Every special token of `text`, in order.
+    anchors: Vec<Anchor>,
+    stats: IncrementalStats,
+}
+
+impl<'t> IncrementalRender<'t> {
+    pub(crate) fn new(
+        tokenizer: &'t ChatTokenizer,
+        template: &'t ChatTemplate,
+        mut options: RenderOptions,
+    ) -> Self {
+        options.continue_final_message = false;
+        Self {
+            tokenizer,
+            template,
+            options,
+            messages: Vec::new(),
+            text: String::new(),
+            ids: Vec::new(),
+            anchors: Vec::new(),
+            stats: IncrementalStats::default(),
+        }
+    }
+
+    /// Appends messages; they are rendered by the next [`IncrementalRender::prompt`].
+    pub fn push(&mut self, messages: &[Message]) {
+        self.messages.extend(messages.iter().map(message_value));
+    }
+
+    /// Renders the conversation with the generation prompt: the ids to send for the next
+    /// answer. On error the kept state is unchanged.
+    pub fn prompt(&mut self) -> Result<Prompt<'_>, RenderError> {
+        self.render(true)
+    }
+
+    /// Renders the conversation without the generation prompt (the whole conversation as
+    /// a training or evaluation text). On error the kept state is unchanged.
+    pub fn conversation(&mut self) -> Result<Prompt<'_>, RenderError> {
+        self.render(false)
+    }
+
+    /// Renders, tokenizing only what changed after the kept anchor.
+    fn render(&mut self, add_generation_prompt: bool) -> Result<Prompt<'_>, RenderError> {
+        self.options.add_generation_prompt = add_generation_prompt;
+        let text = self.template.render_values(
+            &self.messages,
+            &self.options,
+            self.tokenizer.special_tokens(),
+        )?;
+        self.stats.renders += 1;
+        let agreeing = common_prefix(text.as_bytes(), self.text.as_bytes());
+        // The last anchor whose token the new text still holds, unchanged, before it.
+        let keep = self
+            .anchors
+            .partition_point(|anchor| anchor.end <= agreeing);
+        if self.anchors.last().is_some_and(|last| last.end > agreeing) {
+            self.stats.rewrites += 1;
+        }
+        match keep.checked_sub(1).map(|k| (k, self.anchors[k])) {
+            Some((k, anchor)) => {
+                let chunk = &text[anchor.byte..];
+                let (new_ids, new_anchors) = self.tokenizer.encode_anchored(chunk)?;
+                self.stats.incremental += 1;
+                self.stats.encoded_bytes += chunk.len() as u64;
+                self.ids.truncate(anchor.index);
+                self.ids.extend_from_slice(&new_ids);
+                self.anchors.truncate(k);
+                self.anchors.extend(new_anchors.into_iter().map(|a| Anchor {
+                    byte: anchor.byte + a.byte,
+                    end: anchor.byte + a.end,
+                    index: anchor.index + a.index,
+                }));
+            }
+            None => {
+                let (ids, anchors) = self.tokenizer.encode_anchored(&text)?;
+                self.stats.full_encodes += 1;
+                self.stats.encoded_bytes += text.len() as u64;
+                self.ids = ids;
+                self.anchors = anchors;
+            }
+        }
+        self.text = text;
+        Ok(Prompt {
+            ids: &self.ids,
+            text: &self.text,
+        })
+    }
+
+    /// The text of the last render.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The ids of the last render.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// How many messages the conversation holds.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether no message was pushed yet.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// What was done so far.
+    pub fn stats(&self) -> IncrementalStats {
+        self.stats
+    }
+}
+
+/// Length of the longest common prefix of two byte strings, compared a block at a time.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 512;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
+        i += BLOCK;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
+}

