@@ -9,6 +9,8 @@
 //!   to the same text as transformers' `apply_chat_template`, tokenized with `tokenizers`
 //!   ([`ChatTokenizer`]), and incrementally: appending messages tokenizes only what they
 //!   add ([`IncrementalRender`]).
+//! - **Datasets** ([`DatasetReader`]): JSON Lines of `{"prompt": text | messages, ...}`, read
+//!   lazily; a bad row names its file and line.
 //! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
 //!   Mistral outputs into content and [`ToolCall`]s; a malformed call stays content and is
 //!   reported, never a panic.
@@ -52,6 +54,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod dataset;
 mod message;
 pub mod parse;
 mod reconcile;
@@ -59,6 +62,7 @@ pub mod render;
 mod turn;
 
 pub use crate::{
+    dataset::{DatasetError, DatasetReader, DatasetRow},
     message::Message,
     parse::{ParsedOutput, ToolCall, ToolCallParser},
     reconcile::{

@@ -1,0 +1,342 @@
+//! Datasets as JSON Lines: one `{"prompt": "text" | [messages], ...other columns}` per line.
+//!
+//! The prompt becomes the conversation's opening messages (a string is one user message); the
+//! other columns travel with the row to the reward functions (the answer, test cases, ...).
+//! Rows are read lazily, so a dataset larger than memory streams. A bad row is an error that
+//! says the file, the line and what was expected; with [`DatasetReader::skip_bad_rows`] it is
+//! set aside and reported at the end instead. Blank lines are ignored.
+
+use std::{
+    fmt,
+    fs::File,
+    io::{self, BufRead, BufReader},
+    path::Path,
+};
+
+use serde_json::{Map, Value};
+
+use crate::message::Message;
+
+/// One dataset row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatasetRow {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// The prompt as messages.
+    pub prompt: Vec<Message>,
+    /// Every other column, as given.
+    pub columns: Map<String, Value>,
+}
+
+/// Why a dataset could not be read, with where.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// The file could not be opened.
+    #[error("could not open dataset {path}: {source}")]
+    Open {
+        /// The file.
+        path: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// Reading failed part-way.
+    #[error("{path}:{line}: could not read: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The line being read.
+        line: usize,
+        /// Why.
+        source: io::Error,
+    },
+    /// A row is not of the expected shape.
+    #[error("{path}:{line}: {reason}")]
+    Row {
+        /// The file.
+        path: String,
+        /// The row's line.
+        line: usize,
+        /// What is wrong and what was expected.
+        reason: String,
+    },
+}
+
+impl DatasetError {
+    /// The line of the error (0 when the file could not be opened).
+    pub fn line(&self) -> usize {
+        match self {
+            DatasetError::Open { .. } => 0,
+            DatasetError::Read { line, .. } | DatasetError::Row { line, .. } => *line,
+        }
+    }
+}
+
+/// Reads a JSON Lines dataset row by row.
+pub struct DatasetReader<R> {
+    reader: R,
+    path: String,
+    line: usize,
+    buffer: String,
+    skip_bad_rows: bool,
+    skipped: Vec<DatasetError>,
+    failed: bool,
+}
+
+impl DatasetReader<BufReader<File>> {
+    /// Opens a `.jsonl` file.
+    pub fn open(path: &Path) -> Result<Self, DatasetError> {
+        let file = File::open(path).map_err(|source| DatasetError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(DatasetReader::new(
+            BufReader::new(file),
+            path.display().to_string(),
+        ))
+    }
+}
+
+impl<R: BufRead> DatasetReader<R> {
+    /// Reads rows from `reader`; `name` is how errors refer to it.
+    pub fn new(reader: R, name: impl Into<String>) -> Self {
+        DatasetReader {
+            reader,
+            path: name.into(),
+            line: 0,
+            buffer: String::new(),
+            skip_bad_rows: false,
+            skipped: Vec::new(),
+            failed: false,
+        }
+    }
+
+    /// Sets bad rows aside (see [`DatasetReader::skipped`]) instead of stopping at the first.
+    pub fn skip_bad_rows(mut self, skip: bool) -> Self {
+        self.skip_bad_rows = skip;
+        self
+    }
+
+    /// The rows set aside so far, each with its file, line and reason.
+    pub fn skipped(&self) -> &[DatasetError] {
+        &self.skipped
+    }
+}
+
+impl<R: BufRead> Iterator for DatasetReader<R> {
+    type Item = Result<DatasetRow, DatasetError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.failed {
+            self.buffer.clear();
+            self.line += 1;
+            match self.reader.read_line(&mut self.buffer) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(source) => {
+                    self.failed = true;
+                    return Some(Err(DatasetError::Read {
+                        path: self.path.clone(),
+                        line: self.line,
+                        source,
+                    }));
+                }
+            }
+            let text = self.buffer.trim_end_matches(['\n', '\r']);
+            if text.trim().is_empty() {
+                continue;
+            }
+            match parse_row(text) {
+                Ok((prompt, columns)) => {
+                    return Some(Ok(DatasetRow {
+                        line: self.line,
+                        prompt,
+                        columns,
+                    }));
+                }
+                Err(reason) => {
+                    let error = DatasetError::Row {
+                        path: self.path.clone(),
+                        line: self.line,
+                        reason,
+                    };
+                    if self.skip_bad_rows {
+                        self.skipped.push(error);
+                    } else {
+                        self.failed = true;
+                        return Some(Err(error));
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+impl<R> fmt::Debug for DatasetReader<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatasetReader")
+            .field("path", &self.path)
+            .field("line", &self.line)
+            .field("skip_bad_rows", &self.skip_bad_rows)
+            .field("skipped", &self.skipped.len())
+            .finish()
+    }
+}
+
+const SHAPE: &str = "a row is {\"prompt\": \"text\" or [messages], ...other columns}";
+
+fn parse_row(text: &str) -> Result<(Vec<Message>, Map<String, Value>), String> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}; {SHAPE}"))?;
+    let Value::Object(mut columns) = value else {
+        return Err(format!(
+            "a row must be a JSON object, got {}; {SHAPE}",
+            kind(&value)
+        ));
+    };
+    let prompt = match columns.remove("prompt") {
+        None => return Err(format!("no \"prompt\" field; {SHAPE}")),
+        Some(Value::String(text)) if text.trim().is_empty() => {
+            return Err("\"prompt\" is an empty string".to_owned());
+        }
+        Some(Value::String(text)) => vec![Message::user(text)],
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err("\"prompt\" is an empty list of messages".to_owned());
+        }
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| match item {
+                Value::Object(map) => {
+                    Message::try_from(map).map_err(|reason| format!("prompt[{index}]: {reason}"))
+                }
+                other => Err(format!(
+                    "prompt[{index}]: a message must be a JSON object, got {}",
+                    kind(&other)
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(format!(
+                "\"prompt\" must be a string or a list of messages, got {}",
+                kind(&other)
+            ));
+        }
+    };
+    Ok((prompt, columns))
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> DatasetReader<&[u8]> {
+        DatasetReader::new(text.as_bytes(), "data.jsonl")
+    }
+
+    #[test]
+    fn a_text_prompt_is_one_user_message_and_other_columns_travel_along() {
+        let rows: Vec<DatasetRow> = read(concat!(
+            "{\"prompt\": \"What is 6 * 7?\", \"answer\": \"42\"}\n",
+            "\n",
+            "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hi\"}], \"id\": 7}\r\n",
+        ))
+        .collect::<Result<_, _>>()
+        .expect("valid rows");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].line, rows[0].prompt.len(), rows[0].prompt[0].role()),
+            (1, 1, "user")
+        );
+        assert_eq!(rows[0].prompt[0].content(), Some("What is 6 * 7?"));
+        assert_eq!(
+            rows[0].columns.get("answer"),
+            Some(&Value::String("42".into()))
+        );
+        assert_eq!(
+            (
+                rows[1].line,
+                rows[1].prompt[0].role(),
+                rows[1].prompt[1].content()
+            ),
+            (3, "system", Some("Hi"))
+        );
+        assert!(!rows[1].columns.contains_key("prompt"));
+    }
+
+    #[test]
+    fn a_bad_row_names_the_file_the_line_and_what_was_expected() {
+        let error = |text: &str| {
+            read(text)
+                .find_map(Result::err)
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            error("{\"prompt\": \"ok\"}\n{\"question\": \"x\"}\n"),
+            "data.jsonl:2: no \"prompt\" field; a row is {\"prompt\": \"text\" or [messages], ...other columns}"
+        );
+        assert!(error("{\"prompt\": \"ok\"\n").starts_with(
+            "data.jsonl:1: not valid JSON: EOF while parsing an object at line 1 column 15"
+        ));
+        assert_eq!(
+            error("{\"prompt\": 3}\n"),
+            "data.jsonl:1: \"prompt\" must be a string or a list of messages, got a number"
+        );
+        assert_eq!(
+            error(
+                "{\"prompt\": [{\"role\": \"user\", \"content\": \"a\"}, {\"content\": \"b\"}]}\n"
+            ),
+            "data.jsonl:1: prompt[1]: a message needs a \"role\"; got {\"content\":\"b\"}"
+        );
+        assert_eq!(
+            error("[1, 2]\n"),
+            "data.jsonl:1: a row must be a JSON object, got an array; a row is {\"prompt\": \"text\" or [messages], ...other columns}"
+        );
+        assert_eq!(
+            error("{\"prompt\": \"  \"}\n"),
+            "data.jsonl:1: \"prompt\" is an empty string"
+        );
+    }
+
+    #[test]
+    fn reading_stops_at_the_first_bad_row_unless_told_to_skip_them() {
+        let text = "{\"prompt\": \"a\"}\n{\"prompt\": 1}\n{\"prompt\": \"c\"}\nnot json\n{\"prompt\": \"e\"}\n";
+        let strict: Vec<_> = read(text).collect();
+        assert_eq!(strict.len(), 2, "one row, then the error, then nothing");
+        assert!(strict[1].as_ref().is_err_and(|e| e.line() == 2));
+
+        let mut lenient = read(text).skip_bad_rows(true);
+        let lines: Vec<usize> = lenient
+            .by_ref()
+            .map(|row| row.map(|r| r.line).unwrap_or(0))
+            .collect();
+        assert_eq!(lines, [1, 3, 5]);
+        let skipped: Vec<usize> = lenient.skipped().iter().map(DatasetError::line).collect();
+        assert_eq!(skipped, [2, 4]);
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let error = DatasetReader::open(Path::new("/nonexistent/data.jsonl"))
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some(
+                "could not open dataset /nonexistent/data.jsonl: No such file or directory (os error 2)"
+            )
+        );
+    }
+}
