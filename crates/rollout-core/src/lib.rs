@@ -9,6 +9,8 @@
 //!   to the same text as transformers' `apply_chat_template`, tokenized with `tokenizers`
 //!   ([`ChatTokenizer`]), and incrementally: appending messages tokenizes only what they
 //!   add ([`IncrementalRender`]).
+//! - **Output** ([`TrainingSample`], [`JsonlSink`]): one JSON line per training row, written
+//!   a group at a time with one write and a flush.
 //! - **Datasets** ([`DatasetReader`]): JSON Lines of `{"prompt": text | messages, ...}`, read
 //!   lazily; a bad row names its file and line.
 //! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
@@ -59,6 +61,7 @@ mod message;
 pub mod parse;
 mod reconcile;
 pub mod render;
+mod sample;
 mod turn;
 
 pub use crate::{
@@ -72,5 +75,6 @@ pub use crate::{
     render::{
         ChatTemplate, ChatTokenizer, IncrementalRender, RenderError, RenderOptions, Rendered,
     },
+    sample::{JsonlSink, TrainingSample},
     turn::TurnRecord,
 };

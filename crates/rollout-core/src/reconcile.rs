@@ -17,12 +17,12 @@
 //! Every transition and every drifted token is counted in a [`Tally`]. The work is linear in
 //! the tokens of the turns given.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::TurnRecord;
 
 /// Identifies the rollout (one conversation) a training row comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RolloutId(pub u64);
 
 /// How the reconciler treats drift.
