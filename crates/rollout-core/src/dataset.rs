@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::{Map, Value};
 
-use crate::message::Message;
+use crate::{message::Message, parse::kind};
 
 /// One dataset row.
 #[derive(Debug, Clone, PartialEq)]
@@ -224,17 +224,6 @@ fn parse_row(text: &str) -> Result<(Vec<Message>, Map<String, Value>), String> {
         }
     };
     Ok((prompt, columns))
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

@@ -351,9 +351,10 @@ pub fn reconcile(
     Ok(reconciler.finish())
 }
 
-/// Length of the longest common prefix, compared a block at a time (a memcmp) first.
-pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    const BLOCK: usize = 128;
+/// Length of the longest common prefix, compared a block at a time first (a memcmp for ids
+/// and bytes), then element by element.
+pub(crate) fn common_prefix<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    const BLOCK: usize = 256;
     let n = a.len().min(b.len());
     let mut i = 0;
     while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {

@@ -19,7 +19,7 @@ use super::{
     ChatTemplate, ChatTokenizer, RenderError, RenderOptions, template::message_value,
     tokenizer::Anchor,
 };
-use crate::Message;
+use crate::{Message, reconcile::common_prefix};
 
 /// What an incremental conversation did, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -168,19 +168,4 @@ impl<'t> IncrementalRender<'t> {
     pub fn stats(&self) -> IncrementalStats {
         self.stats
     }
-}
-
-/// Length of the longest common prefix of two byte strings, compared a block at a time.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 512;
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
-        i += BLOCK;
-    }
-    i + a[i..n]
-        .iter()
-        .zip(&b[i..n])
-        .take_while(|(x, y)| x == y)
-        .count()
 }
