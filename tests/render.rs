@@ -7,17 +7,7 @@ use std::{
 
 use serde_json::Value;
 
-/// The fixture cache that `cargo xtask fixtures` fills.
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"))
-        .join("async-grpo")
-}
+use crate::cache::cache_dir;
 
 fn qwen3() -> PathBuf {
     let dir = cache_dir().join("qwen3");

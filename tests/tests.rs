@@ -1,5 +1,8 @@
 //! End-to-end tests of the `async-grpo` binary and of the crates together: one test binary.
 
+#[cfg(feature = "rollout-core")]
+#[path = "../crates/rollout-core/tests/cache.rs"]
+mod cache;
 mod cli;
 #[cfg(feature = "rollout-core")]
 mod render;

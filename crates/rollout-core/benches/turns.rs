@@ -23,19 +23,13 @@ use rollout_core::{
 };
 use serde_json::{Value, json};
 
+#[path = "../tests/cache.rs"]
+mod cache;
+
+use cache::cache_dir;
+
 const TURNS: usize = 128;
 const REPORTED: [usize; 3] = [8, 32, 128];
-
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"))
-        .join("async-grpo")
-}
 
 /// Deterministic English-like text of `words` words.
 fn words(seed: u64, words: usize) -> String {

@@ -3,6 +3,7 @@
 //! The rendering tests use real tokenizers and templates that `cargo xtask fixtures`
 //! fetches into `${XDG_CACHE_HOME:-~/.cache}/async-grpo` (`cargo xtask ci` does it first).
 
+mod cache;
 mod parity;
 mod parse;
 mod reconcile;
@@ -12,17 +13,7 @@ use std::{path::PathBuf, sync::LazyLock};
 
 use rollout_core::ChatTokenizer;
 
-/// The fixture cache: `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`.
-pub(crate) fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("async-grpo")
-}
+pub(crate) use crate::cache::cache_dir;
 
 /// A fixture file; fails with what to run when the cache lacks it.
 #[track_caller]
