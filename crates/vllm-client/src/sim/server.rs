@@ -245,6 +245,19 @@ struct Pending {
     answered: bool,
 }
 
+impl Pending {
+    fn new(state: &Arc<State>) -> Pending {
+        Pending {
+            state: Arc::clone(state),
+            answered: false,
+        }
+    }
+
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.answered {
@@ -300,37 +313,19 @@ async fn models(Extract(state): Shared) -> Json<Value> {
 
 async fn completions(Extract(state): Shared, body: Bytes) -> Response {
     let sequence = state.count();
-    let mut pending = Pending {
-        state: Arc::clone(&state),
-        answered: false,
-    };
+    let pending = Pending::new(&state);
     let response = complete(&state, sequence, &body).await;
     state.counters.completions.fetch_add(1, Ordering::Relaxed);
-    pending.answered = true;
+    pending.answered();
     response
 }
 
 async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
-    let request: CompletionRequest = match serde_json::from_slice(body) {
-        Ok(request) => request,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request: {e}"),
-                "BadRequestError",
-                None,
-            );
-        }
-    };
-    if request.model != state.config.model {
-        return unknown_model(&request.model);
-    }
-    match state.fault(sequence).await {
-        Some(Fault::Unavailable) => return unavailable(),
-        Some(Fault::Drop) => return dropped(),
-        Some(Fault::Malformed) => return malformed(&state.config.model),
-        None => {}
-    }
+    let request: CompletionRequest =
+        match admit(state, sequence, body, |r: &CompletionRequest| &r.model).await {
+            Ok(request) => request,
+            Err(response) => return *response,
+        };
     let prompt = match &request.prompt {
         Prompt::Tokens(ids) => ids.clone(),
         Prompt::Text(text) => {
@@ -458,39 +453,48 @@ struct SimUsage {
     total_tokens: usize,
 }
 
+/// What every generation request goes through first: its body parsed, its model checked,
+/// and a fault drawn; `Err` is the response to give instead.
+async fn admit<T: serde::de::DeserializeOwned>(
+    state: &State,
+    sequence: u64,
+    body: &[u8],
+    model: impl Fn(&T) -> &str,
+) -> Result<T, Box<Response>> {
+    let request: T = serde_json::from_slice(body).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid request: {e}"),
+            "BadRequestError",
+            None,
+        ))
+    })?;
+    if model(&request) != state.config.model {
+        return Err(Box::new(unknown_model(model(&request))));
+    }
+    match state.fault(sequence).await {
+        Some(Fault::Unavailable) => Err(Box::new(unavailable())),
+        Some(Fault::Drop) => Err(Box::new(dropped())),
+        Some(Fault::Malformed) => Err(Box::new(malformed(&state.config.model))),
+        None => Ok(request),
+    }
+}
+
 async fn chat(Extract(state): Shared, body: Bytes) -> Response {
     let sequence = state.count();
-    let mut pending = Pending {
-        state: Arc::clone(&state),
-        answered: false,
-    };
+    let pending = Pending::new(&state);
     let response = chat_complete(&state, sequence, &body).await;
     state.counters.chats.fetch_add(1, Ordering::Relaxed);
-    pending.answered = true;
+    pending.answered();
     response
 }
 
 async fn chat_complete(state: &State, sequence: u64, body: &[u8]) -> Response {
-    let request: ChatRequest = match serde_json::from_slice(body) {
+    let request: ChatRequest = match admit(state, sequence, body, |r: &ChatRequest| &r.model).await
+    {
         Ok(request) => request,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid request: {e}"),
-                "BadRequestError",
-                None,
-            );
-        }
+        Err(response) => return *response,
     };
-    if request.model != state.config.model {
-        return unknown_model(&request.model);
-    }
-    match state.fault(sequence).await {
-        Some(Fault::Unavailable) => return unavailable(),
-        Some(Fault::Drop) => return dropped(),
-        Some(Fault::Malformed) => return malformed(&state.config.model),
-        None => {}
-    }
     // A ChatML rendering: good enough for a simulator, which never claims template fidelity.
     let mut text = String::new();
     for message in &request.messages {
