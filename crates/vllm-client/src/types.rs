@@ -199,7 +199,7 @@ pub struct CompletionResponse {
 
 /// `POST /v1/chat/completions`. Messages and tools are chat-format JSON (their content varies
 /// by model); the request's own fields are typed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// The served model's name.
     pub model: String,

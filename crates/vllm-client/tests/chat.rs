@@ -12,19 +12,15 @@ fn request(messages: Vec<serde_json::Value>) -> ChatRequest {
         tools: Some(vec![
             json!({"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}),
         ]),
-        tool_choice: None,
         max_tokens: Some(64),
-        n: None,
         sampling: SamplingParams {
             seed: Some(5),
             ..Default::default()
         },
         logprobs: Some(true),
-        top_logprobs: None,
         return_token_ids: Some(true),
         return_tokens_as_token_ids: Some(true),
-        chat_template_kwargs: None,
-        structured_outputs: None,
+        ..ChatRequest::default()
     }
 }
 

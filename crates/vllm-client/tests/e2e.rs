@@ -105,21 +105,16 @@ async fn chat_completions_return_ids_and_logprobs() {
     let request = ChatRequest {
         model: client.model().expect("known"),
         messages: vec![serde_json::json!({"role": "user", "content": "Say hello."})],
-        tools: None,
-        tool_choice: None,
         max_tokens: Some(16),
-        n: None,
         sampling: SamplingParams {
             temperature: Some(0.0),
             seed: Some(1),
             ..Default::default()
         },
         logprobs: Some(true),
-        top_logprobs: None,
         return_token_ids: Some(true),
         return_tokens_as_token_ids: Some(true),
-        chat_template_kwargs: None,
-        structured_outputs: None,
+        ..ChatRequest::default()
     };
     let response = client.chat(&request).await.expect("a chat completion");
     let choice = &response.choices[0];
