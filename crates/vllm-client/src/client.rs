@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use reqwest::{Method, header::CONTENT_TYPE};
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -679,22 +680,16 @@ impl Client {
         body: Option<&Req>,
         key: Option<&str>,
     ) -> Result<Resp, Error> {
-        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let (endpoint, body) = prepare(&method, path, body)?;
         let policy = self.inner.retry;
         let deadline = after_tokio(tokio::time::Instant::now(), policy.deadline);
-        let body = body.map(serde_json::to_vec).transpose().map_err(|e| {
-            Error::invalid(
-                &endpoint,
-                format!("the request could not be serialized: {e}"),
-            )
-        })?;
         let mut attempt = 0u32;
         let mut last: Option<Error> = None;
         loop {
             let index = self.pick(key);
             let outcome = tokio::time::timeout_at(
                 deadline,
-                self.attempt(index, &method, path, body.as_deref(), &endpoint, None),
+                self.attempt(index, &method, path, body.as_ref(), &endpoint, None),
             )
             .await;
             let error = match outcome {
@@ -740,10 +735,10 @@ impl Client {
         index: usize,
         method: &Method,
         path: &str,
-        body: Option<&[u8]>,
+        body: Option<&Bytes>,
         endpoint: &str,
         timeout: Option<Duration>,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<Bytes, Error> {
         let server = &self.inner.servers[index];
         server.inflight.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight(server);
@@ -755,7 +750,7 @@ impl Client {
         if let Some(body) = body {
             request = request
                 .header(CONTENT_TYPE, "application/json")
-                .body(body.to_vec());
+                .body(body.clone());
         }
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
@@ -772,7 +767,7 @@ impl Client {
         if !status.is_success() {
             return Err(Error::from_status(endpoint, status.as_u16(), &bytes));
         }
-        Ok(bytes.to_vec())
+        Ok(bytes)
     }
 
     /// One request to one given server, no retry, body decoded.
@@ -781,7 +776,7 @@ impl Client {
         index: usize,
         method: Method,
         path: &str,
-        body: Option<&[u8]>,
+        body: Option<&Bytes>,
     ) -> Result<Resp, Error> {
         let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
         let bytes = self
@@ -817,13 +812,7 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<(), Error> {
-        let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
-        let body = body.map(serde_json::to_vec).transpose().map_err(|e| {
-            Error::invalid(
-                &endpoint,
-                format!("the request could not be serialized: {e}"),
-            )
-        })?;
+        let (endpoint, body) = prepare(&method, path, body)?;
         // Every replica gets the call, also after one fails (a pause or a weight update must
         // not stop half-way silently); the error names each replica that failed.
         let calls = self
@@ -832,7 +821,7 @@ impl Client {
             .iter()
             .enumerate()
             .map(|(index, server)| {
-                let (method, endpoint, body) = (&method, &endpoint, body.as_deref());
+                let (method, endpoint, body) = (&method, &endpoint, body.as_ref());
                 async move {
                     let timeout = Some(self.inner.request_timeout);
                     let result = self
@@ -920,6 +909,26 @@ fn generate_request(
         echo: None,
         structured_outputs: params.structured_outputs.clone(),
     }
+}
+
+/// The endpoint's name for errors (`POST /v1/completions`) and the body serialized once, to
+/// be shared by every attempt.
+fn prepare(
+    method: &Method,
+    path: &str,
+    body: Option<&(impl Serialize + ?Sized)>,
+) -> Result<(String, Option<Bytes>), Error> {
+    let endpoint = format!("{method} {}", path.split('?').next().unwrap_or(path));
+    let body = body
+        .map(|body| serde_json::to_vec(body).map(Bytes::from))
+        .transpose()
+        .map_err(|e| {
+            Error::invalid(
+                &endpoint,
+                format!("the request could not be serialized: {e}"),
+            )
+        })?;
+    Ok((endpoint, body))
 }
 
 fn decode<T: DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, Error> {
