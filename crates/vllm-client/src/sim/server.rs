@@ -95,21 +95,12 @@ impl State {
         self.config.tokenizer.decode(ids, false).unwrap_or_default()
     }
 
-    fn token_text_ref(&self, id: u32, as_ids: bool) -> std::borrow::Cow<'_, str> {
+    /// A token as logprobs spell it: `token_id:N`, or its text (decoded once at start).
+    fn token_text(&self, id: u32, as_ids: bool) -> std::borrow::Cow<'_, str> {
         match self.token_texts.get(id as usize) {
             Some(text) if !as_ids => std::borrow::Cow::Borrowed(text.as_str()),
-            _ => std::borrow::Cow::Owned(self.token_text(id, as_ids)),
-        }
-    }
-
-    fn token_text(&self, id: u32, as_ids: bool) -> String {
-        if as_ids {
-            format!("token_id:{id}")
-        } else {
-            self.token_texts
-                .get(id as usize)
-                .cloned()
-                .unwrap_or_else(|| self.decode(&[id]))
+            _ if as_ids => std::borrow::Cow::Owned(format!("token_id:{id}")),
+            _ => std::borrow::Cow::Owned(self.decode(&[id])),
         }
     }
 
@@ -365,10 +356,8 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
     }
     let as_ids = request.return_tokens_as_token_ids == Some(true);
     // Typed and borrowed: the simulator must cost little next to the client it measures.
-    let tokens: Vec<std::borrow::Cow<'_, str>> = ids
-        .iter()
-        .map(|id| state.token_text_ref(*id, as_ids))
-        .collect();
+    let tokens: Vec<std::borrow::Cow<'_, str>> =
+        ids.iter().map(|id| state.token_text(*id, as_ids)).collect();
     let logprobs = request.logprobs.map(|_| {
         let mut offset = 0u32;
         let text_offset = tokens
