@@ -23,7 +23,8 @@
 //!   apart in [`MetricsSnapshot`].
 //! - **Shutdown** ([`ToolDispatcher::shutdown`]) cancels what has not started, awaits what
 //!   runs up to a deadline, joins the pool's threads and reports what happened. The pool core
-//!   is model-checked with loom (`cargo xtask loom`).
+//!   and the handshake between a sync call and its waiter are model-checked with loom
+//!   (`cargo xtask loom`); the async layer above them is tested with tokio and tower-test.
 //!
 //! ```
 //! use std::time::Duration;
