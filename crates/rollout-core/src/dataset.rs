@@ -110,7 +110,8 @@ impl<R: BufRead> DatasetReader<R> {
         }
     }
 
-    /// Sets bad rows aside (see [`DatasetReader::skipped`]) instead of stopping at the first.
+    /// Sets bad rows aside (see [`DatasetReader::skipped`]) instead of yielding them as
+    /// errors.
     pub fn skip_bad_rows(mut self, skip: bool) -> Self {
         self.skip_bad_rows = skip;
         self
@@ -162,7 +163,6 @@ impl<R: BufRead> Iterator for DatasetReader<R> {
                     if self.skip_bad_rows {
                         self.skipped.push(error);
                     } else {
-                        self.failed = true;
                         return Some(Err(error));
                     }
                 }
@@ -300,11 +300,17 @@ mod tests {
     }
 
     #[test]
-    fn reading_stops_at_the_first_bad_row_unless_told_to_skip_them() {
+    fn a_bad_row_is_an_error_the_caller_may_stop_at_or_skip() {
         let text = "{\"prompt\": \"a\"}\n{\"prompt\": 1}\n{\"prompt\": \"c\"}\nnot json\n{\"prompt\": \"e\"}\n";
-        let strict: Vec<_> = read(text).collect();
-        assert_eq!(strict.len(), 2, "one row, then the error, then nothing");
-        assert!(strict[1].as_ref().is_err_and(|e| e.line() == 2));
+        let strict: Result<Vec<_>, _> = read(text).collect();
+        assert!(
+            strict.is_err_and(|e| e.line() == 2),
+            "collecting stops at the first"
+        );
+        let each: Vec<Result<usize, usize>> = read(text)
+            .map(|row| row.map(|r| r.line).map_err(|e| e.line()))
+            .collect();
+        assert_eq!(each, [Ok(1), Err(2), Ok(3), Err(4), Ok(5)]);
 
         let mut lenient = read(text).skip_bad_rows(true);
         let lines: Vec<usize> = lenient

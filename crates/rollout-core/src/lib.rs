@@ -61,7 +61,10 @@ mod message;
 pub mod parse;
 mod reconcile;
 pub mod render;
+#[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
+pub mod rollout;
 mod sample;
+mod sync;
 mod turn;
 
 pub use crate::{

@@ -1,0 +1,375 @@
+//! One rollout: the multi-turn loop render -> generate -> parse -> tools -> append, feeding
+//! each sampled turn to the reconciler as it arrives.
+
+use std::{fmt, slice};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{
+    Shared,
+    generator::{Finish, GenerateRequest, Generator},
+    health::Counters,
+};
+use crate::{DatasetRow, Message, Reconciler, RolloutId, Tally, TrainingRow, TurnRecord};
+
+/// A rollout that ended with a conversation.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub(crate) rollout_id: RolloutId,
+    /// The messages the rollout added: assistant turns and tool results.
+    pub(crate) messages: Vec<Message>,
+    pub(crate) rows: Vec<TrainingRow>,
+    pub(crate) tally: Tally,
+    /// Every sampled id, in order (what length rewards measure).
+    pub(crate) sampled: Vec<u32>,
+    pub(crate) turns: u64,
+    pub(crate) tool_calls: u64,
+    pub(crate) tool_errors: u64,
+    pub(crate) versions: (u64, u64),
+    pub(crate) stop: Stop,
+    pub(crate) attempts: u32,
+}
+
+impl Finished {
+    /// The last assistant message's content: what answer rewards read.
+    pub(crate) fn answer(&self) -> String {
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| m.role() == "assistant")
+            .and_then(Message::content)
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// Why a conversation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The model answered without a tool call.
+    Answer,
+    /// `max_turns` generation calls were made.
+    MaxTurns,
+    /// The rollout's token budget was spent.
+    TokenBudget,
+    /// The context is full.
+    Context,
+    /// The last answer was cut at `max_tokens`.
+    Length,
+}
+
+/// Why a rollout failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FailureCause {
+    /// The generator failed (after its own retries).
+    Generation,
+    /// The prompt does not fit in the context.
+    PromptTooLong,
+    /// The chat template or the tokenizer failed.
+    Render,
+    /// The turns could not be made into training rows.
+    Reconcile,
+    /// The rollout ran past its deadline.
+    Deadline,
+    /// A drain cancelled it.
+    Cancelled,
+}
+
+impl FailureCause {
+    /// The cause's name: `generation`, `prompt_too_long`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureCause::Generation => "generation",
+            FailureCause::PromptTooLong => "prompt_too_long",
+            FailureCause::Render => "render",
+            FailureCause::Reconcile => "reconcile",
+            FailureCause::Deadline => "deadline",
+            FailureCause::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether trying the same prompt again may succeed.
+    fn is_retryable(self) -> bool {
+        !matches!(self, FailureCause::PromptTooLong | FailureCause::Cancelled)
+    }
+}
+
+/// A rollout that failed, with its cause; its group is scored without it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RolloutFailure {
+    /// The rollout.
+    pub rollout_id: RolloutId,
+    /// The group it belonged to.
+    pub group_id: u64,
+    /// The dataset line of its prompt (0 when the rows did not come from a file).
+    pub line: usize,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Why the last attempt failed.
+    pub cause: FailureCause,
+    /// What happened, for a person.
+    pub message: String,
+}
+
+impl fmt::Display for RolloutFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rollout {} (group {}, line {}) failed after {} attempt(s): {}: {}",
+            self.rollout_id.0,
+            self.group_id,
+            self.line,
+            self.attempts,
+            self.cause.as_str(),
+            self.message
+        )
+    }
+}
+
+pub(crate) type Failure = (FailureCause, String);
+
+/// Runs a rollout with its retries, its deadline and cancellation.
+pub(crate) async fn run<G: Generator>(
+    shared: &Shared<G>,
+    row: &DatasetRow,
+    group_id: u64,
+    rollout_id: RolloutId,
+) -> Result<Finished, RolloutFailure> {
+    let config = &shared.config;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        Counters::add(&shared.counters.rollouts_started, 1);
+        let outcome = tokio::select! {
+            biased;
+            () = shared.cancel.cancelled() => {
+                Err((FailureCause::Cancelled, "cancelled by the drain".to_owned()))
+            }
+            outcome = tokio::time::timeout(
+                config.rollout_timeout,
+                converse(shared, row, rollout_id, attempt),
+            ) => outcome.unwrap_or_else(|_| Err((
+                FailureCause::Deadline,
+                format!("still running after the rollout timeout of {:?}", config.rollout_timeout),
+            ))),
+        };
+        match outcome {
+            Ok(mut finished) => {
+                finished.attempts = attempt;
+                return Ok(finished);
+            }
+            Err((cause, message))
+                if cause.is_retryable() && (attempt as usize) <= config.retries =>
+            {
+                Counters::add(&shared.counters.rollouts_retried, 1);
+                tracing::debug!(rollout = rollout_id.0, attempt, cause = cause.as_str(), %message, "retrying the rollout");
+            }
+            Err((cause, message)) => {
+                return Err(RolloutFailure {
+                    rollout_id,
+                    group_id,
+                    line: row.line,
+                    attempts: attempt,
+                    cause,
+                    message,
+                });
+            }
+        }
+    }
+}
+
+/// Most continuations of an answer the server aborted part-way (a pause for a weight update
+/// aborts requests; the tokens so far stay and sampling resumes after them).
+const MAX_CONTINUATIONS: usize = 8;
+
+/// One attempt at a conversation.
+async fn converse<G: Generator>(
+    shared: &Shared<G>,
+    row: &DatasetRow,
+    rollout_id: RolloutId,
+    attempt: u32,
+) -> Result<Finished, Failure> {
+    let config = &shared.config;
+    let counters = &shared.counters;
+    let render_error = |e: crate::RenderError| (FailureCause::Render, e.to_string());
+    let mut render = shared
+        .tokenizer
+        .incremental(shared.options.clone())
+        .map_err(render_error)?;
+    render.push(&row.prompt);
+    let mut reconciler = Reconciler::new(rollout_id, config.reconciler);
+    let mut finished = Finished {
+        rollout_id,
+        messages: Vec::new(),
+        rows: Vec::new(),
+        tally: Tally::default(),
+        sampled: Vec::new(),
+        turns: 0,
+        tool_calls: 0,
+        tool_errors: 0,
+        versions: (u64::MAX, 0),
+        stop: Stop::MaxTurns,
+        attempts: attempt,
+    };
+    for turn in 0..config.max_turns {
+        let mut prompt_ids = render.prompt().map_err(render_error)?.ids.to_vec();
+        let room = match shared.max_model_len {
+            Some(limit) => {
+                let room = (limit as usize).saturating_sub(prompt_ids.len());
+                if room == 0 {
+                    if turn == 0 {
+                        return Err((
+                            FailureCause::PromptTooLong,
+                            format!(
+                                "the prompt is {} tokens, the model's context is {limit}: nothing is left to sample",
+                                prompt_ids.len()
+                            ),
+                        ));
+                    }
+                    finished.stop = Stop::Context;
+                    break;
+                }
+                room
+            }
+            None => usize::MAX,
+        };
+        let budget = match config.max_total_tokens {
+            Some(total) => (total as usize).saturating_sub(finished.sampled.len()),
+            None => usize::MAX,
+        };
+        if budget == 0 {
+            finished.stop = Stop::TokenBudget;
+            break;
+        }
+        let max_tokens = (config.max_tokens as usize).min(room).min(budget);
+
+        // Sample the answer, continuing after aborts; each segment is its own turn record.
+        let mut answer: Vec<u32> = Vec::new();
+        let mut finish;
+        let mut segment = 0;
+        loop {
+            let version = shared.model_version();
+            let request = GenerateRequest {
+                rollout: rollout_id,
+                turn,
+                prompt_ids: &prompt_ids,
+                max_tokens: (max_tokens - answer.len()) as u32,
+                sampling: &config.sampling,
+                seed: config
+                    .sampling
+                    .seed
+                    .map(|seed| request_seed(seed, rollout_id, attempt, turn, segment)),
+            };
+            let generation = shared.generator.generate(request).await.map_err(|e| {
+                let cause = if e.is_prompt_too_long() {
+                    FailureCause::PromptTooLong
+                } else {
+                    FailureCause::Generation
+                };
+                (cause, e.to_string())
+            })?;
+            Counters::add(&counters.turns, 1);
+            Counters::add(&counters.sampled_tokens, generation.token_ids.len() as u64);
+            finished.turns += 1;
+            finished.versions.0 = finished.versions.0.min(version);
+            finished.versions.1 = finished.versions.1.max(version);
+            finish = generation.finish;
+            let record = TurnRecord::new(
+                prompt_ids,
+                generation.token_ids,
+                generation.logprobs,
+                version,
+            );
+            reconciler
+                .push(&record)
+                .map_err(|e| (FailureCause::Reconcile, e.to_string()))?;
+            let TurnRecord {
+                prompt_ids: sent,
+                sampled_ids,
+                ..
+            } = record;
+            prompt_ids = sent;
+            answer.extend_from_slice(&sampled_ids);
+            segment += 1;
+            if finish != Finish::Abort || answer.len() >= max_tokens || segment > MAX_CONTINUATIONS
+            {
+                break;
+            }
+            prompt_ids.extend_from_slice(&sampled_ids);
+        }
+        finished.sampled.extend_from_slice(&answer);
+
+        let text = shared.decode(&answer).map_err(render_error)?;
+        let parsed = shared.parser.parse(&text);
+        Counters::add(&counters.parse_failures, parsed.failures.len() as u64);
+        let mut message = Message::assistant(parsed.content);
+        if !parsed.tool_calls.is_empty() {
+            message = message.with_tool_calls(&parsed.tool_calls);
+        }
+        render.push(slice::from_ref(&message));
+        finished.messages.push(message);
+
+        if finish != Finish::Stop {
+            finished.stop = if max_tokens < config.max_tokens as usize && max_tokens == room {
+                Stop::Context
+            } else {
+                Stop::Length
+            };
+            break;
+        }
+        let Some(tools) = shared
+            .tools
+            .as_ref()
+            .filter(|_| !parsed.tool_calls.is_empty())
+        else {
+            finished.stop = Stop::Answer;
+            break;
+        };
+        let calls = parsed
+            .tool_calls
+            .into_iter()
+            .map(|call| tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id))
+            .collect::<Vec<_>>();
+        finished.tool_calls += calls.len() as u64;
+        Counters::add(&counters.tool_calls, calls.len() as u64);
+        let results = tools
+            .run(calls)
+            .await
+            .map_err(|e| (FailureCause::Cancelled, format!("tools: {e}")))?;
+        let start = finished.messages.len();
+        for result in results {
+            if !result.is_ok() {
+                finished.tool_errors += 1;
+                Counters::add(&counters.tool_errors, 1);
+            }
+            let Value::Object(map) = result.to_message() else {
+                unreachable!("a tool result's message is an object");
+            };
+            let message = Message::try_from(map)
+                .unwrap_or_else(|e| unreachable!("a tool result's message has a role: {e}"));
+            finished.messages.push(message);
+        }
+        render.push(&finished.messages[start..]);
+    }
+    let reconciled = reconciler.finish();
+    finished.tally = reconciled.tally;
+    finished.rows = reconciled.rows;
+    if finished.versions.0 == u64::MAX {
+        finished.versions.0 = shared.model_version();
+        finished.versions.1 = finished.versions.0;
+    }
+    Ok(finished)
+}
+
+/// A request's seed: distinct for each run seed, rollout, attempt, turn and continuation.
+fn request_seed(seed: u64, rollout: RolloutId, attempt: u32, turn: usize, segment: usize) -> u64 {
+    let mut x = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for part in [rollout.0, u64::from(attempt), turn as u64, segment as u64] {
+        x = (x ^ part).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x ^= x >> 31;
+    }
+    x
+}

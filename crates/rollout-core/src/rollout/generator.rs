@@ -1,0 +1,198 @@
+//! [`Generator`]: what the loop asks of an inference server, and its vllm-client implementation.
+
+use std::{fmt, future::Future};
+
+use crate::RolloutId;
+
+/// Sampling settings shared by every request of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Temperature (default 1.0: the policy itself, as RL needs).
+    pub temperature: f32,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k sampling.
+    pub top_k: Option<i32>,
+    /// Min-p sampling.
+    pub min_p: Option<f32>,
+    /// The run's seed: each request gets a distinct seed derived from it, the rollout and the
+    /// turn, so a run can be replayed. `None` lets the generator choose.
+    pub seed: Option<u64>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: None,
+            top_k: None,
+            min_p: None,
+            seed: None,
+        }
+    }
+}
+
+/// One turn to sample.
+#[derive(Debug, Clone, Copy)]
+pub struct GenerateRequest<'a> {
+    /// The rollout the turn belongs to (a generator may keep a rollout on one server).
+    pub rollout: RolloutId,
+    /// The turn's index in its rollout, from 0.
+    pub turn: usize,
+    /// The prompt, as token ids.
+    pub prompt_ids: &'a [u32],
+    /// Most tokens to sample: already clipped to the room left in the context.
+    pub max_tokens: u32,
+    /// Sampling settings.
+    pub sampling: &'a Sampling,
+    /// This request's seed, when the run has one.
+    pub seed: Option<u64>,
+}
+
+/// Why sampling stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its answer (EOS or a stop sequence).
+    Stop,
+    /// `max_tokens` was reached: the answer is cut.
+    Length,
+    /// The server aborted the request (a weight update, a pause): the tokens so far are valid.
+    Abort,
+}
+
+/// What a generator sampled for one turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// The sampled ids, the end-of-answer id included when it was sampled.
+    pub token_ids: Vec<u32>,
+    /// One log-probability per sampled id.
+    pub logprobs: Vec<f32>,
+    /// Why sampling stopped.
+    pub finish: Finish,
+}
+
+/// A turn that could not be sampled, after whatever retries the generator does itself.
+#[derive(Debug)]
+pub struct GenerateError {
+    message: String,
+    prompt_too_long: bool,
+}
+
+impl GenerateError {
+    /// An error with a message for the report.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            prompt_too_long: false,
+        }
+    }
+
+    /// The server refused the prompt as longer than its context: retrying the same prompt
+    /// cannot help.
+    #[must_use]
+    pub fn prompt_too_long(mut self) -> Self {
+        self.prompt_too_long = true;
+        self
+    }
+
+    /// Whether the server refused the prompt's length.
+    pub fn is_prompt_too_long(&self) -> bool {
+        self.prompt_too_long
+    }
+}
+
+impl fmt::Display for GenerateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for GenerateError {}
+
+/// Samples turns from token ids: an inference server, or anything that acts as one.
+///
+/// Dropping the future returned by [`Generator::generate`] must abandon the request (the
+/// loop drops it when a rollout is cancelled or runs past its deadline); vllm-client's
+/// [`Client`](vllm_client::Client) aborts it on the server.
+pub trait Generator: Send + Sync + 'static {
+    /// Samples one turn.
+    fn generate(
+        &self,
+        request: GenerateRequest<'_>,
+    ) -> impl Future<Output = Result<Generation, GenerateError>> + Send;
+
+    /// The server's context length, when it reports one.
+    fn max_model_len(&self) -> Option<u32> {
+        None
+    }
+
+    /// A rollout has ended: forget whatever was kept for it.
+    fn release(&self, rollout: RolloutId) {
+        let _ = rollout;
+    }
+}
+
+#[cfg(feature = "vllm-client")]
+mod vllm {
+    use vllm_client::{Client, FinishReason, GenerateParams, SamplingParams};
+
+    use super::{Finish, GenerateError, GenerateRequest, Generation, Generator};
+    use crate::RolloutId;
+
+    fn sticky_key(rollout: RolloutId) -> String {
+        format!("rollout-{}", rollout.0)
+    }
+
+    /// Turns go to `/v1/completions` as token ids, a rollout's turns to one server (sticky on
+    /// the rollout id, so they reuse its prefix cache).
+    impl Generator for Client {
+        async fn generate(
+            &self,
+            request: GenerateRequest<'_>,
+        ) -> Result<Generation, GenerateError> {
+            let params = GenerateParams {
+                max_tokens: request.max_tokens,
+                sampling: SamplingParams {
+                    temperature: Some(request.sampling.temperature),
+                    top_p: request.sampling.top_p,
+                    top_k: request.sampling.top_k,
+                    min_p: request.sampling.min_p,
+                    seed: request.seed,
+                    ..SamplingParams::default()
+                },
+                structured_outputs: None,
+                sticky_key: Some(sticky_key(request.rollout)),
+            };
+            let completion = Client::generate(self, request.prompt_ids, &params)
+                .await
+                .map_err(|error| {
+                    let too_long = error.status() == Some(400)
+                        && error.to_string().contains("maximum context length");
+                    let error = GenerateError::new(error.to_string());
+                    if too_long {
+                        error.prompt_too_long()
+                    } else {
+                        error
+                    }
+                })?;
+            let finish = match completion.finish_reason {
+                FinishReason::Length => Finish::Length,
+                FinishReason::Abort => Finish::Abort,
+                _ => Finish::Stop,
+            };
+            Ok(Generation {
+                logprobs: completion.logprobs.iter().map(|&l| l as f32).collect(),
+                token_ids: completion.token_ids,
+                finish,
+            })
+        }
+
+        fn max_model_len(&self) -> Option<u32> {
+            Client::max_model_len(self)
+        }
+
+        fn release(&self, rollout: RolloutId) {
+            Client::release(self, &sticky_key(rollout));
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! A group's rollouts coming together: when the last one ends, the group is scored, its
+//! advantages computed and its samples sent out through the output slot it reserved when it
+//! was admitted.
+
+use std::collections::BTreeMap;
+
+use scoring::{Completion, Group};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc::OwnedPermit;
+
+use super::{
+    Shared,
+    conversation::{FailureCause, Finished, RolloutFailure, Stop},
+    generator::Generator,
+    health::Counters,
+};
+use crate::{
+    DatasetRow, TrainingSample,
+    sync::{Arc, AtomicUsize, Mutex, Ordering, lock},
+};
+
+/// A scored group: its training samples, and the rollouts that failed.
+#[derive(Debug, Clone)]
+pub struct ScoredGroup {
+    /// The group's id (admission order, from 0).
+    pub group_id: u64,
+    /// One sample per training row of each successful rollout, in rollout order.
+    pub samples: Vec<TrainingSample>,
+    /// Rollouts of the group that failed; the group was scored on the others.
+    pub failures: Vec<RolloutFailure>,
+    /// Reward statistics of the group, under TRL's metric names (`reward`, `reward_std`,
+    /// `rewards/NAME/mean`, `frac_reward_zero_std`, ...).
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// A group in flight.
+pub(crate) struct GroupState {
+    pub(crate) group_id: u64,
+    pub(crate) row: DatasetRow,
+    outcomes: Mutex<Vec<Option<Result<Finished, RolloutFailure>>>>,
+    remaining: AtomicUsize,
+    output: Mutex<Option<OwnedPermit<ScoredGroup>>>,
+}
+
+impl GroupState {
+    pub(crate) fn new(
+        group_id: u64,
+        row: DatasetRow,
+        size: usize,
+        output: OwnedPermit<ScoredGroup>,
+    ) -> GroupState {
+        GroupState {
+            group_id,
+            row,
+            outcomes: Mutex::new((0..size).map(|_| None).collect()),
+            remaining: AtomicUsize::new(size),
+            output: Mutex::new(Some(output)),
+        }
+    }
+
+    /// Records rollout `index`'s outcome; `true` for the last one, whose caller finishes the
+    /// group.
+    pub(crate) fn complete(&self, index: usize, outcome: Result<Finished, RolloutFailure>) -> bool {
+        lock(&self.outcomes)[index] = Some(outcome);
+        self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Marks the rollouts from `from` on as never started (admission stopped part-way);
+    /// `true` when that completes the group.
+    pub(crate) fn abandon_from(&self, from: usize, rollout_base: u64) -> bool {
+        let mut last = false;
+        let size = lock(&self.outcomes).len();
+        for index in from..size {
+            last = self.complete(
+                index,
+                Err(RolloutFailure {
+                    rollout_id: crate::RolloutId(rollout_base + index as u64),
+                    group_id: self.group_id,
+                    line: self.row.line,
+                    attempts: 0,
+                    cause: FailureCause::Cancelled,
+                    message: "not started: admission stopped".to_owned(),
+                }),
+            );
+        }
+        last
+    }
+}
+
+/// Scores a complete group and sends its samples, or drops it and counts why.
+pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState) {
+    let counters = &shared.counters;
+    let outcomes: Vec<_> = lock(&group.outcomes).drain(..).flatten().collect();
+    let Some(output) = lock(&group.output).take() else {
+        return;
+    };
+    let mut finished = Vec::new();
+    let mut failures = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Ok(done) => finished.push(done),
+            Err(failure) => failures.push(failure),
+        }
+    }
+    let cancelled = failures
+        .iter()
+        .filter(|f| f.cause == FailureCause::Cancelled)
+        .count();
+    if cancelled > 0 {
+        // Scoring on the rollouts that happened to finish first would favour short answers.
+        Counters::add(&counters.groups_cancelled, 1);
+        tracing::debug!(
+            group = group.group_id,
+            cancelled,
+            "group dropped: the drain cancelled some of its rollouts"
+        );
+        return;
+    }
+    if finished.len() < shared.config.min_group_size.max(1) {
+        Counters::add(&counters.groups_too_small, 1);
+        tracing::warn!(
+            group = group.group_id,
+            line = group.row.line,
+            succeeded = finished.len(),
+            min_group_size = shared.config.min_group_size,
+            first_failure = %failures.first().map(ToString::to_string).unwrap_or_default(),
+            "group dropped: too few rollouts succeeded"
+        );
+        return;
+    }
+
+    let prompt: Vec<Value> = group
+        .row
+        .prompt
+        .iter()
+        .map(|m| Value::Object(m.as_map().clone()))
+        .collect();
+    let completions = finished
+        .iter()
+        .map(|done| Completion {
+            text: done.answer(),
+            messages: done
+                .messages
+                .iter()
+                .map(|m| Value::Object(m.as_map().clone()))
+                .collect(),
+            token_ids: done.sampled.clone(),
+            has_training_row: !done.rows.is_empty(),
+        })
+        .collect();
+    let scored = Arc::new(Group::new(
+        Value::Array(prompt),
+        completions,
+        group.row.columns.clone(),
+    ));
+    let scores = shared.scorer.score(Arc::clone(&scored)).await;
+    let advantages = scores.advantages(&scored, &shared.config.advantages);
+    if advantages.dropped {
+        Counters::add(&counters.groups_zero_variance, 1);
+        return;
+    }
+
+    // Versions only grow, so the group's oldest turn is its first.
+    let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
+    let mut samples = Vec::new();
+    for (index, done) in finished.iter().enumerate() {
+        let rewards: Map<String, Value> = scores
+            .columns
+            .iter()
+            .map(|column| (column.name.clone(), json!(column.values[index])))
+            .collect();
+        let metrics = sample_metrics(done);
+        for row in &done.rows {
+            samples.push(TrainingSample {
+                group_id: group.group_id,
+                rollout_id: done.rollout_id,
+                prompt: scored.prompt.as_array().cloned().unwrap_or_default(),
+                completion: scored.completions[index].messages.clone(),
+                input_ids: row.input_ids.clone(),
+                completion_mask: row.completion_mask.clone(),
+                old_log_probs: row.old_log_probs.clone(),
+                advantage: advantages.advantages[index],
+                reward: scores.rewards[index],
+                rewards: rewards.clone(),
+                model_version: group_version,
+                metrics: metrics.clone(),
+            });
+        }
+        if done.rows.len() > 1 {
+            Counters::add(&counters.forked_rollouts, 1);
+        }
+    }
+    Counters::add(&counters.groups_completed, 1);
+    Counters::add(&counters.samples, samples.len() as u64);
+    output.send(ScoredGroup {
+        group_id: group.group_id,
+        samples,
+        failures,
+        metrics: scores.metrics.to_map(),
+    });
+}
+
+fn sample_metrics(done: &Finished) -> Map<String, Value> {
+    let mut metrics = Map::new();
+    let mut put = |key: &str, value: f64| {
+        metrics.insert(key.to_owned(), json!(value));
+    };
+    put("turns", done.turns as f64);
+    put("tool_calls", done.tool_calls as f64);
+    put("tool_errors", done.tool_errors as f64);
+    put("completion_tokens", done.sampled.len() as f64);
+    put("attempts", f64::from(done.attempts));
+    put("model_version_min", done.versions.0 as f64);
+    put("model_version_max", done.versions.1 as f64);
+    put("realigned_turns", done.tally.realign as f64);
+    put("forked_turns", done.tally.fork as f64);
+    put("drift_tokens", done.tally.drift_tokens as f64);
+    put(
+        "truncated",
+        f64::from(u8::from(matches!(done.stop, Stop::Length | Stop::Context))),
+    );
+    metrics
+}

@@ -1,0 +1,163 @@
+//! Counters, the heartbeat and scheduler-lag watchdog, and what `health()` and `shutdown()`
+//! report.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+
+macro_rules! counters {
+    ($(#[$meta:meta])* $name:ident / $snapshot:ident { $($(#[$field_meta:meta])* $field:ident,)* }) => {
+        #[derive(Debug, Default)]
+        pub(crate) struct $name { $(pub(crate) $field: AtomicU64,)* }
+
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+        #[non_exhaustive]
+        pub struct $snapshot { $($(#[$field_meta])* pub $field: u64,)* }
+
+        impl $name {
+            pub(crate) fn snapshot(&self) -> $snapshot {
+                $snapshot { $($field: self.$field.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// What the loop has done so far.
+    Counters / Stats {
+        /// Groups admitted (one dataset row each).
+        groups_admitted,
+        /// Groups scored and handed to the output.
+        groups_completed,
+        /// Groups dropped because fewer than `min_group_size` rollouts succeeded.
+        groups_too_small,
+        /// Groups dropped by the advantage estimator's zero-variance filter.
+        groups_zero_variance,
+        /// Groups dropped because a drain cancelled some of their rollouts.
+        groups_cancelled,
+        /// Rollouts started (each retry counts once more).
+        rollouts_started,
+        /// Rollouts that produced a conversation.
+        rollouts_completed,
+        /// Rollouts that failed after their retries.
+        rollouts_failed,
+        /// Attempts retried after a failure.
+        rollouts_retried,
+        /// Rollouts cancelled by a drain (started or not).
+        rollouts_cancelled,
+        /// Generation calls.
+        turns,
+        /// Tokens sampled.
+        sampled_tokens,
+        /// Tool calls made.
+        tool_calls,
+        /// Tool calls that answered with an error (unknown tool, bad arguments, failure,
+        /// panic, timeout).
+        tool_errors,
+        /// Tool calls the parser could not read (left as content).
+        parse_failures,
+        /// Conversations that forked into more than one training row.
+        forked_rollouts,
+        /// Training samples written out.
+        samples,
+        /// Dataset rows skipped as bad.
+        bad_rows,
+    }
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// How the loop is doing, as [`Engine::health`](super::Engine::health) reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    /// Time since the heartbeat last ran; it runs every `heartbeat` interval unless the
+    /// runtime's workers are blocked.
+    pub heartbeat_age: Duration,
+    /// 99th percentile of how late the heartbeat woke, since the start.
+    pub scheduler_lag_p99: Duration,
+    /// The latest wake-up lateness.
+    pub scheduler_lag_max: Duration,
+    /// Rollouts running.
+    pub in_flight: usize,
+    /// Rollouts of admitted groups waiting for a slot.
+    pub queued: usize,
+    /// The model version turns are now sampled under.
+    pub model_version: u64,
+    /// Whether admission has stopped (dataset done, group limit reached, or a drain).
+    pub admission_closed: bool,
+    /// Counters.
+    pub stats: Stats,
+}
+
+/// The heartbeat's record: when it last ran and how late it woke.
+#[derive(Debug)]
+pub(crate) struct Heartbeat {
+    start: Instant,
+    last_micros: AtomicU64,
+    lag: Mutex<Histogram<u64>>,
+}
+
+impl Heartbeat {
+    pub(crate) fn new() -> Heartbeat {
+        let lag = Histogram::new_with_bounds(1, 3_600_000_000, 3)
+            .unwrap_or_else(|e| unreachable!("fixed histogram bounds are valid: {e}"));
+        Heartbeat {
+            start: Instant::now(),
+            last_micros: AtomicU64::new(0),
+            lag: Mutex::new(lag),
+        }
+    }
+
+    fn beat(&self, lag: Duration) {
+        let now = self.start.elapsed().as_micros() as u64;
+        self.last_micros.store(now, Ordering::Relaxed);
+        let _ = lock(&self.lag).record(lag.as_micros().max(1) as u64);
+    }
+
+    pub(crate) fn age(&self) -> Duration {
+        let now = self.start.elapsed().as_micros() as u64;
+        Duration::from_micros(now.saturating_sub(self.last_micros.load(Ordering::Relaxed)))
+    }
+
+    pub(crate) fn lag(&self) -> (Duration, Duration) {
+        let lag = lock(&self.lag);
+        (
+            Duration::from_micros(lag.value_at_quantile(0.99)),
+            Duration::from_micros(lag.max()),
+        )
+    }
+
+    /// Beats every `period` until `stop`, warning when a wake-up is later than `warn_after`.
+    /// It is a task of its own: no tool, reward or rollout runs on it.
+    pub(crate) async fn run(
+        &self,
+        period: Duration,
+        warn_after: Duration,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let before = Instant::now();
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            let lag = before.elapsed().saturating_sub(period);
+            self.beat(lag);
+            if lag > warn_after {
+                tracing::warn!(
+                    lag_ms = lag.as_secs_f64() * 1e3,
+                    "the heartbeat woke late: something blocks the runtime's workers"
+                );
+            }
+        }
+    }
+}

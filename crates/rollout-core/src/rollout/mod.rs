@@ -1,0 +1,607 @@
+//! The rollout loop: dataset rows in, scored groups of training samples out.
+//!
+//! [`Engine`] admits one group per dataset row (`num_generations` rollouts sharing a group
+//! id), runs at most `max_inflight` rollouts at once, and drives each through the multi-turn
+//! loop: render the conversation incrementally, sample a turn with the [`Generator`], parse
+//! tool calls, run them in order through the [`ToolDispatcher`], append the results, and
+//! again, until the model answers without a call, `max_turns`, the token budget, the context
+//! or the rollout's deadline. Each sampled turn goes to the reconciler as it arrives. When a
+//! group's last rollout ends the group is scored, its advantages computed, and its samples
+//! sent to the output, a bounded channel.
+//!
+//! - **Backpressure**: a group reserves its output slot before it is admitted. A consumer
+//!   that falls behind stops admission; nothing is dropped and in-flight work is unaffected.
+//! - **Failure isolation**: a rollout that fails (generation, rendering, deadline) is retried
+//!   up to `retries` times, then recorded with its cause; its group is scored on the rest
+//!   when at least `min_group_size` remain, else dropped and counted.
+//! - **Model versions**: each turn records the version set by [`Engine::set_model_version`]
+//!   when it was sampled; a sample carries its group's first version and, in its metrics,
+//!   the span of its own turns.
+//! - **Health**: a heartbeat task, independent of rollouts, tools and rewards, measures how
+//!   late the runtime wakes it ([`Engine::health`]).
+//! - **Drain**: [`Engine::shutdown`] stops admission, lets in-flight rollouts finish until a
+//!   deadline, cancels the rest (dropping their requests aborts them on the server), scores
+//!   every complete group, closes the output and the tool pool, and reports.
+
+mod conversation;
+mod generator;
+mod group;
+mod health;
+
+use std::{
+    fmt,
+    time::{Duration, Instant},
+};
+
+use scoring::{AdvantageConfig, Scorer};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tool_dispatch::{ShutdownReport, ToolDispatcher};
+
+pub use self::{
+    conversation::{FailureCause, RolloutFailure},
+    generator::{Finish, GenerateError, GenerateRequest, Generation, Generator, Sampling},
+    group::ScoredGroup,
+    health::{Health, Stats},
+};
+use self::{
+    group::GroupState,
+    health::{Counters, Heartbeat},
+};
+use crate::{
+    ChatTokenizer, DatasetError, DatasetRow, ReconcilerConfig, RenderError, RenderOptions,
+    RolloutId, ToolCallParser,
+    parse::{HermesParser, detect_parser},
+    sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
+};
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RolloutConfig {
+    /// Rollouts per dataset row (the group size).
+    pub num_generations: usize,
+    /// Most rollouts running at once.
+    pub max_inflight: usize,
+    /// Most generation calls per rollout.
+    pub max_turns: usize,
+    /// Most tokens sampled per turn (clipped further to the context left).
+    pub max_tokens: u32,
+    /// Most tokens sampled per rollout over all its turns.
+    pub max_total_tokens: Option<u32>,
+    /// The context length; `None` takes the generator's.
+    pub max_model_len: Option<u32>,
+    /// How long one attempt at a rollout may take.
+    pub rollout_timeout: Duration,
+    /// Fewest successful rollouts a group is scored with.
+    pub min_group_size: usize,
+    /// Attempts after the first for a rollout that failed (same prompt, fresh sampling).
+    pub retries: usize,
+    /// Go on past a bad dataset row (counted, logged) instead of stopping admission.
+    pub skip_bad_rows: bool,
+    /// Stop admitting after this many groups; `None` reads the whole dataset.
+    pub max_groups: Option<u64>,
+    /// Sampling.
+    pub sampling: Sampling,
+    /// How turns become training rows.
+    pub reconciler: ReconcilerConfig,
+    /// How rewards become advantages.
+    pub advantages: AdvantageConfig,
+    /// Scored groups the output holds for a slow consumer before admission waits.
+    pub output_buffer: usize,
+    /// The heartbeat's period.
+    pub heartbeat: Duration,
+    /// A heartbeat later than this is logged as a warning.
+    pub lag_warning: Duration,
+}
+
+impl Default for RolloutConfig {
+    /// 8 generations, 64 in flight, 8 turns of at most 512 tokens, 10 minutes per rollout,
+    /// groups of at least 2, one retry, TRL's advantages, a 100 ms heartbeat.
+    fn default() -> Self {
+        Self {
+            num_generations: 8,
+            max_inflight: 64,
+            max_turns: 8,
+            max_tokens: 512,
+            max_total_tokens: None,
+            max_model_len: None,
+            rollout_timeout: Duration::from_secs(600),
+            min_group_size: 2,
+            retries: 1,
+            skip_bad_rows: false,
+            max_groups: None,
+            sampling: Sampling::default(),
+            reconciler: ReconcilerConfig::default(),
+            advantages: AdvantageConfig::default(),
+            output_buffer: 16,
+            heartbeat: Duration::from_millis(100),
+            lag_warning: Duration::from_millis(50),
+        }
+    }
+}
+
+impl RolloutConfig {
+    /// Checks that the settings can run, saying which one cannot.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let fail = |message: String| Err(EngineError::Config(message));
+        if self.num_generations == 0 {
+            return fail("num_generations must be at least 1".to_owned());
+        }
+        if self.max_inflight == 0 {
+            return fail("max_inflight must be at least 1".to_owned());
+        }
+        if self.max_turns == 0 {
+            return fail("max_turns must be at least 1".to_owned());
+        }
+        if self.max_tokens == 0 {
+            return fail("max_tokens must be at least 1".to_owned());
+        }
+        if self.min_group_size > self.num_generations {
+            return fail(format!(
+                "min_group_size ({}) is larger than num_generations ({}): no group could be scored",
+                self.min_group_size, self.num_generations
+            ));
+        }
+        if self.heartbeat.is_zero() {
+            return fail("heartbeat must be longer than zero".to_owned());
+        }
+        self.advantages
+            .validate()
+            .map_err(|e| EngineError::Config(format!("advantages: {e}")))
+    }
+}
+
+/// The loop could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A setting cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The chat template could not be found or compiled.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// No thread could be started to read the dataset.
+    #[error("could not start the dataset reader: {0}")]
+    Thread(std::io::Error),
+}
+
+/// What [`Engine::shutdown`] did.
+#[derive(Debug, Clone)]
+pub struct DrainReport {
+    /// How long the drain took.
+    pub elapsed: Duration,
+    /// Whether every rollout in flight finished before the deadline and every tool thread
+    /// was joined.
+    pub clean: bool,
+    /// Rollouts still running at the deadline, cancelled.
+    pub cancelled_at_deadline: u64,
+    /// Counters at the end.
+    pub stats: Stats,
+    /// What the tool pool's shutdown did.
+    pub tools: Option<ShutdownReport>,
+    /// Why admission stopped early, if it did (a bad dataset row, an unreadable file).
+    pub error: Option<String>,
+    /// The bad rows skipped (with `skip_bad_rows`), each with its file, line and reason;
+    /// the first 100.
+    pub bad_rows: Vec<String>,
+}
+
+/// State shared by the driver, the rollouts and the heartbeat.
+pub(crate) struct Shared<G> {
+    pub(crate) generator: G,
+    pub(crate) tokenizer: ChatTokenizer,
+    pub(crate) options: RenderOptions,
+    pub(crate) parser: Box<dyn ToolCallParser>,
+    pub(crate) tools: Option<ToolDispatcher>,
+    pub(crate) scorer: Scorer,
+    pub(crate) config: RolloutConfig,
+    pub(crate) max_model_len: Option<u32>,
+    pub(crate) counters: Counters,
+    pub(crate) cancel: CancellationToken,
+    eos: Option<u32>,
+    version: AtomicU64,
+    admission: CancellationToken,
+    admission_closed: AtomicBool,
+    heartbeat: Heartbeat,
+    stop_heartbeat: CancellationToken,
+    tracker: TaskTracker,
+    in_flight: Arc<Semaphore>,
+    queued: AtomicUsize,
+    error: Mutex<Option<String>>,
+    bad_rows: Mutex<Vec<String>>,
+}
+
+impl<G> Shared<G> {
+    pub(crate) fn model_version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The text of sampled ids as the parser reads it: special tokens kept (tool-call
+    /// markers are often special), a final end-of-answer token left out.
+    pub(crate) fn decode(&self, ids: &[u32]) -> Result<String, RenderError> {
+        let ids = match (ids.split_last(), self.eos) {
+            (Some((last, rest)), Some(eos)) if *last == eos => rest,
+            _ => ids,
+        };
+        self.tokenizer
+            .tokenizer()
+            .decode(ids, false)
+            .map_err(|e| RenderError::Tokenize {
+                message: e.to_string(),
+            })
+    }
+}
+
+/// Builds an [`Engine`]; see [`Engine::builder`].
+pub struct EngineBuilder<G> {
+    generator: G,
+    tokenizer: ChatTokenizer,
+    scorer: Scorer,
+    tools: Option<ToolDispatcher>,
+    parser: Option<Box<dyn ToolCallParser>>,
+    options: RenderOptions,
+    config: RolloutConfig,
+}
+
+impl<G> fmt::Debug for EngineBuilder<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<G: Generator> EngineBuilder<G> {
+    /// Runs the model's tool calls with `tools`; their specs are rendered into the prompt.
+    #[must_use]
+    pub fn tools(mut self, tools: ToolDispatcher) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Parses tool calls with `parser` (default: the one the chat template's format
+    /// suggests, else hermes).
+    #[must_use]
+    pub fn parser(mut self, parser: Box<dyn ToolCallParser>) -> Self {
+        self.parser = Some(parser);
+        self
+    }
+
+    /// Renders with `options` (chat template name, template kwargs); the tools' specs are
+    /// added to them.
+    #[must_use]
+    pub fn render_options(mut self, options: RenderOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The loop's settings.
+    #[must_use]
+    pub fn config(mut self, config: RolloutConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Starts the loop on the current tokio runtime, reading groups from `rows` on a thread
+    /// of its own, and returns it with its output.
+    pub fn start<I>(self, rows: I) -> Result<(Engine<G>, Groups), EngineError>
+    where
+        I: IntoIterator<Item = Result<DatasetRow, DatasetError>>,
+        I::IntoIter: Send + 'static,
+    {
+        let config = self.config;
+        config.validate()?;
+        let mut options = self.options;
+        options.add_generation_prompt = true;
+        if let Some(tools) = &self.tools
+            && !tools.registry().is_empty()
+        {
+            options.tools = Some(tools.registry().to_openai());
+        }
+        let template = self.tokenizer.template(&options)?;
+        let parser = self.parser.unwrap_or_else(|| {
+            detect_parser(template.source()).unwrap_or_else(|| Box::new(HermesParser))
+        });
+        let max_model_len = config.max_model_len.or(self.generator.max_model_len());
+        let rows = spawn_reader(rows.into_iter()).map_err(EngineError::Thread)?;
+        let groups_in_flight = config.max_inflight.div_ceil(config.num_generations) + 1;
+        let (output, groups) = mpsc::channel(groups_in_flight + config.output_buffer.max(1));
+        let shared = Arc::new(Shared {
+            eos: self.tokenizer.eos_token_id(),
+            generator: self.generator,
+            tokenizer: self.tokenizer,
+            options,
+            parser,
+            tools: self.tools,
+            scorer: self.scorer,
+            max_model_len,
+            counters: Counters::default(),
+            cancel: CancellationToken::new(),
+            version: AtomicU64::new(0),
+            admission: CancellationToken::new(),
+            admission_closed: AtomicBool::new(false),
+            heartbeat: Heartbeat::new(),
+            stop_heartbeat: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            in_flight: Arc::new(Semaphore::new(config.max_inflight)),
+            queued: AtomicUsize::new(0),
+            error: Mutex::new(None),
+            bad_rows: Mutex::new(Vec::new()),
+            config,
+        });
+        let heartbeat = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let stop = heartbeat.stop_heartbeat.clone();
+            let config = &heartbeat.config;
+            heartbeat
+                .heartbeat
+                .run(config.heartbeat, config.lag_warning, stop)
+                .await;
+        });
+        shared
+            .tracker
+            .spawn(admit(Arc::clone(&shared), rows, output));
+        Ok((Engine { shared }, Groups { receiver: groups }))
+    }
+}
+
+/// Reads rows on a thread of its own (files block), a few rows ahead of admission.
+fn spawn_reader<I>(rows: I) -> std::io::Result<mpsc::Receiver<Result<DatasetRow, DatasetError>>>
+where
+    I: Iterator<Item = Result<DatasetRow, DatasetError>> + Send + 'static,
+{
+    let (sender, receiver) = mpsc::channel(64);
+    std::thread::Builder::new()
+        .name("rollout-dataset".to_owned())
+        .spawn(move || {
+            for row in rows {
+                if sender.blocking_send(row).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(receiver)
+}
+
+/// The loop's output: scored groups, in the order they complete. It ends when the dataset
+/// is done (or the group limit reached) and every group is out, or after a drain.
+#[derive(Debug)]
+pub struct Groups {
+    receiver: mpsc::Receiver<ScoredGroup>,
+}
+
+impl Groups {
+    /// The next scored group; `None` once the loop has ended and every group was received.
+    pub async fn recv(&mut self) -> Option<ScoredGroup> {
+        self.receiver.recv().await
+    }
+
+    /// The next scored group, blocking the thread (for a writer thread of its own); do not
+    /// call it on the runtime.
+    pub fn blocking_recv(&mut self) -> Option<ScoredGroup> {
+        self.receiver.blocking_recv()
+    }
+}
+
+/// A running rollout loop; see the [module docs](self).
+///
+/// Dropping it cancels what runs; [`Engine::shutdown`] drains instead.
+pub struct Engine<G: Generator> {
+    shared: Arc<Shared<G>>,
+}
+
+impl<G: Generator> fmt::Debug for Engine<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<G: Generator> Engine<G> {
+    /// An engine sampling with `generator`, rendering with `tokenizer`'s chat template and
+    /// scoring with `scorer`.
+    pub fn builder(generator: G, tokenizer: ChatTokenizer, scorer: Scorer) -> EngineBuilder<G> {
+        EngineBuilder {
+            generator,
+            tokenizer,
+            scorer,
+            tools: None,
+            parser: None,
+            options: RenderOptions::generation(),
+            config: RolloutConfig::default(),
+        }
+    }
+
+    /// Turns sampled from now on record `version` (call it when the server's weights change).
+    pub fn set_model_version(&self, version: u64) {
+        self.shared.version.fetch_max(version, Ordering::AcqRel);
+    }
+
+    /// The model version turns are sampled under now.
+    pub fn model_version(&self) -> u64 {
+        self.shared.model_version()
+    }
+
+    /// The context length the loop clips turns to, if known.
+    pub fn max_model_len(&self) -> Option<u32> {
+        self.shared.max_model_len
+    }
+
+    /// How the loop is doing. Cheap; call it as often as needed.
+    pub fn health(&self) -> Health {
+        let shared = &self.shared;
+        let (scheduler_lag_p99, scheduler_lag_max) = shared.heartbeat.lag();
+        Health {
+            heartbeat_age: shared.heartbeat.age(),
+            scheduler_lag_p99,
+            scheduler_lag_max,
+            in_flight: shared.config.max_inflight - shared.in_flight.available_permits(),
+            queued: shared.queued.load(Ordering::Relaxed),
+            model_version: shared.model_version(),
+            admission_closed: shared.admission_closed.load(Ordering::Acquire),
+            stats: shared.counters.snapshot(),
+        }
+    }
+
+    /// The tool dispatcher, for its metrics.
+    pub fn tools(&self) -> Option<&ToolDispatcher> {
+        self.shared.tools.as_ref()
+    }
+
+    /// The scorer, for its statistics.
+    pub fn scorer(&self) -> &Scorer {
+        &self.shared.scorer
+    }
+
+    /// Drains: stops admission, lets rollouts in flight finish until `deadline`, then
+    /// cancels the rest (their requests are dropped, which aborts them on the server);
+    /// scores and sends every complete group; closes the output and the tool pool. Also the
+    /// way to close a loop that ended by itself. Calling it again reports again.
+    pub async fn shutdown(&self, deadline: Duration) -> DrainReport {
+        let shared = &self.shared;
+        let start = Instant::now();
+        shared.admission.cancel();
+        shared.tracker.close();
+        let in_time = tokio::time::timeout(deadline, shared.tracker.wait())
+            .await
+            .is_ok();
+        let mut cancelled_at_deadline = 0;
+        if !in_time {
+            cancelled_at_deadline =
+                (shared.config.max_inflight - shared.in_flight.available_permits()) as u64;
+            tracing::warn!(
+                rollouts = cancelled_at_deadline,
+                "drain deadline reached: cancelling the rollouts still running"
+            );
+            shared.cancel.cancel();
+            shared.tracker.wait().await;
+        }
+        shared.stop_heartbeat.cancel();
+        let tools = match &shared.tools {
+            Some(tools) => {
+                let left = deadline
+                    .saturating_sub(start.elapsed())
+                    .max(Duration::from_millis(100));
+                Some(tools.shutdown(left).await)
+            }
+            None => None,
+        };
+        let threads_clean = tools.as_ref().is_none_or(|t| t.threads_detached == 0);
+        DrainReport {
+            elapsed: start.elapsed(),
+            clean: in_time && threads_clean,
+            cancelled_at_deadline,
+            stats: shared.counters.snapshot(),
+            tools,
+            error: lock(&shared.error).clone(),
+            bad_rows: lock(&shared.bad_rows).clone(),
+        }
+    }
+}
+
+impl<G: Generator> Drop for Engine<G> {
+    fn drop(&mut self) {
+        self.shared.admission.cancel();
+        self.shared.cancel.cancel();
+        self.shared.stop_heartbeat.cancel();
+    }
+}
+
+/// Admission: one group per row while output slots, in-flight slots and rows last.
+async fn admit<G: Generator>(
+    shared: Arc<Shared<G>>,
+    mut rows: mpsc::Receiver<Result<DatasetRow, DatasetError>>,
+    output: mpsc::Sender<ScoredGroup>,
+) {
+    let config = &shared.config;
+    let n = config.num_generations;
+    let mut group_id = 0u64;
+    'admission: loop {
+        if config.max_groups.is_some_and(|max| group_id >= max) {
+            break;
+        }
+        // The group's output slot first: a consumer that falls behind holds admission here.
+        let slot = tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => break,
+            slot = output.clone().reserve_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let row = loop {
+            let next = tokio::select! {
+                biased;
+                () = shared.admission.cancelled() => break 'admission,
+                next = rows.recv() => next,
+            };
+            match next {
+                None => break 'admission,
+                Some(Ok(row)) => break row,
+                Some(Err(error))
+                    if config.skip_bad_rows && matches!(error, DatasetError::Row { .. }) =>
+                {
+                    Counters::add(&shared.counters.bad_rows, 1);
+                    tracing::warn!(%error, "skipping a bad dataset row");
+                    let mut bad = lock(&shared.bad_rows);
+                    if bad.len() < 100 {
+                        bad.push(error.to_string());
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::error!(%error, "stopping admission");
+                    *lock(&shared.error) = Some(error.to_string());
+                    break 'admission;
+                }
+            }
+        };
+        Counters::add(&shared.counters.groups_admitted, 1);
+        let group = Arc::new(GroupState::new(group_id, row, n, slot));
+        let base = group_id * n as u64;
+        shared.queued.fetch_add(n, Ordering::Relaxed);
+        for index in 0..n {
+            let permit = tokio::select! {
+                biased;
+                () = shared.admission.cancelled() => None,
+                permit = Arc::clone(&shared.in_flight).acquire_owned() => permit.ok(),
+            };
+            let Some(permit) = permit else {
+                shared.queued.fetch_sub(n - index, Ordering::Relaxed);
+                Counters::add(&shared.counters.rollouts_cancelled, (n - index) as u64);
+                if index > 0 && group.abandon_from(index, base) {
+                    group::finish(&shared, &group).await;
+                }
+                break 'admission;
+            };
+            shared.queued.fetch_sub(1, Ordering::Relaxed);
+            let rollout_shared = Arc::clone(&shared);
+            let group = Arc::clone(&group);
+            shared.tracker.spawn(async move {
+                let shared = rollout_shared;
+                let rollout_id = RolloutId(base + index as u64);
+                let outcome =
+                    conversation::run(&shared, &group.row, group.group_id, rollout_id).await;
+                drop(permit);
+                shared.generator.release(rollout_id);
+                match &outcome {
+                    Ok(_) => Counters::add(&shared.counters.rollouts_completed, 1),
+                    Err(failure) if failure.cause == FailureCause::Cancelled => {
+                        Counters::add(&shared.counters.rollouts_cancelled, 1);
+                    }
+                    Err(failure) => {
+                        Counters::add(&shared.counters.rollouts_failed, 1);
+                        tracing::warn!(%failure, "rollout failed");
+                    }
+                }
+                if group.complete(index, outcome) {
+                    group::finish(&shared, &group).await;
+                }
+            });
+        }
+        group_id += 1;
+    }
+    shared.admission_closed.store(true, Ordering::Release);
+}

@@ -1,0 +1,16 @@
+//! The one module that names `std::sync`; everything else imports from here.
+
+#[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
+pub(crate) use std::sync::{
+    Arc, Mutex, MutexGuard,
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+};
+
+/// Locks `mutex`, going on when a panicking holder poisoned it: every value guarded in this
+/// crate is left consistent between statements.
+#[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
