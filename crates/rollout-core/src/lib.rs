@@ -76,7 +76,8 @@ pub use crate::{
         Transition, reconcile,
     },
     render::{
-        ChatTemplate, ChatTokenizer, IncrementalRender, RenderError, RenderOptions, Rendered,
+        ChatTemplate, ChatTokenizer, IncrementalRender, RenderError, RenderOptions, RenderState,
+        Rendered,
     },
     sample::{JsonlSink, TrainingSample},
     turn::TurnRecord,

@@ -21,6 +21,55 @@ use super::{
 };
 use crate::{Message, reconcile::common_prefix};
 
+/// An incremental conversation set aside: its messages, rendered text, ids and anchors,
+/// without the tokenizer and template it borrows, so that it can be kept, cloned and sent
+/// between tasks. [`ChatTokenizer::resume`] continues it. A rollout loop renders a group's
+/// prompt once and starts each of the group's rollouts from a clone.
+#[derive(Debug, Clone)]
+pub struct RenderState {
+    options: RenderOptions,
+    messages: Vec<Value>,
+    text: String,
+    ids: Vec<u32>,
+    anchors: Vec<Anchor>,
+    stats: IncrementalStats,
+}
+
+impl RenderState {
+    /// The ids of the last render.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// The messages so far.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether no message was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+}
+
+impl ChatTokenizer {
+    /// Continues a conversation set aside with [`IncrementalRender::state`]. The state must
+    /// come from this tokenizer: its ids are trusted, not checked.
+    pub fn resume(&self, state: RenderState) -> Result<IncrementalRender<'_>, RenderError> {
+        let template = self.template(&state.options)?;
+        Ok(IncrementalRender {
+            tokenizer: self,
+            template,
+            options: state.options,
+            messages: state.messages,
+            text: state.text,
+            ids: state.ids,
+            anchors: state.anchors,
+            stats: state.stats,
+        })
+    }
+}
+
 /// What an incremental conversation did, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct IncrementalStats {
@@ -77,6 +126,18 @@ impl<'t> IncrementalRender<'t> {
             ids: Vec::new(),
             anchors: Vec::new(),
             stats: IncrementalStats::default(),
+        }
+    }
+
+    /// The conversation as a [`RenderState`], to continue later or elsewhere.
+    pub fn state(&self) -> RenderState {
+        RenderState {
+            options: self.options.clone(),
+            messages: self.messages.clone(),
+            text: self.text.clone(),
+            ids: self.ids.clone(),
+            anchors: self.anchors.clone(),
+            stats: self.stats,
         }
     }
 

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 pub use self::{
-    incremental::{IncrementalRender, IncrementalStats, Prompt},
+    incremental::{IncrementalRender, IncrementalStats, Prompt, RenderState},
     template::ChatTemplate,
     tokenizer::{ChatTokenizer, Rendered},
 };

@@ -6,12 +6,15 @@ use std::{fmt, slice};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::group::GroupState;
 use super::{
     Shared,
     generator::{Finish, GenerateRequest, Generator},
     health::Counters,
 };
-use crate::{DatasetRow, Message, Reconciler, RolloutId, Tally, TrainingRow, TurnRecord};
+use crate::{
+    Message, Reconciler, RenderError, RenderState, RolloutId, Tally, TrainingRow, TurnRecord,
+};
 
 /// A rollout that ended with a conversation.
 #[derive(Debug)]
@@ -134,10 +137,10 @@ pub(crate) type Failure = (FailureCause, String);
 /// Runs a rollout with its retries, its deadline and cancellation.
 pub(crate) async fn run<G: Generator>(
     shared: &Shared<G>,
-    row: &DatasetRow,
-    group_id: u64,
+    group: &GroupState,
     rollout_id: RolloutId,
 ) -> Result<Finished, RolloutFailure> {
+    let (row, group_id) = (&group.row, group.group_id);
     let config = &shared.config;
     let mut attempt = 0u32;
     loop {
@@ -150,7 +153,7 @@ pub(crate) async fn run<G: Generator>(
             }
             outcome = tokio::time::timeout(
                 config.rollout_timeout,
-                converse(shared, row, rollout_id, attempt),
+                converse(shared, &group.first, rollout_id, attempt),
             ) => outcome.unwrap_or_else(|_| Err((
                 FailureCause::Deadline,
                 format!("still running after the rollout timeout of {:?}", config.rollout_timeout),
@@ -188,18 +191,18 @@ const MAX_CONTINUATIONS: usize = 8;
 /// One attempt at a conversation.
 async fn converse<G: Generator>(
     shared: &Shared<G>,
-    row: &DatasetRow,
+    first: &Result<RenderState, RenderError>,
     rollout_id: RolloutId,
     attempt: u32,
 ) -> Result<Finished, Failure> {
     let config = &shared.config;
     let counters = &shared.counters;
-    let render_error = |e: crate::RenderError| (FailureCause::Render, e.to_string());
+    let render_error = |e: RenderError| (FailureCause::Render, e.to_string());
+    let first = first.as_ref().map_err(|e| render_error(e.clone()))?;
     let mut render = shared
         .tokenizer
-        .incremental(shared.options.clone())
+        .resume(first.clone())
         .map_err(render_error)?;
-    render.push(&row.prompt);
     let mut reconciler = Reconciler::new(rollout_id, config.reconciler);
     let mut finished = Finished {
         rollout_id,
@@ -215,7 +218,12 @@ async fn converse<G: Generator>(
         attempts: attempt,
     };
     for turn in 0..config.max_turns {
-        let mut prompt_ids = render.prompt().map_err(render_error)?.ids.to_vec();
+        // The group's prompt was rendered once with a generation prompt: turn 0 sends it.
+        let mut prompt_ids = if turn == 0 {
+            render.ids().to_vec()
+        } else {
+            render.prompt().map_err(render_error)?.ids.to_vec()
+        };
         let room = match shared.max_model_len {
             Some(limit) => {
                 let room = (limit as usize).saturating_sub(prompt_ids.len());

@@ -15,7 +15,7 @@ use super::{
     health::Counters,
 };
 use crate::{
-    DatasetRow, TrainingSample,
+    DatasetRow, RenderError, RenderState, TrainingSample,
     sync::{Arc, AtomicUsize, Mutex, Ordering, lock},
 };
 
@@ -37,6 +37,8 @@ pub struct ScoredGroup {
 pub(crate) struct GroupState {
     pub(crate) group_id: u64,
     pub(crate) row: DatasetRow,
+    /// The prompt rendered once for every rollout of the group to start from.
+    pub(crate) first: Result<RenderState, RenderError>,
     outcomes: Mutex<Vec<Option<Result<Finished, RolloutFailure>>>>,
     remaining: AtomicUsize,
     output: Mutex<Option<OwnedPermit<ScoredGroup>>>,
@@ -46,12 +48,14 @@ impl GroupState {
     pub(crate) fn new(
         group_id: u64,
         row: DatasetRow,
+        first: Result<RenderState, RenderError>,
         size: usize,
         output: OwnedPermit<ScoredGroup>,
     ) -> GroupState {
         GroupState {
             group_id,
             row,
+            first,
             outcomes: Mutex::new((0..size).map(|_| None).collect()),
             remaining: AtomicUsize::new(size),
             output: Mutex::new(Some(output)),

@@ -50,7 +50,7 @@ use self::{
 };
 use crate::{
     ChatTokenizer, DatasetError, DatasetRow, ReconcilerConfig, RenderError, RenderOptions,
-    RolloutId, ToolCallParser,
+    RenderState, RolloutId, ToolCallParser,
     parse::{HermesParser, detect_parser},
     sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
 };
@@ -198,6 +198,9 @@ pub(crate) struct Shared<G> {
     pub(crate) scorer: Scorer,
     pub(crate) config: RolloutConfig,
     pub(crate) max_model_len: Option<u32>,
+    /// The conversation with no message (the tools' system block, for most templates),
+    /// rendered once: every group's prompt starts from it and tokenizes only what it adds.
+    base: Option<RenderState>,
     pub(crate) counters: Counters,
     pub(crate) cancel: CancellationToken,
     eos: Option<u32>,
@@ -214,6 +217,17 @@ pub(crate) struct Shared<G> {
 }
 
 impl<G> Shared<G> {
+    /// A group's prompt, rendered once for all its rollouts.
+    fn render_prompt(&self, row: &DatasetRow) -> Result<RenderState, RenderError> {
+        let mut render = match &self.base {
+            Some(base) => self.tokenizer.resume(base.clone())?,
+            None => self.tokenizer.incremental(self.options.clone())?,
+        };
+        render.push(&row.prompt);
+        render.prompt()?;
+        Ok(render.state())
+    }
+
     pub(crate) fn model_version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }
@@ -305,6 +319,15 @@ impl<G: Generator> EngineBuilder<G> {
             detect_parser(template.source()).unwrap_or_else(|| Box::new(HermesParser))
         });
         let max_model_len = config.max_model_len.or(self.generator.max_model_len());
+        // A template may refuse an empty conversation; groups then render from nothing.
+        let base = self
+            .tokenizer
+            .incremental(options.clone())
+            .ok()
+            .and_then(|mut render| {
+                render.conversation().ok()?;
+                Some(render.state())
+            });
         let rows = spawn_reader(rows.into_iter()).map_err(EngineError::Thread)?;
         let groups_in_flight = config.max_inflight.div_ceil(config.num_generations) + 1;
         let (output, groups) = mpsc::channel(groups_in_flight + config.output_buffer.max(1));
@@ -317,6 +340,7 @@ impl<G: Generator> EngineBuilder<G> {
             tools: self.tools,
             scorer: self.scorer,
             max_model_len,
+            base,
             counters: Counters::default(),
             cancel: CancellationToken::new(),
             version: AtomicU64::new(0),
@@ -559,7 +583,8 @@ async fn admit<G: Generator>(
             }
         };
         Counters::add(&shared.counters.groups_admitted, 1);
-        let group = Arc::new(GroupState::new(group_id, row, n, slot));
+        let first = shared.render_prompt(&row);
+        let group = Arc::new(GroupState::new(group_id, row, first, n, slot));
         let base = group_id * n as u64;
         shared.queued.fetch_add(n, Ordering::Relaxed);
         for index in 0..n {
@@ -582,8 +607,7 @@ async fn admit<G: Generator>(
             shared.tracker.spawn(async move {
                 let shared = rollout_shared;
                 let rollout_id = RolloutId(base + index as u64);
-                let outcome =
-                    conversation::run(&shared, &group.row, group.group_id, rollout_id).await;
+                let outcome = conversation::run(&shared, &group, rollout_id).await;
                 drop(permit);
                 shared.generator.release(rollout_id);
                 match &outcome {

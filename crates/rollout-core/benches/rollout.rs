@@ -1,0 +1,411 @@
+//! The rollout loop against the vLLM simulator over real HTTP.
+//!
+//! Run with `cargo xtask bench` (or `cargo bench -p rollout-core --bench rollout`). Each
+//! scenario runs in a process of its own (this program started again with
+//! `ROLLOUT_BENCH_ONLY=NAME`), so that its memory figure starts from a clean heap; the
+//! simulator (`vllm_client::sim`: scripted answers, not a model) runs in a further child
+//! process, so that the CPU time and resident memory measured are the engine's alone (loop,
+//! HTTP client, tools and scoring, on a 2-worker runtime). Both processes share the
+//! machine's 2 cores. Scenarios:
+//!
+//! - `zero`: zero latency, one calculator round per rollout: turns/s and CPU per turn;
+//! - `1024`, `4096`: 200 ms per request with that many rollouts in flight: achieved turns/s
+//!   against the ideal `in_flight / 200 ms`, resident memory per in-flight rollout, and the
+//!   time a drain takes with every rollout mid-request;
+//! - `blocking`: 64 rollouts whose sync tool blocks its thread for 500 ms: the heartbeat's
+//!   p99 lag.
+//!
+//! Prints a markdown table and, when `BENCH_OUT` names a folder, writes
+//! `rollout-loop.json` there.
+
+#![allow(clippy::print_stdout, reason = "the report is this program's output")]
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use rollout_core::{
+    ChatTemplate, ChatTokenizer, DatasetError, DatasetRow, Message,
+    rollout::{Engine, RolloutConfig},
+};
+use scoring::{Scorer, ScorerConfig, builtin};
+use serde_json::{Map, Value, json};
+use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
+use vllm_client::{
+    Client, ClientConfig,
+    sim::{SimConfig, Simulator, training_tokenizer},
+};
+
+const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}\
+{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
+{%- for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}\
+{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const SCENARIOS: [&str; 4] = ["zero", "1024", "4096", "blocking"];
+
+/// This process's CPU seconds (user + system).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Fields 14 and 15 of the stat line (utime, stime), counted after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// This process's resident memory.
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|pages| pages.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
+}
+
+fn rows() -> impl Iterator<Item = Result<DatasetRow, DatasetError>> + Send + 'static {
+    (0..).map(|i: usize| {
+        let (a, b) = (i % 97 + 2, i % 89 + 3);
+        let columns: Map<String, Value> = json!({ "answer": (a * b).to_string() })
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        Ok(DatasetRow {
+            line: i + 1,
+            prompt: vec![Message::user(format!("What is {a} * {b}?"))],
+            columns,
+        })
+    })
+}
+
+fn tokenizer() -> ChatTokenizer {
+    let template = ChatTemplate::new("chatml-tools", TEMPLATE).expect("the template compiles");
+    let specials = json!({ "eos_token": "<|im_end|>" })
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    ChatTokenizer::new(training_tokenizer(), template, specials)
+}
+
+fn tools(block: Option<Duration>, threads: usize) -> ToolDispatcher {
+    let spec = ToolSpec::new("calculator", "Evaluate arithmetic").parameters(
+        json!({ "type": "object", "properties": { "expression": { "type": "string" } } }),
+    );
+    let tool = Tool::new_sync(spec, move |args| {
+        if let Some(block) = block {
+            std::thread::sleep(block);
+        }
+        let expression = args
+            .get("expression")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        Ok(json!(tool_dispatch::builtin::evaluate(expression)?))
+    });
+    let registry = Registry::new().with(tool).expect("one tool");
+    ToolDispatcher::new(registry, DispatcherConfig::new(threads))
+}
+
+struct Scenario {
+    in_flight: usize,
+    latency: Duration,
+    tool_rounds: usize,
+    tool_block: Option<Duration>,
+    warmup: Duration,
+    measure: Duration,
+}
+
+impl Scenario {
+    fn named(name: &str) -> Scenario {
+        let (in_flight, latency, tool_rounds, tool_block) = match name {
+            "zero" => (256, Duration::ZERO, 1, None),
+            "1024" => (1024, Duration::from_millis(200), 0, None),
+            "4096" => (4096, Duration::from_millis(200), 0, None),
+            _ => (64, Duration::ZERO, 3, Some(Duration::from_millis(500))),
+        };
+        Scenario {
+            in_flight,
+            latency,
+            tool_rounds,
+            tool_block,
+            warmup: Duration::from_secs(2),
+            measure: Duration::from_secs(6),
+        }
+    }
+}
+
+struct Measured {
+    turns_per_second: f64,
+    cpu_ms_per_turn: f64,
+    resident_per_rollout: f64,
+    tokens_per_sample: f64,
+    lag_p99: Duration,
+    drain: Duration,
+    drain_clean: bool,
+    failed: u64,
+}
+
+/// The simulator, in a child process: this program with `ROLLOUT_BENCH_SIMULATOR` set.
+struct SimulatorProcess {
+    child: std::process::Child,
+    url: String,
+}
+
+impl SimulatorProcess {
+    fn start(scenario: &Scenario) -> SimulatorProcess {
+        let mut child = Command::new(std::env::current_exe().expect("this program"))
+            .env(
+                "ROLLOUT_BENCH_SIMULATOR",
+                format!("{},{}", scenario.latency.as_millis(), scenario.tool_rounds),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the simulator process starts");
+        let stdout = child.stdout.take().expect("piped");
+        let mut url = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut url)
+            .expect("the simulator says its address");
+        SimulatorProcess {
+            child,
+            url: url.trim().to_owned(),
+        }
+    }
+}
+
+impl Drop for SimulatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The child side: serve until the parent closes stdin.
+fn serve_simulator(spec: &str) {
+    let mut parts = spec.split(',').map(|p| p.parse::<u64>().unwrap_or(0));
+    let mut config = SimConfig::new(training_tokenizer());
+    config.latency = Duration::from_millis(parts.next().unwrap_or(0));
+    config.tool_rounds = parts.next().unwrap_or(0) as usize;
+    config.answer_tokens = 16;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let sim = Simulator::start(config, "127.0.0.1:0".parse().expect("an address"))
+            .await
+            .expect("the simulator starts");
+        println!("{}", sim.url());
+        let _ = tokio::task::spawn_blocking(|| {
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+        })
+        .await;
+        sim.stop().await;
+    });
+}
+
+async fn run(scenario: &Scenario, url: String) -> Measured {
+    let client = Client::new(ClientConfig::new(url)).expect("a client");
+    client
+        .wait_until_ready(Duration::from_secs(10))
+        .await
+        .expect("the simulator is ready");
+    let scorer = Scorer::new(
+        vec![builtin::from_spec("numeric:answer").expect("a spec")],
+        ScorerConfig::default(),
+    )
+    .expect("a scorer");
+    let mut config = RolloutConfig::default();
+    config.num_generations = 8;
+    config.max_inflight = scenario.in_flight;
+    config.max_turns = 4;
+    config.max_tokens = 64;
+    config.output_buffer = 1024;
+    let resident_before = resident_bytes();
+    let (engine, mut groups) = Engine::builder(client, tokenizer(), scorer)
+        .tools(tools(scenario.tool_block, scenario.in_flight.min(256)))
+        .config(config)
+        .start(rows())
+        .expect("the loop starts");
+    // A consumer that keeps up, as a trainer's reader would.
+    let consumer = tokio::spawn(async move {
+        let (mut samples, mut tokens) = (0u64, 0u64);
+        while let Some(group) = groups.recv().await {
+            samples += group.samples.len() as u64;
+            tokens += group
+                .samples
+                .iter()
+                .map(|s| s.input_ids.len() as u64)
+                .sum::<u64>();
+        }
+        (samples, tokens)
+    });
+    tokio::time::sleep(scenario.warmup).await;
+    let (turns_before, cpu_before, started) =
+        (engine.health().stats.turns, cpu_seconds(), Instant::now());
+    let mut per_rollout = Vec::new();
+    while started.elapsed() < scenario.measure {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let in_flight = engine.health().in_flight.max(1) as f64;
+        per_rollout.push(resident_bytes().saturating_sub(resident_before) as f64 / in_flight);
+    }
+    let health = engine.health();
+    let elapsed = started.elapsed().as_secs_f64();
+    let turns = (health.stats.turns - turns_before) as f64;
+    let cpu = cpu_seconds() - cpu_before;
+    let report = engine.shutdown(Duration::from_secs(30)).await;
+    let (samples, tokens) = consumer.await.unwrap_or((0, 0));
+    per_rollout.sort_by(f64::total_cmp);
+    Measured {
+        turns_per_second: turns / elapsed,
+        cpu_ms_per_turn: cpu / turns.max(1.0) * 1e3,
+        resident_per_rollout: per_rollout.last().copied().unwrap_or(0.0),
+        tokens_per_sample: tokens as f64 / samples.max(1) as f64,
+        lag_p99: health.scheduler_lag_p99,
+        drain: report.elapsed,
+        drain_clean: report.clean,
+        failed: report.stats.rollouts_failed,
+    }
+}
+
+/// Runs one scenario in this process; prints its table rows and returns its results.
+fn scenario(name: &str) -> Map<String, Value> {
+    let scenario = Scenario::named(name);
+    let simulator = SimulatorProcess::start(&scenario);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let measured = runtime.block_on(run(&scenario, simulator.url.clone()));
+    drop(simulator);
+    let mut results = Map::new();
+    let mut row = |measure: String, value: String, target: &str, raw: Value| {
+        println!("| {measure} | {value} | {target} |");
+        results.insert(measure, raw);
+    };
+    let in_flight = scenario.in_flight;
+    match name {
+        "zero" => {
+            row(
+                format!("turns/s, zero latency, {in_flight} in flight, 1 tool round"),
+                format!("{:.0}", measured.turns_per_second),
+                "-",
+                json!(measured.turns_per_second),
+            );
+            row(
+                "engine CPU ms per turn, zero latency (loop, HTTP client, tool, scoring)".into(),
+                format!("{:.3}", measured.cpu_ms_per_turn),
+                "-",
+                json!(measured.cpu_ms_per_turn),
+            );
+        }
+        "blocking" => row(
+            "heartbeat lag p99 while 64 sync tools block for 500 ms each".into(),
+            format!("{:.2} ms", measured.lag_p99.as_secs_f64() * 1e3),
+            "< 2 ms",
+            json!(measured.lag_p99.as_secs_f64() * 1e3),
+        ),
+        _ => {
+            let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
+            let achieved = measured.turns_per_second / ideal * 100.0;
+            row(
+                format!("achieved / ideal turns/s, 200 ms latency, {in_flight} in flight"),
+                format!(
+                    "{achieved:.1}% ({:.0} of {ideal:.0})",
+                    measured.turns_per_second
+                ),
+                ">= 95%",
+                json!(achieved),
+            );
+            row(
+                format!("engine CPU ms per turn, {in_flight} in flight"),
+                format!("{:.3}", measured.cpu_ms_per_turn),
+                "-",
+                json!(measured.cpu_ms_per_turn),
+            );
+            row(
+                format!("engine resident memory per in-flight rollout, {in_flight} in flight"),
+                format!(
+                    "{:.1} KiB (samples of ~{:.0} tokens)",
+                    measured.resident_per_rollout / 1024.0,
+                    measured.tokens_per_sample
+                ),
+                "<= 64 KiB + tokens",
+                json!(measured.resident_per_rollout),
+            );
+            row(
+                format!("drain time, {in_flight} rollouts mid-request"),
+                format!(
+                    "{:.0} ms ({})",
+                    measured.drain.as_secs_f64() * 1e3,
+                    if measured.drain_clean {
+                        "clean"
+                    } else {
+                        "not clean"
+                    }
+                ),
+                "-",
+                json!(measured.drain.as_secs_f64()),
+            );
+            row(
+                format!("failed rollouts, {in_flight} in flight"),
+                measured.failed.to_string(),
+                "0",
+                json!(measured.failed),
+            );
+        }
+    }
+    results
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("ROLLOUT_BENCH_SIMULATOR") {
+        serve_simulator(&spec);
+        return;
+    }
+    if let Ok(name) = std::env::var("ROLLOUT_BENCH_ONLY") {
+        let results = scenario(&name);
+        if let Ok(path) = std::env::var("ROLLOUT_BENCH_RESULTS") {
+            std::fs::write(path, serde_json::to_string(&results).expect("json")).expect("writable");
+        }
+        return;
+    }
+    println!("| measure | value | target |");
+    println!("|---|---:|---|");
+    let mut results = Map::new();
+    for name in SCENARIOS {
+        let path =
+            std::env::temp_dir().join(format!("rollout-bench-{}-{name}.json", std::process::id()));
+        let status = Command::new(std::env::current_exe().expect("this program"))
+            .env("ROLLOUT_BENCH_ONLY", name)
+            .env("ROLLOUT_BENCH_RESULTS", &path)
+            .status()
+            .expect("the scenario runs");
+        assert!(status.success(), "scenario {name} failed: {status}");
+        let text = std::fs::read_to_string(&path).expect("the scenario's results");
+        let _ = std::fs::remove_file(&path);
+        if let Ok(Value::Object(map)) = serde_json::from_str(&text) {
+            results.extend(map);
+        }
+    }
+    if let Some(out) = std::env::var_os("BENCH_OUT") {
+        let path = std::path::Path::new(&out).join("rollout-loop.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&results).expect("json"))
+            .expect("writable");
+        println!("wrote {}", path.display());
+    }
+}
