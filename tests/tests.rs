@@ -4,5 +4,7 @@
 #[path = "../crates/rollout-core/tests/cache.rs"]
 mod cache;
 mod cli;
+#[cfg(all(feature = "rollout-core", feature = "sim", feature = "tool-dispatch"))]
+mod quickstart;
 #[cfg(feature = "rollout-core")]
 mod render;
