@@ -8,3 +8,10 @@ mod cli;
 mod quickstart;
 #[cfg(feature = "rollout-core")]
 mod render;
+#[cfg(all(
+    feature = "rollout-core",
+    feature = "scoring",
+    feature = "tool-dispatch",
+    feature = "sim"
+))]
+mod rollout_config;
