@@ -2,6 +2,13 @@
 
 #[cfg(feature = "rollout-core")]
 mod render;
+#[cfg(all(
+    feature = "rollout-core",
+    feature = "scoring",
+    feature = "tool-dispatch",
+    feature = "sim"
+))]
+mod rollout;
 #[cfg(feature = "sim")]
 mod simulate;
 
@@ -20,6 +27,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Roll out a dataset: multi-turn conversations against vLLM (or the built-in simulator)
+    /// with tool calls, scored by reward functions, written as JSONL training rows
+    #[cfg(all(
+        feature = "rollout-core",
+        feature = "scoring",
+        feature = "tool-dispatch",
+        feature = "sim"
+    ))]
+    Rollout(Box<rollout::config::RolloutArgs>),
     /// Render a conversation with a model's chat template and tokenize it, as
     /// transformers' `apply_chat_template` does; prints `{"text": ..., "ids": [...]}`.
     #[cfg(feature = "rollout-core")]
@@ -39,6 +55,17 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        #[cfg(all(
+            feature = "rollout-core",
+            feature = "scoring",
+            feature = "tool-dispatch",
+            feature = "sim"
+        ))]
+        Some(Command::Rollout(args)) => {
+            let settings = rollout::config::Settings::resolve(*args)?;
+            tracing::debug!(?settings, "rollout settings");
+            anyhow::bail!("the rollout loop is not wired yet")
+        }
         #[cfg(feature = "rollout-core")]
         Some(Command::Render(args)) => render::run(&args),
         #[cfg(feature = "sim")]

@@ -32,6 +32,10 @@ pub(crate) struct SimulateArgs {
     /// The tool the scripted calls name
     #[arg(long, default_value = "calculator")]
     tool_name: String,
+    /// Chance that a final answer after a tool call repeats the tool's result (the last
+    /// number of the prompt) rather than a random number; drawn from each request's seed
+    #[arg(long, default_value_t = 0.5)]
+    correct_rate: f64,
     /// The end-of-answer token (appended when the tokenizer has it)
     #[arg(long, default_value = "<|im_end|>")]
     eos_token: String,
@@ -69,6 +73,12 @@ fn millis(name: &str, value: f64) -> anyhow::Result<Duration> {
 }
 
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if !(0.0..=1.0).contains(&args.correct_rate) {
+        bail!(
+            "--correct-rate must be a fraction between 0 and 1, got {}",
+            args.correct_rate
+        );
+    }
     let fractions = [
         ("fail-503", args.fail_503),
         ("drop-connection", args.drop_connection),
@@ -93,6 +103,7 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     config.answer_tokens = args.answer_tokens;
     config.tool_rounds = args.tool_rounds;
     config.tool_name = args.tool_name;
+    config.correct_rate = args.correct_rate;
     config.eos_token = args.eos_token;
     config.latency = millis("latency-ms", args.latency_ms)?;
     config.per_token = millis("per-token-ms", args.per_token_ms)?;

@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | loom | bench | tidy | vllm-cpu`.
+//! Project automation: `cargo xtask ci | loom | bench | quickstart | tidy | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -8,6 +8,7 @@ mod ci;
 mod fixtures;
 mod loom;
 mod parity;
+mod quickstart;
 mod tidy;
 mod vllm;
 
@@ -29,6 +30,8 @@ tasks:
   parity    chat templates in Rust against transformers: pass count per template
   loom      the loom models of the tool pool, then each model again with its planted bug
   bench     the benchmarks; results go to target/bench/
+  quickstart
+            rewrite examples/quickstart's generated files (tokenizer.json, arithmetic.jsonl)
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Some("loom") => loom::run(),
         Some("parity") => parity::run(),
         Some("bench") => bench::run(),
+        Some("quickstart") => quickstart::run(),
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),

@@ -1,6 +1,7 @@
 //! Integration tests of the vLLM client against the simulator: one test binary, one module
 //! per area. (The suite against a real vLLM server is `e2e`, run by `cargo xtask e2e`.)
 
+mod arithmetic;
 mod chat;
 mod generate;
 mod pause;

@@ -7,6 +7,12 @@
 //! - a plain answer of `answer_tokens` tokens, or, for the first `tool_rounds` assistant turns
 //!   of a conversation, a hermes/Qwen tool call (`<tool_call>{"name": ..., "arguments": ...}
 //!   </tool_call>`) to `tool_name`;
+//! - an arithmetic demo's policy when it has tool rounds to play: the call's arguments are
+//!   `{"expression": "A op B"}` with the last `A op B` (integers, `+ - * /`) of the last user
+//!   turn before the first call (`"What is 17 * 23?"` gives `"17 * 23"`), else a random
+//!   `A * B`; after a call, the final answer `The answer is N.` repeats the last number of
+//!   the prompt (the tool's result) with probability `correct_rate`, else N is random in
+//!   0..100. With no tool rounds the prompt is never decoded, so the plain path stays cheap;
 //! - latency of `latency + per_token * tokens`; logprobs derived from the request's seed, so
 //!   the same request gives the same answer;
 //! - fault injection by deterministic draw per request: a fraction of 503s, of connections
@@ -56,6 +62,9 @@ pub struct SimConfig {
     pub tool_rounds: usize,
     /// The tool it calls.
     pub tool_name: String,
+    /// The chance, drawn from each request's seed, that a final answer after a tool call
+    /// repeats the tool's result (the last number of the prompt) instead of a random one.
+    pub correct_rate: f64,
     /// The token that ends a finished answer, if the tokenizer has it.
     pub eos_token: String,
     /// Delay before the first token.
@@ -69,8 +78,8 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// Defaults: model `sim`, 4096 tokens of context, 32-token answers, no tool rounds, no
-    /// latency, no faults, EOS `<|im_end|>`.
+    /// Defaults: model `sim`, 4096 tokens of context, 32-token answers, no tool rounds, a
+    /// correct rate of 0.5, no latency, no faults, EOS `<|im_end|>`.
     pub fn new(tokenizer: Tokenizer) -> SimConfig {
         SimConfig {
             tokenizer: Arc::new(tokenizer),
@@ -79,6 +88,7 @@ impl SimConfig {
             answer_tokens: 32,
             tool_rounds: 0,
             tool_name: "calculator".to_owned(),
+            correct_rate: 0.5,
             eos_token: "<|im_end|>".to_owned(),
             latency: Duration::ZERO,
             per_token: Duration::ZERO,
@@ -102,6 +112,8 @@ impl std::fmt::Debug for SimConfig {
             .field("max_model_len", &self.max_model_len)
             .field("answer_tokens", &self.answer_tokens)
             .field("tool_rounds", &self.tool_rounds)
+            .field("tool_name", &self.tool_name)
+            .field("correct_rate", &self.correct_rate)
             .field("latency", &self.latency)
             .field("per_token", &self.per_token)
             .field("faults", &self.faults)

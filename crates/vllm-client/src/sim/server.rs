@@ -104,17 +104,33 @@ impl State {
         }
     }
 
-    /// The scripted answer: a tool call while fewer than `tool_rounds` calls were made, else a
-    /// final answer of `answer_tokens` tokens; both end with EOS.
-    fn answer(&self, calls_so_far: usize, seed: u64) -> (String, Vec<u32>, bool) {
-        let calling = calls_so_far < self.config.tool_rounds;
+    /// The scripted answer: a tool call when `calling`, else a final answer of
+    /// `answer_tokens` tokens; both end with EOS. The call's arguments are returned too.
+    fn answer(&self, reading: &Reading<'_>, calling: bool, seed: u64) -> Answer {
+        let mut arguments = None;
         let mut ids = if calling {
-            self.encode(&tool_call_text(&self.config.tool_name, seed), false)
-                .unwrap_or_default()
+            let args = tool_arguments(reading.question, seed);
+            let ids = self
+                .encode(&tool_call_text(&self.config.tool_name, &args), false)
+                .unwrap_or_default();
+            arguments = Some(args);
+            ids
         } else {
-            // "The answer is N." then words, from ids encoded once: no per-request tokenizing.
+            // "The answer is N." then words, from ids encoded once: no per-request tokenizing
+            // unless N is the tool's result outside 0..100.
             let mut rng = mix(seed);
-            let mut ids = self.openings[(rng % 100) as usize].clone();
+            let correct = reading
+                .tool_result
+                .filter(|_| unit(mix(seed ^ CORRECT_DRAW)) < self.config.correct_rate);
+            let mut ids = match correct {
+                Some(number) => match number.parse::<usize>() {
+                    Ok(n) if n < self.openings.len() => self.openings[n].clone(),
+                    _ => self
+                        .encode(&format!("The answer is {number}."), false)
+                        .unwrap_or_default(),
+                },
+                None => self.openings[(rng % 100) as usize].clone(),
+            };
             while ids.len() < self.config.answer_tokens {
                 rng = mix(rng);
                 ids.extend_from_slice(&self.words[(rng % WORDS.len() as u64) as usize]);
@@ -124,7 +140,33 @@ impl State {
         };
         let text = self.decode(&ids);
         ids.extend(self.eos);
-        (text, ids, calling)
+        Answer {
+            text,
+            ids,
+            arguments,
+        }
+    }
+
+    /// What the policy reads in a prompt's text: the tool calls made so far (counted by
+    /// their `{"name": TOOL, "arguments"` signature), the question asked before the first of
+    /// them, and the last number after it (the tool's result).
+    fn read<'a>(&self, text: &'a str) -> Reading<'a> {
+        let signature = format!("{{\"name\": \"{}\", \"arguments\"", self.config.tool_name);
+        let calls = text.matches(&signature).count();
+        let before = text.find(&signature).map_or(text, |at| &text[..at]);
+        // The last user turn of a ChatML prompt; the whole text when there is no such marker.
+        let turn = before
+            .rfind("<|im_start|>user")
+            .map_or(before, |at| &before[at..]);
+        let tool_result = (calls > 0)
+            .then(|| text.rfind(&signature).map(|at| &text[at..]))
+            .flatten()
+            .and_then(last_number);
+        Reading {
+            calls,
+            question: last_expression(turn),
+            tool_result,
+        }
     }
 
     /// Waits out latency and pause; `Some(k)` when `/pause?mode=abort` ended the request after
@@ -338,13 +380,15 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         Err(response) => return *response,
     };
     let seed = request.sampling.seed.unwrap_or(sequence);
-    let calls_so_far = if state.config.tool_rounds == 0 {
-        0
+    // Reading the prompt costs a decode: only when the script has tool rounds to play.
+    let text = if state.config.tool_rounds == 0 {
+        String::new()
     } else {
-        let signature = format!("{{\"name\": \"{}\", \"arguments\"", state.config.tool_name);
-        state.decode(&prompt).matches(&signature).count()
+        state.decode(&prompt)
     };
-    let (_, mut ids, _) = state.answer(calls_so_far, seed);
+    let reading = state.read(&text);
+    let calling = reading.calls < state.config.tool_rounds;
+    let mut ids = state.answer(&reading, calling, seed).ids;
     let mut finish = "stop";
     if ids.len() > max_tokens {
         ids.truncate(max_tokens);
@@ -507,20 +551,22 @@ async fn chat_complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         Ok(max_tokens) => max_tokens as usize,
         Err(response) => return *response,
     };
-    let calls_so_far = request
-        .messages
-        .iter()
-        .filter(|m| {
-            m["role"] == "assistant" && m["tool_calls"].as_array().is_some_and(|c| !c.is_empty())
-        })
-        .count();
     let has_tools = request
         .tools
         .as_ref()
         .is_some_and(|tools| !tools.is_empty());
+    let reading = if state.config.tool_rounds == 0 {
+        Reading::default()
+    } else {
+        chat_reading(&request.messages)
+    };
+    let calling = has_tools && reading.calls < state.config.tool_rounds;
     let seed = request.sampling.seed.unwrap_or(sequence);
-    let (answer, mut ids, calling) =
-        state.answer(if has_tools { calls_so_far } else { usize::MAX }, seed);
+    let Answer {
+        text: answer,
+        mut ids,
+        arguments,
+    } = state.answer(&reading, calling, seed);
     let mut finish = if calling { "tool_calls" } else { "stop" };
     if ids.len() > max_tokens {
         ids.truncate(max_tokens);
@@ -530,14 +576,14 @@ async fn chat_complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         ids.truncate(done);
         finish = "abort";
     }
-    let message = if calling && finish == "tool_calls" {
+    let message = if let Some(arguments) = arguments.filter(|_| finish == "tool_calls") {
         json!({
             "role": "assistant",
             "content": null,
             "tool_calls": [{
                 "id": format!("call_sim_{sequence}"),
                 "type": "function",
-                "function": { "name": state.config.tool_name, "arguments": tool_arguments(seed).to_string() },
+                "function": { "name": state.config.tool_name, "arguments": arguments.to_string() },
             }],
         })
     } else {
@@ -663,15 +709,160 @@ async fn wait_abort(pause: &mut watch::Receiver<Pause>, seen: u64) {
     }
 }
 
-fn tool_arguments(seed: u64) -> Value {
-    json!({ "expression": format!("{} * {}", mix(seed) % 50 + 2, mix(seed ^ 1) % 50 + 2) })
+/// The arguments of a scripted call: the prompt's question when it has one, else `A * B`
+/// drawn from the seed.
+fn tool_arguments(question: Option<&str>, seed: u64) -> Value {
+    let expression = question.map_or_else(
+        || format!("{} * {}", mix(seed) % 50 + 2, mix(seed ^ 1) % 50 + 2),
+        str::to_owned,
+    );
+    json!({ "expression": expression })
 }
 
-fn tool_call_text(tool: &str, seed: u64) -> String {
-    format!(
-        "<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {}}}\n</tool_call>",
-        tool_arguments(seed)
-    )
+/// The call as a hermes template renders it, spaced as Python's `json.dumps` spaces an object
+/// (`{"expression": "17 * 23"}`), so that a re-render of the parsed call gives the same text.
+fn tool_call_text(tool: &str, arguments: &Value) -> String {
+    let arguments = match arguments.as_object() {
+        Some(object) => {
+            let fields: Vec<String> = object
+                .iter()
+                .map(|(key, value)| format!("{}: {value}", Value::from(key.as_str())))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        }
+        None => arguments.to_string(),
+    };
+    format!("<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {arguments}}}\n</tool_call>")
+}
+
+/// What the scripted policy reads in a prompt (see [`State::read`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Reading<'a> {
+    /// Tool calls already made in the conversation.
+    calls: usize,
+    /// The last `A op B` of the question, as written (`"17 * 23"`).
+    question: Option<&'a str>,
+    /// The last number after the last tool call: the tool's result.
+    tool_result: Option<&'a str>,
+}
+
+/// A scripted answer: its text (without EOS), its ids (with EOS), and the call's arguments
+/// when it is a tool call.
+struct Answer {
+    text: String,
+    ids: Vec<u32>,
+    arguments: Option<Value>,
+}
+
+/// Salt of the draw that decides whether a final answer repeats the tool's result.
+const CORRECT_DRAW: u64 = 0xC0DE_0FA1_153E_7500;
+
+/// The chat path's reading: the same as [`State::read`] on the text, with the calls counted
+/// from the assistant messages' `tool_calls` and the tool result taken from the messages
+/// after the first of them.
+fn chat_reading(messages: &[Value]) -> Reading<'_> {
+    let first_call = messages
+        .iter()
+        .position(|m| {
+            m["role"] == "assistant" && m["tool_calls"].as_array().is_some_and(|c| !c.is_empty())
+        })
+        .unwrap_or(messages.len());
+    let calls = messages[first_call..]
+        .iter()
+        .filter(|m| {
+            m["role"] == "assistant" && m["tool_calls"].as_array().is_some_and(|c| !c.is_empty())
+        })
+        .count();
+    let question = messages[..first_call]
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| last_expression(content(m)));
+    let tool_result = messages[first_call..]
+        .iter()
+        .rev()
+        .find_map(|m| last_number(content(m)));
+    Reading {
+        calls,
+        question,
+        tool_result,
+    }
+}
+
+fn content(message: &Value) -> &str {
+    message["content"].as_str().unwrap_or_default()
+}
+
+/// The last `A op B` in `text` (integers, `op` one of `+ - * /`, spaces allowed around it),
+/// as written: what `(-?\d+)\s*([-+*/])\s*(-?\d+)` would match last.
+fn last_expression(text: &str) -> Option<&str> {
+    let bytes = text.as_bytes();
+    let mut found = None;
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some(end) = expression_at(bytes, at) {
+            found = Some(&text[at..end]);
+            // A later match may start inside this one (`1 + 2 * 3` ends with `2 * 3`).
+            at = integer_end(bytes, at).unwrap_or(at + 1);
+        } else {
+            at += 1;
+        }
+    }
+    found
+}
+
+/// The end of an `A op B` starting exactly at `at`.
+fn expression_at(bytes: &[u8], at: usize) -> Option<usize> {
+    let skip = |mut i: usize| {
+        while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let left = integer_end(bytes, at)?;
+    let op = skip(left);
+    if !matches!(bytes.get(op), Some(b'+' | b'-' | b'*' | b'/')) {
+        return None;
+    }
+    integer_end(bytes, skip(op + 1))
+}
+
+/// The end of `-?\d+` starting exactly at `at`, taking every digit.
+fn integer_end(bytes: &[u8], at: usize) -> Option<usize> {
+    let start = if bytes.get(at) == Some(&b'-') {
+        at + 1
+    } else {
+        at
+    };
+    let mut end = start;
+    while bytes.get(end).is_some_and(u8::is_ascii_digit) {
+        end += 1;
+    }
+    (end > start).then_some(end)
+}
+
+/// The last number in `text` (`-?\d+(\.\d+)?`), as written; a `-` counts as its sign only
+/// when it does not follow a letter or digit (`17-5` ends with `5`).
+fn last_number(text: &str) -> Option<&str> {
+    let bytes = text.as_bytes();
+    let end = bytes.iter().rposition(u8::is_ascii_digit)? + 1;
+    let digits_from = |mut i: usize| {
+        while i > 0 && bytes[i - 1].is_ascii_digit() {
+            i -= 1;
+        }
+        i
+    };
+    let mut start = digits_from(end);
+    if start >= 2 && bytes[start - 1] == b'.' && bytes[start - 2].is_ascii_digit() {
+        start = digits_from(start - 1);
+    }
+    if start >= 1
+        && bytes[start - 1] == b'-'
+        && (start < 2 || !bytes[start - 2].is_ascii_alphanumeric())
+    {
+        start -= 1;
+    }
+    Some(&text[start..end])
 }
 
 fn error(status: StatusCode, message: &str, kind: &str, param: Option<&str>) -> Response {
@@ -723,4 +914,31 @@ fn mix(x: u64) -> u64 {
 
 fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_expression_is_found_as_written() {
+        assert_eq!(last_expression("What is 17 * 23?"), Some("17 * 23"));
+        assert_eq!(last_expression("e.g. 2 + 2. Now 5-17 please"), Some("5-17"));
+        assert_eq!(last_expression("1 + 2 * 3"), Some("2 * 3"));
+        assert_eq!(last_expression("-4 / -2"), Some("-4 / -2"));
+        assert_eq!(last_expression("no numbers, or 12 alone"), None);
+    }
+
+    #[test]
+    fn the_last_number_keeps_its_sign_and_decimals() {
+        assert_eq!(
+            last_number("<tool_response>\n391\n</tool_response>"),
+            Some("391")
+        );
+        assert_eq!(last_number("\"-12\""), Some("-12"));
+        assert_eq!(last_number("17-5"), Some("5"));
+        assert_eq!(last_number("2.5 apples"), Some("2.5"));
+        assert_eq!(last_number("version 1.2.3"), Some("2.3"));
+        assert_eq!(last_number("none"), None);
+    }
 }
