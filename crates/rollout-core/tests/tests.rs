@@ -8,6 +8,7 @@ mod parity;
 mod parse;
 mod reconcile;
 mod render;
+mod rollout;
 
 use std::{path::PathBuf, sync::LazyLock};
 

@@ -596,7 +596,9 @@ async fn admit<G: Generator>(
             let Some(permit) = permit else {
                 shared.queued.fetch_sub(n - index, Ordering::Relaxed);
                 Counters::add(&shared.counters.rollouts_cancelled, (n - index) as u64);
-                if index > 0 && group.abandon_from(index, base) {
+                // Even with no rollout started the group must be finished: that counts it
+                // as cancelled, so admitted groups always add up.
+                if group.abandon_from(index, base) {
                     group::finish(&shared, &group).await;
                 }
                 break 'admission;
