@@ -12,6 +12,8 @@ mod rollout;
 #[cfg(feature = "sim")]
 mod simulate;
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 /// A rollout engine for asynchronous GRPO-style reinforcement learning of language models.
@@ -45,13 +47,14 @@ enum Command {
     Simulate(simulate::SimulateArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.command {
@@ -62,18 +65,25 @@ fn main() -> anyhow::Result<()> {
             feature = "sim"
         ))]
         Some(Command::Rollout(args)) => {
+            let check = args.check;
             let settings = rollout::config::Settings::resolve(*args)?;
-            tracing::debug!(?settings, "rollout settings");
-            anyhow::bail!("the rollout loop is not wired yet")
+            if check {
+                #[allow(clippy::print_stdout, reason = "--check prints the settings")]
+                {
+                    println!("{settings:?}");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            rollout::run::run(settings)
         }
         #[cfg(feature = "rollout-core")]
-        Some(Command::Render(args)) => render::run(&args),
+        Some(Command::Render(args)) => render::run(&args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "sim")]
-        Some(Command::Simulate(args)) => simulate::run(args),
+        Some(Command::Simulate(args)) => simulate::run(args).map(|()| ExitCode::SUCCESS),
         None => {
             use clap::CommandFactory;
             Cli::command().print_help()?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

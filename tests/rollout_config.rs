@@ -1,5 +1,5 @@
-//! `async-grpo rollout`'s settings: a TOML file and flags, resolved (read back from the debug
-//! log the command writes before it starts).
+//! `async-grpo rollout`'s settings: a TOML file and flags, resolved (read back from what
+//! `--check` prints).
 
 use std::{
     path::{Path, PathBuf},
@@ -23,34 +23,29 @@ fn workspace(name: &str) -> PathBuf {
     dir
 }
 
-/// Runs `async-grpo rollout ARGS` in `dir`; its stderr.
+/// Runs `async-grpo rollout --check ARGS` in `dir`: the settings it prints when they
+/// resolve, else its stderr.
 fn rollout(dir: &Path, args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .arg("rollout")
+        .arg("--check")
         .args(args)
         .current_dir(dir)
-        .env("RUST_LOG", "async_grpo=debug")
         .env("NO_COLOR", "1")
         .env("RUST_BACKTRACE", "0")
         .output()
         .expect("the binary starts");
-    assert!(
-        !output.status.success(),
-        "the loop is not wired: it always fails for now"
-    );
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    if output.status.success() {
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    } else {
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
 }
 
-/// The settings resolved, when they were (the command fails after logging them).
-fn resolved(stderr: &str) -> &str {
-    assert!(
-        stderr.contains("the rollout loop is not wired yet"),
-        "{stderr}"
-    );
-    stderr
-        .lines()
-        .find(|line| line.contains("rollout settings"))
-        .unwrap_or_else(|| panic!("no settings logged: {stderr}"))
+/// The settings printed, when they resolved.
+fn resolved(output: &str) -> &str {
+    assert!(output.starts_with("Settings {"), "not resolved: {output}");
+    output
 }
 
 const CONFIG: &str = r#"

@@ -112,6 +112,13 @@ pub(crate) struct RolloutArgs {
     /// Stop after N groups (default: one pass over the dataset)
     #[arg(long, value_name = "N")]
     groups: Option<u64>,
+    /// Replace the output file when it exists (else a run refuses to start rather than
+    /// lose rows written before)
+    #[arg(long)]
+    overwrite: bool,
+    /// Check the settings, print them resolved, and exit without rolling out
+    #[arg(long)]
+    pub(crate) check: bool,
     /// Where the training rows go (JSON Lines) [default: rollouts.jsonl]
     #[arg(long, value_name = "FILE.jsonl")]
     out: Option<PathBuf>,
@@ -155,10 +162,6 @@ pub(crate) enum Progress {
 /// Everything `async-grpo rollout` needs, defaults applied, paths absolute, and every value
 /// checked.
 #[derive(Debug, Clone)]
-#[allow(
-    dead_code,
-    reason = "the rollout loop reads these; until it is wired, only the debug log does"
-)]
 pub(crate) struct Settings {
     /// The file the settings came from, if any.
     pub(crate) config_file: Option<PathBuf>,
@@ -176,6 +179,8 @@ pub(crate) struct Settings {
     pub(crate) dataset: PathBuf,
     /// Set bad rows aside instead of failing.
     pub(crate) skip_bad_rows: bool,
+    /// Replace an existing output file.
+    pub(crate) overwrite: bool,
     /// Completions per prompt (>= 1).
     pub(crate) num_generations: usize,
     /// Rollouts in flight at once (>= 1).
@@ -242,7 +247,6 @@ pub(crate) struct SimSettings {
 impl SimSettings {
     /// Sets these fields of a simulator's configuration (the rest, tokenizer and tool name
     /// included, are the caller's).
-    #[allow(dead_code, reason = "the rollout loop's simulator start-up calls it")]
     pub(crate) fn apply_to(&self, config: &mut SimConfig) {
         config.tool_rounds = self.tool_rounds;
         config.answer_tokens = self.answer_tokens;
@@ -266,6 +270,7 @@ struct FileSettings {
     tool_parser: Option<Spanned<String>>,
     dataset: Option<PathBuf>,
     skip_bad_rows: Option<bool>,
+    overwrite: Option<bool>,
     num_generations: Option<usize>,
     max_inflight: Option<usize>,
     max_turns: Option<usize>,
@@ -579,6 +584,7 @@ impl Settings {
             tool_parser: tool_parser.map(|(name, _)| name),
             dataset,
             skip_bad_rows: args.skip_bad_rows || file.skip_bad_rows.unwrap_or(false),
+            overwrite: args.overwrite || file.overwrite.unwrap_or(false),
             num_generations,
             max_inflight,
             max_turns,

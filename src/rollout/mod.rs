@@ -1,4 +1,7 @@
 //! `async-grpo rollout`: dataset rows to multi-turn conversations, tool calls, rewards and
-//! JSONL training rows. [`config`] holds its settings.
+//! JSONL training rows. [`config`] holds its settings, [`run`] wires the engine, and
+//! [`progress`] shows how it goes.
 
 pub(crate) mod config;
+mod progress;
+pub(crate) mod run;

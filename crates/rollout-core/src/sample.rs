@@ -36,7 +36,9 @@ pub struct TrainingSample {
     pub reward: Option<f64>,
     /// Per reward function, by name: its score, or `null` when it could not score.
     pub rewards: Map<String, Value>,
-    /// The oldest model version any of the row's turns was sampled under.
+    /// The model version its group's first turn was sampled under (the oldest of the
+    /// group's turns); the span of the sample's own turns is in `metrics`
+    /// (`model_version_min`, `model_version_max`).
     pub model_version: u64,
     /// Per-sample numbers (turns, tool calls, drift, ...).
     pub metrics: Map<String, Value>,

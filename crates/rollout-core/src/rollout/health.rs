@@ -84,7 +84,7 @@ pub struct Health {
     pub heartbeat_age: Duration,
     /// 99th percentile of how late the heartbeat woke, since the start.
     pub scheduler_lag_p99: Duration,
-    /// The latest wake-up lateness.
+    /// The largest lateness of the heartbeat since the start.
     pub scheduler_lag_max: Duration,
     /// Rollouts running.
     pub in_flight: usize,

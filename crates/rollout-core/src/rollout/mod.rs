@@ -186,6 +186,9 @@ pub struct DrainReport {
     /// The bad rows skipped (with `skip_bad_rows`), each with its file, line and reason;
     /// the first 100.
     pub bad_rows: Vec<String>,
+    /// Rollouts that failed after their retries, with their causes; the first 100 (those of
+    /// dropped groups included, which no [`ScoredGroup`] carries).
+    pub failures: Vec<RolloutFailure>,
 }
 
 /// State shared by the driver, the rollouts and the heartbeat.
@@ -214,6 +217,7 @@ pub(crate) struct Shared<G> {
     queued: AtomicUsize,
     error: Mutex<Option<String>>,
     bad_rows: Mutex<Vec<String>>,
+    failures: Mutex<Vec<RolloutFailure>>,
 }
 
 impl<G> Shared<G> {
@@ -353,6 +357,7 @@ impl<G: Generator> EngineBuilder<G> {
             queued: AtomicUsize::new(0),
             error: Mutex::new(None),
             bad_rows: Mutex::new(Vec::new()),
+            failures: Mutex::new(Vec::new()),
             config,
         });
         let heartbeat = Arc::clone(&shared);
@@ -480,6 +485,14 @@ impl<G: Generator> Engine<G> {
         &self.shared.scorer
     }
 
+    /// Stops admission and cancels every rollout in flight at once (their requests are
+    /// dropped); a drain under way then ends without waiting for its deadline. Groups
+    /// already complete are still scored and sent.
+    pub fn cancel(&self) {
+        self.shared.admission.cancel();
+        self.shared.cancel.cancel();
+    }
+
     /// Drains: stops admission, lets rollouts in flight finish until `deadline`, then
     /// cancels the rest (their requests are dropped, which aborts them on the server);
     /// scores and sends every complete group; closes the output and the tool pool. Also the
@@ -522,6 +535,7 @@ impl<G: Generator> Engine<G> {
             tools,
             error: lock(&shared.error).clone(),
             bad_rows: lock(&shared.bad_rows).clone(),
+            failures: lock(&shared.failures).clone(),
         }
     }
 }
@@ -620,6 +634,10 @@ async fn admit<G: Generator>(
                     Err(failure) => {
                         Counters::add(&shared.counters.rollouts_failed, 1);
                         tracing::warn!(%failure, "rollout failed");
+                        let mut failures = lock(&shared.failures);
+                        if failures.len() < 100 {
+                            failures.push(failure.clone());
+                        }
                     }
                 }
                 if group.complete(index, outcome) {

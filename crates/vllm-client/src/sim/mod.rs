@@ -75,6 +75,9 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Seed of the fault draws.
     pub fault_seed: u64,
+    /// Keep every completion answered, for [`Simulator::transcript`] (tests compare what a
+    /// client made of the answers with what was sampled).
+    pub record: bool,
 }
 
 impl SimConfig {
@@ -94,6 +97,7 @@ impl SimConfig {
             per_token: Duration::ZERO,
             faults: Faults::default(),
             fault_seed: 0,
+            record: false,
         }
     }
 
@@ -119,6 +123,19 @@ impl std::fmt::Debug for SimConfig {
             .field("faults", &self.faults)
             .finish_non_exhaustive()
     }
+}
+
+/// One `/v1/completions` answer, as sent (with `record` on).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The prompt ids the request carried.
+    pub prompt_ids: Vec<u32>,
+    /// The ids sampled.
+    pub token_ids: Vec<u32>,
+    /// Their logprobs, as sent.
+    pub logprobs: Vec<f64>,
+    /// `stop`, `length` or `abort`.
+    pub finish_reason: &'static str,
 }
 
 /// What the simulator has seen.
@@ -229,6 +246,11 @@ impl Simulator {
     /// The counters so far.
     pub fn counters(&self) -> SimCounters {
         self.state.counters.snapshot()
+    }
+
+    /// Every completion answered so far, in order (empty unless `record` was set).
+    pub fn transcript(&self) -> Vec<Sampled> {
+        crate::sync::lock(&self.state.transcript).clone()
     }
 
     /// Stops accepting connections and ends the server task. Connections already open run on

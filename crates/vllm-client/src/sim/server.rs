@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::{Counters, Pause, SimConfig, pause_channel};
 use crate::{
-    sync::{Arc, AtomicU64, Ordering},
+    sync::{Arc, AtomicU64, Mutex, Ordering, lock},
     types::{ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest},
 };
 
@@ -39,6 +39,8 @@ pub(crate) struct State {
     openings: Vec<Vec<u32>>,
     /// Every token's text, decoded once (logprob `tokens` need one per sampled id).
     token_texts: Vec<String>,
+    /// Completions answered, when the config says to record them.
+    pub(super) transcript: Mutex<Vec<super::Sampled>>,
 }
 
 impl std::fmt::Debug for State {
@@ -73,6 +75,7 @@ impl State {
             token_texts,
             config,
             counters: Counters::default(),
+            transcript: Mutex::new(Vec::new()),
             pause: pause_channel().0,
             sequence: AtomicU64::new(0),
         }
@@ -424,6 +427,18 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
             top_logprobs: None,
         }
     });
+    if state.config.record {
+        lock(&state.transcript).push(super::Sampled {
+            prompt_ids: prompt.clone(),
+            token_ids: ids.clone(),
+            logprobs: ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| State::logprob(seed, i, *id))
+                .collect(),
+            finish_reason: finish,
+        });
+    }
     let with_ids = request.return_token_ids;
     let body = SimCompletion {
         id: format!("cmpl-sim-{sequence}"),

@@ -1,0 +1,373 @@
+//! `async-grpo rollout`, wired: the generator (vLLM or the built-in simulator), tools,
+//! rewards and the loop; a writer thread for the JSONL file; progress; Ctrl-C and SIGTERM.
+
+use std::{
+    io::BufRead,
+    path::Path,
+    process::ExitCode,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use rollout_core::{
+    ChatTokenizer, DatasetReader, JsonlSink, ReconcilerConfig,
+    parse::parser_by_name,
+    rollout::{DrainReport, Engine, Groups, RolloutConfig, Sampling},
+};
+use scoring::{Scorer, ScorerConfig};
+use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
+use vllm_client::{
+    Client, ClientConfig,
+    sim::{SimConfig, Simulator},
+};
+
+use super::{
+    config::Settings,
+    progress::{Progress, Totals},
+};
+
+/// Exit code of a run stopped by a signal whose drain had to cancel rollouts.
+const EXIT_UNCLEAN_DRAIN: u8 = 2;
+
+/// Runs the settings to the end (or to a signal) and returns the exit code.
+pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
+    if settings.servers.is_empty() {
+        eprintln!(
+            "async-grpo: no --server given: rolling out against the built-in simulator (scripted answers, not a model)"
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rollout")
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(rollout(settings))
+}
+
+async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
+    if let Some(template) = &settings.chat_template {
+        tokenizer = tokenizer.with_template_file(template)?;
+    }
+    let sink = open_output(&settings.out, settings.overwrite)?;
+    let reader = DatasetReader::open(&settings.dataset)?;
+    let total = match settings.groups {
+        Some(groups) => Some(groups),
+        None => Some(count_rows(&settings.dataset)?),
+    };
+
+    let simulator = if settings.servers.is_empty() {
+        let mut config = SimConfig::new(tokenizer.tokenizer().clone());
+        settings.simulator.apply_to(&mut config);
+        if let Some(tool) = settings.tools.first() {
+            config.tool_name = tool.name.clone();
+        }
+        if let Some(eos) = tokenizer
+            .special_tokens()
+            .get("eos_token")
+            .and_then(serde_json::Value::as_str)
+        {
+            config.eos_token = eos.to_owned();
+        }
+        let simulator = Simulator::start(config, ([127, 0, 0, 1], 0).into())
+            .await
+            .context("cannot start the built-in simulator")?;
+        tracing::info!(url = %simulator.url(), "simulator listening");
+        Some(simulator)
+    } else {
+        None
+    };
+    let servers = match &simulator {
+        Some(simulator) => vec![simulator.url()],
+        None => settings.servers.clone(),
+    };
+    let mut client_config = ClientConfig::with_servers(servers.clone());
+    if let Some(model) = &settings.model {
+        client_config = client_config.model(model.clone());
+    }
+    let client = Client::new(client_config)?;
+    tracing::info!(servers = ?servers, "waiting for the servers to be ready");
+    let card = client
+        .wait_until_ready(Duration::from_secs(600))
+        .await
+        .context("the servers did not become ready")?;
+    tracing::info!(model = %card.id, max_model_len = ?client.max_model_len(), "servers ready");
+    let _health_checks =
+        (servers.len() > 1).then(|| client.spawn_health_checks(Duration::from_secs(5)));
+
+    let mut registry = Registry::new();
+    for tool in &settings.tools {
+        registry.add(tool.build()?)?;
+    }
+    let tool_count = registry.len();
+    let scorer = Scorer::new(settings.rewards.clone(), ScorerConfig::default())?;
+    let mut config = RolloutConfig::default();
+    config.num_generations = settings.num_generations;
+    config.max_inflight = settings.max_inflight;
+    config.max_turns = settings.max_turns;
+    config.max_tokens = settings.max_tokens;
+    config.max_total_tokens = settings.max_total_tokens;
+    config.max_model_len = settings.max_model_len;
+    config.rollout_timeout = settings.rollout_timeout;
+    config.min_group_size = settings.min_group_size;
+    config.retries = settings.retries as usize;
+    config.skip_bad_rows = settings.skip_bad_rows;
+    config.max_groups = settings.groups;
+    config.sampling = Sampling {
+        temperature: settings.sampling.temperature.unwrap_or(1.0),
+        top_p: settings.sampling.top_p,
+        top_k: settings.sampling.top_k,
+        min_p: settings.sampling.min_p,
+        seed: settings.sampling.seed,
+    };
+    config.reconciler = ReconcilerConfig {
+        fork_threshold_tokens: settings.fork_threshold_tokens,
+    };
+    config.advantages = settings.advantage;
+    let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
+    if tool_count > 0 {
+        // Sync tools get a thread per rollout in flight, up to a bound: threads start on
+        // demand, and past a few hundred blocking calls the machine is the limit.
+        let threads = settings.max_inflight.clamp(1, 512);
+        builder = builder.tools(ToolDispatcher::new(
+            registry,
+            DispatcherConfig::new(threads),
+        ));
+    }
+    if let Some(name) = &settings.tool_parser {
+        builder = builder.parser(parser_by_name(name)?);
+    }
+    let (engine, groups) = builder.start(reader)?;
+    let engine = Arc::new(engine);
+    tracing::info!(
+        config = ?settings.config_file,
+        dataset = %settings.dataset.display(),
+        estimator = %settings.estimator,
+        out = %settings.out.display(),
+        groups = ?total,
+        num_generations = settings.num_generations,
+        max_inflight = settings.max_inflight,
+        tools = tool_count,
+        max_model_len = ?engine.max_model_len(),
+        "rolling out"
+    );
+
+    let totals = Arc::new(Totals::default());
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let writer = {
+        let totals = Arc::clone(&totals);
+        std::thread::Builder::new()
+            .name("rollout-writer".to_owned())
+            .spawn(move || {
+                let result = write_groups(groups, sink, &totals);
+                let _ = done_tx.send(());
+                result
+            })
+            .context("cannot start the writer thread")?
+    };
+    let progress = Progress::start(
+        settings.progress,
+        total,
+        Arc::clone(&totals),
+        Arc::clone(&engine),
+    );
+
+    // Until the dataset is done (the writer sees the output end) or a signal comes.
+    let mut signals = Signals::new()?;
+    let interrupted = tokio::select! {
+        _ = done_rx => false,
+        signal = signals.next() => {
+            progress.pause();
+            eprintln!(
+                "async-grpo: {signal}: draining (up to {:?}; {signal} again cancels at once)",
+                settings.drain_timeout
+            );
+            true
+        }
+    };
+    let mut cancelled = false;
+    let report = {
+        let drain = engine.shutdown(settings.drain_timeout);
+        tokio::pin!(drain);
+        loop {
+            tokio::select! {
+                report = &mut drain => break report,
+                signal = signals.next(), if !cancelled => {
+                    eprintln!("async-grpo: {signal} again: cancelling the rollouts in flight");
+                    engine.cancel();
+                    cancelled = true;
+                }
+            }
+        }
+    };
+    let written = tokio::task::spawn_blocking(move || writer.join())
+        .await
+        .context("the writer thread was lost")?
+        .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+    progress.finish(&engine.health()).await;
+    if let Some(simulator) = simulator {
+        simulator.stop().await;
+    }
+    summary(&settings, &report, &totals, started.elapsed());
+    let (groups_written, samples_written) =
+        written.with_context(|| format!("cannot write {}", settings.out.display()))?;
+    eprintln!(
+        "async-grpo: wrote {samples_written} training rows of {groups_written} groups to {}",
+        settings.out.display()
+    );
+    if let Some(error) = &report.error {
+        bail!("the run stopped early: {error}");
+    }
+    if interrupted && !report.clean {
+        return Ok(ExitCode::from(EXIT_UNCLEAN_DRAIN));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The output file, refusing to replace one that holds rows unless told to.
+fn open_output(path: &Path, overwrite: bool) -> anyhow::Result<JsonlSink<std::fs::File>> {
+    let holds_rows = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    if holds_rows && !overwrite {
+        bail!(
+            "{} exists and holds rows; pass --overwrite (or `overwrite = true`) to replace it, or --out to write elsewhere",
+            path.display()
+        );
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    JsonlSink::create(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// The non-blank lines of the dataset: the groups one pass makes.
+fn count_rows(path: &Path) -> anyhow::Result<u64> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut rows = 0;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if !line.trim().is_empty() {
+            rows += 1;
+        }
+    }
+    Ok(rows)
+}
+
+/// The writer thread: each group in one write and a flush, so a killed run leaves complete
+/// lines only. Returns the groups and samples written.
+fn write_groups(
+    mut groups: Groups,
+    mut sink: JsonlSink<std::fs::File>,
+    totals: &Totals,
+) -> std::io::Result<(u64, u64)> {
+    while let Some(group) = groups.blocking_recv() {
+        sink.write_group(&group.samples)?;
+        totals.groups.fetch_add(1, Ordering::Relaxed);
+        totals
+            .samples
+            .fetch_add(group.samples.len() as u64, Ordering::Relaxed);
+        totals.tokens.fetch_add(
+            group
+                .samples
+                .iter()
+                .map(|s| s.input_ids.len() as u64)
+                .sum::<u64>(),
+            Ordering::Relaxed,
+        );
+        if let Some(reward) = group.metrics.get("reward") {
+            totals.add_reward(*reward);
+        }
+    }
+    Ok(sink.written())
+}
+
+/// Ctrl-C and SIGTERM, as one stream.
+struct Signals {
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            #[cfg(unix)]
+            terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => "Ctrl-C",
+                _ = self.terminate.recv() => "SIGTERM",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}
+
+/// The final summary, on stderr.
+fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: Duration) {
+    let stats = &report.stats;
+    eprintln!(
+        "async-grpo: {} groups scored in {:.1}s ({} dropped: {} too few successes, {} zero variance, {} cancelled by the drain); mean reward {}",
+        stats.groups_completed,
+        elapsed.as_secs_f64(),
+        stats.groups_too_small + stats.groups_zero_variance + stats.groups_cancelled,
+        stats.groups_too_small,
+        stats.groups_zero_variance,
+        stats.groups_cancelled,
+        totals
+            .mean_reward()
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),
+    );
+    eprintln!(
+        "async-grpo: {} rollouts completed, {} failed, {} retried, {} cancelled; {} turns, {} tokens sampled, {} tool calls ({} errors)",
+        stats.rollouts_completed,
+        stats.rollouts_failed,
+        stats.rollouts_retried,
+        stats.rollouts_cancelled,
+        stats.turns,
+        stats.sampled_tokens,
+        stats.tool_calls,
+        stats.tool_errors,
+    );
+    for failure in report.failures.iter().take(5) {
+        eprintln!("async-grpo:   {failure}");
+    }
+    if report.failures.len() > 5 {
+        eprintln!(
+            "async-grpo:   ... and {} more failures (see the log)",
+            stats.rollouts_failed.saturating_sub(5)
+        );
+    }
+    if stats.bad_rows > 0 {
+        eprintln!("async-grpo: {} bad dataset rows skipped:", stats.bad_rows);
+        for row in report.bad_rows.iter().take(5) {
+            eprintln!("async-grpo:   {row}");
+        }
+    }
+    let tools = report.tools.as_ref().map_or_else(String::new, |t| {
+        format!(
+            "; tools: {} calls finished, {} cancelled, {} threads joined, {} left running",
+            t.completed, t.cancelled, t.threads_joined, t.threads_detached
+        )
+    });
+    eprintln!(
+        "async-grpo: drain {} in {:.0} ms ({} rollouts cancelled at the deadline{tools}); output {}",
+        if report.clean { "clean" } else { "NOT clean" },
+        report.elapsed.as_secs_f64() * 1e3,
+        report.cancelled_at_deadline,
+        settings.out.display(),
+    );
+}
