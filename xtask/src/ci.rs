@@ -49,7 +49,7 @@ const STEPS: &[Step] = &[
                 "--all-features",
                 // The real-vLLM suite needs its server: the e2e step starts one and runs it.
                 "-E",
-                "not binary_id(vllm-client::e2e)",
+                "not binary_id(vllm-client::e2e) and not binary_id(async-grpo::e2e)",
             ]))
         },
     },

@@ -608,7 +608,23 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
         .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
         .env("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN.to_string())
         .env("VLLM_TOKENIZER", cache.model().join("tokenizer.json")),
-    );
+    )
+    .and_then(|()| {
+        crate::run_checked(
+            crate::cargo(&[
+                "nextest",
+                "run",
+                "--package",
+                "async-grpo",
+                "--features",
+                "e2e",
+                "--test",
+                "e2e",
+            ])
+            .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
+            .env("VLLM_MODEL_DIR", cache.model()),
+        )
+    });
     let stopped = stop();
     tests?;
     stopped

@@ -372,12 +372,32 @@ async fn converse<G: Generator>(
     Ok(finished)
 }
 
-/// A request's seed: distinct for each run seed, rollout, attempt, turn and continuation.
+/// A request's seed: distinct for each run seed, rollout, attempt, turn and continuation,
+/// and at most `i64::MAX`, the largest seed vLLM accepts.
 fn request_seed(seed: u64, rollout: RolloutId, attempt: u32, turn: usize, segment: usize) -> u64 {
     let mut x = seed ^ 0x9e37_79b9_7f4a_7c15;
     for part in [rollout.0, u64::from(attempt), turn as u64, segment as u64] {
         x = (x ^ part).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         x ^= x >> 31;
     }
-    x
+    x >> 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_seeds_differ_and_fit_what_vllm_accepts() {
+        let mut seen = std::collections::HashSet::new();
+        for rollout in 0..64 {
+            for attempt in 1..3 {
+                for turn in 0..4 {
+                    let seed = request_seed(u64::MAX, RolloutId(rollout), attempt, turn, 0);
+                    assert!(seed <= i64::MAX as u64);
+                    assert!(seen.insert(seed), "seeds are distinct");
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,124 @@
+//! `async-grpo rollout` against a real vLLM server on CPU (SmolLM2-135M-Instruct).
+//!
+//! `cargo xtask e2e` (the last step of `cargo xtask ci`) starts the server with
+//! `cargo xtask vllm-cpu` and passes `VLLM_URL` and `VLLM_MODEL_DIR` (the model's Hugging
+//! Face folder: its tokenizer and chat template). Without them every test fails, saying so:
+//! this suite never skips.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use rollout_core::ChatTokenizer;
+use serde_json::Value;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run this suite with `cargo xtask e2e`, which starts vLLM")
+    })
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("async-grpo-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    dir
+}
+
+fn rows(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("the output")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a complete JSON row"))
+        .collect()
+}
+
+fn numbers<T: serde::de::DeserializeOwned>(row: &Value, field: &str) -> Vec<T> {
+    serde_json::from_value(row[field].clone()).expect("a list of numbers")
+}
+
+#[test]
+fn a_small_run_against_vllm_gives_rows_of_real_ids_and_logprobs() {
+    let (url, model_dir) = (env("VLLM_URL"), env("VLLM_MODEL_DIR"));
+    let dir = scratch("rollout");
+    let dataset = dir.join("questions.jsonl");
+    std::fs::write(
+        &dataset,
+        "{\"prompt\": \"What is 2 + 3? Answer with a number.\", \"answer\": \"5\"}\n\
+         {\"prompt\": [{\"role\": \"system\", \"content\": \"You add numbers.\"}, {\"role\": \"user\", \"content\": \"What is 10 + 7?\"}], \"answer\": \"17\"}\n\
+         {\"prompt\": \"Say hello.\", \"answer\": \"hello\"}\n",
+    )
+    .expect("the dataset");
+    let out = dir.join("rows.jsonl");
+    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
+        .arg("--dataset")
+        .arg(&dataset)
+        .arg("--out")
+        .arg(&out)
+        .args(["--num-generations", "4", "--max-tokens", "24", "--max-turns", "2"])
+        .args(["--seed", "7", "--reward", "numeric:answer", "--reward", "regex:[Hh]ello@0.5"])
+        .args(["--progress", "log"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("built-in simulator"),
+        "a server was given: {stderr}"
+    );
+
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 12, "3 groups of 4: {stderr}");
+    let tokenizer = ChatTokenizer::from_dir(&model_dir).expect("the model's tokenizer");
+    let vocab = tokenizer.tokenizer().get_vocab_size(true) as u32;
+    let eos = tokenizer.eos_token_id().expect("SmolLM2 names its EOS");
+    for row in &rows {
+        let ids: Vec<u32> = numbers(row, "input_ids");
+        let mask: Vec<u8> = numbers(row, "completion_mask");
+        let logprobs: Vec<f32> = numbers(row, "old_log_probs");
+        assert_eq!((mask.len(), logprobs.len()), (ids.len(), ids.len()));
+        assert!(ids.iter().all(|&id| id < vocab), "ids in the vocabulary");
+
+        // The prompt part is the chat template's rendering of the prompt, token for token.
+        let prompt: Vec<rollout_core::Message> =
+            serde_json::from_value(row["prompt"].clone()).expect("prompt messages");
+        let rendered = tokenizer
+            .apply_chat_template(
+                &prompt,
+                &rollout_core::RenderOptions::generation(),
+            )
+            .expect("the prompt renders");
+        let start = mask.iter().position(|&m| m == 1).expect("sampled tokens");
+        assert_eq!(ids[..start], rendered.ids[..], "the prompt ids");
+
+        // Sampled tokens carry real logprobs; everything else 0.
+        let sampled: Vec<u32> = (0..ids.len()).filter(|&i| mask[i] == 1).map(|i| ids[i]).collect();
+        for (i, &m) in mask.iter().enumerate() {
+            if m == 1 {
+                assert!(logprobs[i] <= 0.0 && logprobs[i] > -1e4, "a logprob: {}", logprobs[i]);
+            } else {
+                assert_eq!(logprobs[i], 0.0, "context carries no logprob");
+            }
+        }
+        assert!(
+            logprobs.iter().any(|&l| l < 0.0),
+            "a real model is not certain of every token"
+        );
+        // The answer in `completion` is the text of the sampled ids.
+        let answer = row["completion"][0]["content"].as_str().expect("an answer");
+        let text_ids = match sampled.split_last() {
+            Some((last, rest)) if *last == eos => rest,
+            _ => &sampled[..],
+        };
+        let decoded = tokenizer
+            .tokenizer()
+            .decode(text_ids, false)
+            .expect("decodes");
+        assert_eq!(decoded, answer);
+        assert!(row["reward"].is_number(), "scored: {row}");
+        assert!(row["advantage"].is_number());
+    }
+}
