@@ -10,9 +10,10 @@ pub(crate) fn run() -> anyhow::Result<()> {
         ("scoring", "scoring", ""),
         ("vllm-client", "client", "sim"),
         ("rollout-core", "turns", ""),
+        ("rollout-core", "rollout", ""),
     ];
     for (package, bench, features) in benches {
-        if package == "rollout-core" {
+        if bench == "turns" {
             // The turn benchmark runs on the real Qwen3 tokenizer.
             crate::fixtures::run()?;
         }

@@ -43,9 +43,6 @@ const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | toj
 {%- for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}\
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const SCENARIOS: [&str; 4] = ["zero", "1024", "4096", "blocking"];
 
 /// This process's CPU seconds (user + system).
