@@ -57,8 +57,22 @@ fn a_small_run_against_vllm_gives_rows_of_real_ids_and_logprobs() {
         .arg(&dataset)
         .arg("--out")
         .arg(&out)
-        .args(["--num-generations", "4", "--max-tokens", "24", "--max-turns", "2"])
-        .args(["--seed", "7", "--reward", "numeric:answer", "--reward", "regex:[Hh]ello@0.5"])
+        .args([
+            "--num-generations",
+            "4",
+            "--max-tokens",
+            "24",
+            "--max-turns",
+            "2",
+        ])
+        .args([
+            "--seed",
+            "7",
+            "--reward",
+            "numeric:answer",
+            "--reward",
+            "regex:[Hh]ello@0.5",
+        ])
         .args(["--progress", "log"])
         .env("NO_COLOR", "1")
         .output()
@@ -86,19 +100,23 @@ fn a_small_run_against_vllm_gives_rows_of_real_ids_and_logprobs() {
         let prompt: Vec<rollout_core::Message> =
             serde_json::from_value(row["prompt"].clone()).expect("prompt messages");
         let rendered = tokenizer
-            .apply_chat_template(
-                &prompt,
-                &rollout_core::RenderOptions::generation(),
-            )
+            .apply_chat_template(&prompt, &rollout_core::RenderOptions::generation())
             .expect("the prompt renders");
         let start = mask.iter().position(|&m| m == 1).expect("sampled tokens");
         assert_eq!(ids[..start], rendered.ids[..], "the prompt ids");
 
         // Sampled tokens carry real logprobs; everything else 0.
-        let sampled: Vec<u32> = (0..ids.len()).filter(|&i| mask[i] == 1).map(|i| ids[i]).collect();
+        let sampled: Vec<u32> = (0..ids.len())
+            .filter(|&i| mask[i] == 1)
+            .map(|i| ids[i])
+            .collect();
         for (i, &m) in mask.iter().enumerate() {
             if m == 1 {
-                assert!(logprobs[i] <= 0.0 && logprobs[i] > -1e4, "a logprob: {}", logprobs[i]);
+                assert!(
+                    logprobs[i] <= 0.0 && logprobs[i] > -1e4,
+                    "a logprob: {}",
+                    logprobs[i]
+                );
             } else {
                 assert_eq!(logprobs[i], 0.0, "context carries no logprob");
             }

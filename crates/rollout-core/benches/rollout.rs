@@ -147,6 +147,8 @@ struct Measured {
     resident_per_rollout: f64,
     tokens_per_sample: f64,
     lag_p99: Duration,
+    probe_p99: Duration,
+    probe_samples: usize,
     drain: Duration,
     drain_clean: bool,
     failed: u64,
@@ -251,6 +253,28 @@ async fn run(scenario: &Scenario, url: String) -> Measured {
         (samples, tokens)
     });
     tokio::time::sleep(scenario.warmup).await;
+    // The scheduler-lag probe: a thread outside the runtime sends a timestamp every
+    // millisecond; a task on the runtime records how late each arrives.
+    let probing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (stamps, mut received) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let sender = {
+        let probing = std::sync::Arc::clone(&probing);
+        std::thread::spawn(move || {
+            while probing.load(std::sync::atomic::Ordering::Relaxed) {
+                if stamps.send(Instant::now()).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let probe = tokio::spawn(async move {
+        let mut lags = Vec::new();
+        while let Some(sent) = received.recv().await {
+            lags.push(sent.elapsed());
+        }
+        lags
+    });
     let (turns_before, cpu_before, started) =
         (engine.health().stats.turns, cpu_seconds(), Instant::now());
     let mut per_rollout = Vec::new();
@@ -261,6 +285,14 @@ async fn run(scenario: &Scenario, url: String) -> Measured {
     }
     let health = engine.health();
     let elapsed = started.elapsed().as_secs_f64();
+    probing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || sender.join()).await;
+    let mut lags = probe.await.unwrap_or_default();
+    lags.sort();
+    let probe_p99 = lags
+        .get(lags.len().saturating_sub(1) * 99 / 100)
+        .copied()
+        .unwrap_or_default();
     let turns = (health.stats.turns - turns_before) as f64;
     let cpu = cpu_seconds() - cpu_before;
     let report = engine.shutdown(Duration::from_secs(30)).await;
@@ -272,6 +304,8 @@ async fn run(scenario: &Scenario, url: String) -> Measured {
         resident_per_rollout: per_rollout.last().copied().unwrap_or(0.0),
         tokens_per_sample: tokens as f64 / samples.max(1) as f64,
         lag_p99: health.scheduler_lag_p99,
+        probe_p99,
+        probe_samples: lags.len(),
         drain: report.elapsed,
         drain_clean: report.clean,
         failed: report.stats.rollouts_failed,
@@ -310,12 +344,24 @@ fn scenario(name: &str) -> Map<String, Value> {
                 json!(measured.cpu_ms_per_turn),
             );
         }
-        "blocking" => row(
-            "heartbeat lag p99 while 64 sync tools block for 500 ms each".into(),
-            format!("{:.2} ms", measured.lag_p99.as_secs_f64() * 1e3),
-            "< 2 ms",
-            json!(measured.lag_p99.as_secs_f64() * 1e3),
-        ),
+        "blocking" => {
+            row(
+                "scheduler lag p99 while 64 sync tools block for 500 ms each (1 ms probe)".into(),
+                format!(
+                    "{:.3} ms ({} samples)",
+                    measured.probe_p99.as_secs_f64() * 1e3,
+                    measured.probe_samples
+                ),
+                "< 2 ms",
+                json!(measured.probe_p99.as_secs_f64() * 1e3),
+            );
+            row(
+                "the engine's heartbeat lag p99 (100 ms sleeps, 1 ms timer)".into(),
+                format!("{:.2} ms", measured.lag_p99.as_secs_f64() * 1e3),
+                "-",
+                json!(measured.lag_p99.as_secs_f64() * 1e3),
+            );
+        }
         _ => {
             let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
             let achieved = measured.turns_per_second / ideal * 100.0;
