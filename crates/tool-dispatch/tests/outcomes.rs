@@ -179,8 +179,15 @@ async fn a_sync_timeout_answers_at_once_and_counts_the_thread_as_stuck_until_it_
     assert_eq!((metrics.pool.stuck, metrics.pool.busy), (1, 1));
 
     gate.open();
-    assert!(eventually(|| dispatcher.metrics().pool.stuck == 0).await);
-    assert_eq!(dispatcher.metrics().pool.busy, 0);
+    // The returning thread clears `stuck` (the call's handshake), then `busy` (the pool's
+    // bookkeeping), one after the other: wait for both.
+    assert!(
+        eventually(|| {
+            let pool = dispatcher.metrics().pool;
+            (pool.stuck, pool.busy) == (0, 0)
+        })
+        .await
+    );
 }
 
 #[tokio::test(start_paused = true)]
