@@ -598,8 +598,22 @@ fn wait(child: &mut Child) -> Option<i32> {
     }
 }
 
-/// Starts a long run, sends SIGINT once a group is written, and returns the outcome.
-fn interrupted(case: &Case, latency: &str, args: &[&str]) -> Outcome {
+/// Polls `path` until it holds `text`.
+fn wait_for_stderr(path: &Path, text: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(path).is_ok_and(|stderr| stderr.contains(text)) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no {text:?} on stderr within two minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a long run, sends `signals` SIGINTs once a group is written (each after the
+/// drain has begun), and returns the outcome.
+fn interrupted(case: &Case, latency: &str, signals: usize, args: &[&str]) -> Outcome {
     case.write_dataset(400);
     case.write_config(&format!(
         "num_generations = 4\nmax_inflight = 16\n\n[simulator]\nanswer_tokens = 4\nlatency = \"{latency}\"\n"
@@ -627,11 +641,17 @@ fn interrupted(case: &Case, latency: &str, args: &[&str]) -> Outcome {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success(), "SIGINT sent");
+    for _ in 0..signals {
+        let sent = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGINT sent");
+        if signals > 1 {
+            // The first starts the drain, the next finds it under way.
+            wait_for_stderr(&stderr_path, "draining", &mut child);
+        }
+    }
     let code = wait(&mut child);
     Outcome {
         code,
@@ -662,7 +682,7 @@ fn assert_written_groups_whole(rows: &[TrainingSample]) {
 #[test]
 fn ctrl_c_drains_and_leaves_whole_groups_with_the_exit_code_of_the_drain() {
     let case = Case::new("ctrl-c");
-    let outcome = interrupted(&case, "300ms", &[]);
+    let outcome = interrupted(&case, "300ms", 1, &[]);
     assert!(
         outcome.stderr.contains("Ctrl-C: draining"),
         "{}",
@@ -686,10 +706,38 @@ fn ctrl_c_drains_and_leaves_whole_groups_with_the_exit_code_of_the_drain() {
 #[test]
 fn ctrl_c_with_a_drain_shorter_than_a_request_exits_2_and_says_not_clean() {
     let case = Case::new("ctrl-c-short");
-    let outcome = interrupted(&case, "1500ms", &["--drain-timeout", "1ms"]);
+    let outcome = interrupted(&case, "1500ms", 1, &["--drain-timeout", "1ms"]);
     assert_written_groups_whole(&outcome.rows);
     assert!(
         outcome.stderr.contains("drain NOT clean"),
+        "{}",
+        outcome.stderr
+    );
+    assert_eq!(outcome.code, Some(2), "{}", outcome.stderr);
+}
+
+#[test]
+fn a_second_ctrl_c_cancels_the_rollouts_in_flight_and_the_drain_is_not_clean() {
+    let case = Case::new("ctrl-c-twice");
+    // The rollouts in flight wait seconds for their answer; the second signal ends them.
+    let outcome = interrupted(&case, "3s", 2, &[]);
+    assert!(
+        outcome
+            .stderr
+            .contains("again: cancelling the rollouts in flight"),
+        "{}",
+        outcome.stderr
+    );
+    assert_written_groups_whole(&outcome.rows);
+    assert!(
+        outcome.stderr.contains("drain NOT clean"),
+        "rollouts were cancelled: {}",
+        outcome.stderr
+    );
+    assert!(
+        !outcome
+            .stderr
+            .contains("(0 rollouts cancelled at the deadline"),
         "{}",
         outcome.stderr
     );
