@@ -14,4 +14,11 @@ mod render;
     feature = "tool-dispatch",
     feature = "sim"
 ))]
+mod rollout;
+#[cfg(all(
+    feature = "rollout-core",
+    feature = "scoring",
+    feature = "tool-dispatch",
+    feature = "sim"
+))]
 mod rollout_config;

@@ -172,10 +172,11 @@ pub enum EngineError {
 pub struct DrainReport {
     /// How long the drain took.
     pub elapsed: Duration,
-    /// Whether every rollout in flight finished before the deadline and every tool thread
-    /// was joined.
+    /// Whether every rollout in flight finished before the deadline (and none was ended by
+    /// [`Engine::cancel`]) and every tool thread was joined.
     pub clean: bool,
-    /// Rollouts still running at the deadline, cancelled.
+    /// Rollouts still running at the deadline, or when [`Engine::cancel`] was called,
+    /// cancelled.
     pub cancelled_at_deadline: u64,
     /// Counters at the end.
     pub stats: Stats,
@@ -206,6 +207,8 @@ pub(crate) struct Shared<G> {
     base: Option<RenderState>,
     pub(crate) counters: Counters,
     pub(crate) cancel: CancellationToken,
+    /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
+    cancelled_in_flight: AtomicU64,
     eos: Option<u32>,
     version: AtomicU64,
     admission: CancellationToken,
@@ -347,6 +350,7 @@ impl<G: Generator> EngineBuilder<G> {
             base,
             counters: Counters::default(),
             cancel: CancellationToken::new(),
+            cancelled_in_flight: AtomicU64::new(0),
             version: AtomicU64::new(0),
             admission: CancellationToken::new(),
             admission_closed: AtomicBool::new(false),
@@ -489,8 +493,15 @@ impl<G: Generator> Engine<G> {
     /// dropped); a drain under way then ends without waiting for its deadline. Groups
     /// already complete are still scored and sent.
     pub fn cancel(&self) {
-        self.shared.admission.cancel();
-        self.shared.cancel.cancel();
+        let shared = &self.shared;
+        shared.admission.cancel();
+        if !shared.cancel.is_cancelled() {
+            let in_flight = shared.config.max_inflight - shared.in_flight.available_permits();
+            shared
+                .cancelled_in_flight
+                .fetch_add(in_flight as u64, Ordering::Relaxed);
+        }
+        shared.cancel.cancel();
     }
 
     /// Drains: stops admission, lets rollouts in flight finish until `deadline`, then
@@ -527,10 +538,12 @@ impl<G: Generator> Engine<G> {
             None => None,
         };
         let threads_clean = tools.as_ref().is_none_or(|t| t.threads_detached == 0);
+        // Rollouts that `cancel` ended did not finish either, however soon the wait was over.
+        let cancelled_early = shared.cancelled_in_flight.load(Ordering::Relaxed);
         DrainReport {
             elapsed: start.elapsed(),
-            clean: in_time && threads_clean,
-            cancelled_at_deadline,
+            clean: in_time && cancelled_early == 0 && threads_clean,
+            cancelled_at_deadline: cancelled_at_deadline + cancelled_early,
             stats: shared.counters.snapshot(),
             tools,
             error: lock(&shared.error).clone(),
