@@ -554,7 +554,7 @@ fn a_bad_dataset_row_stops_the_run_with_its_line_unless_skipped() {
     let outcome = case.rollout(&["--skip-bad-rows", "--overwrite"]);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert!(
-        outcome.stderr.contains("1 bad dataset rows skipped"),
+        outcome.stderr.contains("1 bad dataset row(s) skipped"),
         "{}",
         outcome.stderr
     );

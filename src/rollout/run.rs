@@ -29,6 +29,8 @@ use super::{
 
 /// Exit code of a run stopped by a signal whose drain had to cancel rollouts.
 const EXIT_UNCLEAN_DRAIN: u8 = 2;
+/// Exit code of a run stopped by a signal before its loop started (the shell's for SIGINT).
+const EXIT_INTERRUPTED_AT_START: u8 = 130;
 
 /// Runs the settings to the end (or to a signal) and returns the exit code.
 pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
@@ -47,6 +49,8 @@ pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
 
 async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
+    // Listening from the start: a signal before the loop runs ends the start-up.
+    let mut signals = Signals::new()?;
     let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
     if let Some(template) = &settings.chat_template {
         tokenizer = tokenizer.with_template_file(template)?;
@@ -89,10 +93,15 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     }
     let client = Client::new(client_config)?;
     tracing::info!(servers = ?servers, "waiting for the servers to be ready");
-    let card = client
-        .wait_until_ready(Duration::from_secs(600))
-        .await
-        .context("the servers did not become ready")?;
+    let card = tokio::select! {
+        card = client.wait_until_ready(Duration::from_secs(600)) => {
+            card.context("the servers did not become ready")?
+        }
+        signal = signals.next() => {
+            eprintln!("async-grpo: {signal} while waiting for the servers: nothing was rolled out");
+            return Ok(ExitCode::from(EXIT_INTERRUPTED_AT_START));
+        }
+    };
     tracing::info!(model = %card.id, max_model_len = ?client.max_model_len(), "servers ready");
     let _health_checks =
         (servers.len() > 1).then(|| client.spawn_health_checks(Duration::from_secs(5)));
@@ -175,7 +184,6 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     );
 
     // Until the dataset is done (the writer sees the output end) or a signal comes.
-    let mut signals = Signals::new()?;
     let interrupted = tokio::select! {
         _ = done_rx => false,
         signal = signals.next() => {
@@ -284,34 +292,44 @@ fn write_groups(
     Ok(sink.written())
 }
 
-/// Ctrl-C and SIGTERM, as one stream.
+/// Ctrl-C and SIGTERM, as one stream, listened for from the start of the run.
 struct Signals {
-    #[cfg(unix)]
-    terminate: tokio::signal::unix::Signal,
+    received: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
 }
 
 impl Signals {
     fn new() -> anyhow::Result<Signals> {
-        Ok(Signals {
-            #[cfg(unix)]
-            terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .context("cannot listen for SIGTERM")?,
-        })
+        let (sender, received) = tokio::sync::mpsc::unbounded_channel();
+        #[cfg(unix)]
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot listen for SIGTERM")?;
+        tokio::spawn(async move {
+            loop {
+                #[cfg(unix)]
+                let name = tokio::select! {
+                    result = tokio::signal::ctrl_c() => result.map(|()| "Ctrl-C"),
+                    _ = terminate.recv() => Ok("SIGTERM"),
+                };
+                #[cfg(not(unix))]
+                let name = tokio::signal::ctrl_c().await.map(|()| "Ctrl-C");
+                let Ok(name) = name else {
+                    tracing::warn!("cannot listen for Ctrl-C: signals will end the process");
+                    return;
+                };
+                if sender.send(name).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Signals { received })
     }
 
-    /// The next signal's name.
+    /// The next signal's name (never, once the listener is gone).
     async fn next(&mut self) -> &'static str {
-        #[cfg(unix)]
-        {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => "Ctrl-C",
-                _ = self.terminate.recv() => "SIGTERM",
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-            "Ctrl-C"
+        match self.received.recv().await {
+            Some(name) => name,
+            None => std::future::pending().await,
         }
     }
 }
@@ -352,7 +370,7 @@ fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: 
         );
     }
     if stats.bad_rows > 0 {
-        eprintln!("async-grpo: {} bad dataset rows skipped:", stats.bad_rows);
+        eprintln!("async-grpo: {} bad dataset row(s) skipped:", stats.bad_rows);
         for row in report.bad_rows.iter().take(5) {
             eprintln!("async-grpo:   {row}");
         }

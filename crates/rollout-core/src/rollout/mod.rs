@@ -614,11 +614,28 @@ async fn admit<G: Generator>(
         let group = Arc::new(GroupState::new(group_id, row, first, n, slot));
         let base = group_id * n as u64;
         shared.queued.fetch_add(n, Ordering::Relaxed);
-        for index in 0..n {
-            let permit = tokio::select! {
+        // A group that fits takes its slots all at once, so that a drain never finds it half
+        // started (its started rollouts would be thrown away with it); a group larger than
+        // `max_inflight` can only start rollout by rollout.
+        let mut whole = None;
+        if let Ok(count) = u32::try_from(n)
+            && n <= config.max_inflight
+        {
+            whole = tokio::select! {
                 biased;
                 () = shared.admission.cancelled() => None,
-                permit = Arc::clone(&shared.in_flight).acquire_owned() => permit.ok(),
+                permits = Arc::clone(&shared.in_flight).acquire_many_owned(count) => permits.ok(),
+            };
+        }
+        for index in 0..n {
+            let permit = match whole.as_mut() {
+                Some(permits) if index + 1 < n => permits.split(1),
+                Some(_) => whole.take(),
+                None => tokio::select! {
+                    biased;
+                    () = shared.admission.cancelled() => None,
+                    permit = Arc::clone(&shared.in_flight).acquire_owned() => permit.ok(),
+                },
             };
             let Some(permit) = permit else {
                 shared.queued.fetch_sub(n - index, Ordering::Relaxed);
