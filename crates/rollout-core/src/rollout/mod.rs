@@ -307,6 +307,9 @@ impl<G: Generator> EngineBuilder<G> {
 
     /// Starts the loop on the current tokio runtime, reading groups from `rows` on a thread
     /// of its own, and returns it with its output.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (it spawns its tasks there).
     pub fn start<I>(self, rows: I) -> Result<(Engine<G>, Groups), EngineError>
     where
         I: IntoIterator<Item = Result<DatasetRow, DatasetError>>,
