@@ -47,13 +47,31 @@ enum Command {
     Simulate(simulate::SimulateArgs),
 }
 
+/// Where log lines go: stderr, clearing the rollout progress bar first when one is shown.
+fn log_writer() -> Box<dyn std::io::Write> {
+    #[cfg(all(
+        feature = "rollout-core",
+        feature = "scoring",
+        feature = "tool-dispatch",
+        feature = "sim"
+    ))]
+    return Box::new(rollout::progress::LogWriter);
+    #[cfg(not(all(
+        feature = "rollout-core",
+        feature = "scoring",
+        feature = "tool-dispatch",
+        feature = "sim"
+    )))]
+    return Box::new(std::io::stderr());
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(log_writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();

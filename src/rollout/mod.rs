@@ -3,5 +3,5 @@
 //! [`progress`] shows how it goes.
 
 pub(crate) mod config;
-mod progress;
+pub(crate) mod progress;
 pub(crate) mod run;

@@ -15,6 +15,28 @@ use vllm_client::Client;
 
 use super::config::Progress as Mode;
 
+/// Whether a bar is on stderr's last line now: log lines clear it first ([`LogWriter`]).
+static BAR_SHOWN: AtomicBool = AtomicBool::new(false);
+
+/// Stderr for log lines: when a bar occupies the last line, it is cleared first (the bar
+/// is redrawn on its next tick), so log lines and the bar do not run into each other.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut stderr = std::io::stderr().lock();
+        if BAR_SHOWN.swap(false, Ordering::Relaxed) {
+            stderr.write_all(b"\r\x1b[2K")?;
+        }
+        stderr.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 /// What the writer has written so far.
 #[derive(Debug, Default)]
 pub(crate) struct Totals {
@@ -79,6 +101,7 @@ impl Progress {
                         let mut stderr = std::io::stderr().lock();
                         let _ = write!(stderr, "\r\x1b[2K{line}");
                         let _ = stderr.flush();
+                        BAR_SHOWN.store(true, Ordering::Relaxed);
                     } else {
                         tracing::info!("{line}");
                     }
@@ -102,7 +125,7 @@ impl Progress {
     }
 
     fn clear(&self) {
-        if self.bar {
+        if self.bar && BAR_SHOWN.swap(false, Ordering::Relaxed) {
             let mut stderr = std::io::stderr().lock();
             let _ = write!(stderr, "\r\x1b[2K");
             let _ = stderr.flush();
