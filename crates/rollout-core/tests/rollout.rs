@@ -93,6 +93,8 @@ enum Act {
     Answer,
     /// Fail with a generation error.
     Fail,
+    /// Panic, as a buggy generator would.
+    Panic,
     /// Never answer; the future only ends by being dropped.
     Hang,
     /// Answer the first `k` tokens of the scripted answer with [`Finish::Abort`].
@@ -289,6 +291,7 @@ impl Generator for ScriptedGenerator {
             finish: None,
         };
         match act {
+            Act::Panic => panic!("scripted panic of rollout {rollout}"),
             Act::Fail => {
                 lock(&script.log).push(logged);
                 return Err(GenerateError::new(format!(
@@ -609,6 +612,36 @@ async fn a_rollout_that_always_fails_leaves_its_group_scored_on_the_rest() {
     assert_eq!(report.stats.rollouts_failed, 1);
     assert_eq!(report.stats.rollouts_retried, 1);
     assert_eq!(report.stats.groups_completed, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_generator_fails_only_its_rollout_and_the_loop_goes_on() {
+    let tokenizer = chat_tokenizer();
+    let generator = ScriptedGenerator::new(&tokenizer, &[], |call| {
+        if call.rollout == 2 {
+            Act::Panic
+        } else {
+            Act::Answer
+        }
+    });
+    let (engine, mut groups) = start(&generator, None, config(4), rows(3));
+    let mut out = collect(&mut groups).await;
+    let report = engine.shutdown(Duration::from_secs(10)).await;
+    out.sort_by_key(|g| g.group_id);
+    assert_eq!(out.len(), 3, "every group is scored");
+    assert_eq!(out[0].samples.len(), 3);
+    let failure = &out[0].failures[0];
+    assert_eq!(failure.rollout_id.0, 2);
+    assert_eq!(failure.cause, FailureCause::Panic);
+    assert_eq!(failure.attempts, 1, "a panic is a bug: not retried");
+    assert!(
+        failure.message.contains("scripted panic of rollout 2"),
+        "{}",
+        failure.message
+    );
+    assert!(out[1..].iter().all(|g| g.samples.len() == 4));
+    assert_eq!(report.stats.rollouts_failed, 1);
+    assert!(report.clean);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,9 @@
 //! One rollout: the multi-turn loop render -> generate -> parse -> tools -> append, feeding
 //! each sampled turn to the reconciler as it arrives.
 
-use std::{fmt, slice};
+use std::{fmt, panic::AssertUnwindSafe, slice};
+
+use futures::FutureExt;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -79,6 +81,8 @@ pub enum FailureCause {
     Deadline,
     /// A drain cancelled it.
     Cancelled,
+    /// Something it ran panicked (a generator, the tokenizer): a bug, isolated.
+    Panic,
 }
 
 impl FailureCause {
@@ -91,12 +95,16 @@ impl FailureCause {
             FailureCause::Reconcile => "reconcile",
             FailureCause::Deadline => "deadline",
             FailureCause::Cancelled => "cancelled",
+            FailureCause::Panic => "panic",
         }
     }
 
     /// Whether trying the same prompt again may succeed.
     fn is_retryable(self) -> bool {
-        !matches!(self, FailureCause::PromptTooLong | FailureCause::Cancelled)
+        !matches!(
+            self,
+            FailureCause::PromptTooLong | FailureCause::Cancelled | FailureCause::Panic
+        )
     }
 }
 
@@ -153,11 +161,15 @@ pub(crate) async fn run<G: Generator>(
             }
             outcome = tokio::time::timeout(
                 config.rollout_timeout,
-                converse(shared, &group.first, rollout_id, attempt),
-            ) => outcome.unwrap_or_else(|_| Err((
-                FailureCause::Deadline,
-                format!("still running after the rollout timeout of {:?}", config.rollout_timeout),
-            ))),
+                AssertUnwindSafe(converse(shared, &group.first, rollout_id, attempt)).catch_unwind(),
+            ) => match outcome {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(panic)) => Err((FailureCause::Panic, panic_message(&*panic))),
+                Err(_) => Err((
+                    FailureCause::Deadline,
+                    format!("still running after the rollout timeout of {:?}", config.rollout_timeout),
+                )),
+            },
         };
         match outcome {
             Ok(mut finished) => {
@@ -182,6 +194,16 @@ pub(crate) async fn run<G: Generator>(
             }
         }
     }
+}
+
+/// A panic's message, as far as it has one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    format!("panicked: {text}")
 }
 
 /// Most continuations of an answer the server aborted part-way (a pause for a weight update
