@@ -451,7 +451,8 @@ impl<G: Generator> Engine<G> {
         }
     }
 
-    /// Turns sampled from now on record `version` (call it when the server's weights change).
+    /// Turns sampled from now on record `version` (call it when the server's weights
+    /// change). Versions only grow: a lower one than the current is ignored.
     pub fn set_model_version(&self, version: u64) {
         self.shared.version.fetch_max(version, Ordering::AcqRel);
     }
