@@ -896,6 +896,51 @@ async fn turns_record_the_model_version_they_were_sampled_under() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_falls_more_than_max_staleness_behind_is_cancelled_at_once() {
+    let tokenizer = chat_tokenizer();
+    // Group 0's requests hang; group 1 starts once its slots free up.
+    let generator = ScriptedGenerator::new(&tokenizer, &[], |call| {
+        if call.rollout < 2 {
+            Act::Hang
+        } else {
+            Act::Answer
+        }
+    });
+    let mut config = config(2);
+    config.max_inflight = 2;
+    config.max_staleness = Some(1);
+    let (engine, mut groups) = start(&generator, None, config, rows(2));
+    wait_until("group 0 to be in flight", || generator.hanging() == 2).await;
+    engine.set_model_version(1);
+    // One version behind is within the bound: the group keeps running.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(engine.health().stats.groups_stale, 0);
+    assert_eq!(generator.hangs_dropped(), 0);
+    engine.set_model_version(2);
+    let out = collect(&mut groups).await;
+    let report = engine.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(
+        generator.hangs_dropped(),
+        2,
+        "the stale requests were dropped"
+    );
+    assert_eq!(out.len(), 1, "only the fresh group is sent");
+    assert_eq!(out[0].group_id, 1);
+    assert!(out[0].samples.iter().all(|s| s.model_version == 2));
+    assert_eq!(report.stats.groups_stale, 1);
+    assert_eq!(report.stats.groups_completed, 1);
+    assert!(
+        report
+            .failures
+            .iter()
+            .all(|f| f.cause == FailureCause::Stale && f.attempts == 1),
+        "{:?}",
+        report.failures
+    );
+    assert!(report.clean);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_past_its_deadline_cancels_and_drops_every_hanging_request() {
     let tokenizer = chat_tokenizer();
     let generator = ScriptedGenerator::new(&tokenizer, &[], |_| Act::Hang);

@@ -14,9 +14,7 @@ use super::{
     generator::{Finish, GenerateRequest, Generator},
     health::Counters,
 };
-use crate::{
-    Message, Reconciler, RenderError, RenderState, RolloutId, Tally, TrainingRow, TurnRecord,
-};
+use crate::{Message, Reconciler, RenderError, RolloutId, Tally, TrainingRow, TurnRecord};
 
 /// A rollout that ended with a conversation.
 #[derive(Debug)]
@@ -83,6 +81,8 @@ pub enum FailureCause {
     Cancelled,
     /// Something it ran panicked (a generator, the tokenizer): a bug, isolated.
     Panic,
+    /// Its group fell more than `max_staleness` model versions behind.
+    Stale,
 }
 
 impl FailureCause {
@@ -96,6 +96,7 @@ impl FailureCause {
             FailureCause::Deadline => "deadline",
             FailureCause::Cancelled => "cancelled",
             FailureCause::Panic => "panic",
+            FailureCause::Stale => "stale",
         }
     }
 
@@ -103,7 +104,10 @@ impl FailureCause {
     fn is_retryable(self) -> bool {
         !matches!(
             self,
-            FailureCause::PromptTooLong | FailureCause::Cancelled | FailureCause::Panic
+            FailureCause::PromptTooLong
+                | FailureCause::Cancelled
+                | FailureCause::Panic
+                | FailureCause::Stale
         )
     }
 }
@@ -159,9 +163,17 @@ pub(crate) async fn run<G: Generator>(
             () = shared.cancel.cancelled() => {
                 Err((FailureCause::Cancelled, "cancelled by the drain".to_owned()))
             }
+            () = shared.stale(group, config.max_staleness.unwrap_or(0)), if config.max_staleness.is_some() => {
+                Err((FailureCause::Stale, format!(
+                    "the group's first turn was sampled under version {}, more than {} behind the current {}",
+                    group.first_version().unwrap_or(0),
+                    config.max_staleness.unwrap_or(0),
+                    shared.model_version(),
+                )))
+            }
             outcome = tokio::time::timeout(
                 config.rollout_timeout,
-                AssertUnwindSafe(converse(shared, &group.first, rollout_id, attempt)).catch_unwind(),
+                AssertUnwindSafe(converse(shared, group, rollout_id, attempt)).catch_unwind(),
             ) => match outcome {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(panic)) => Err((FailureCause::Panic, panic_message(&*panic))),
@@ -213,10 +225,11 @@ const MAX_CONTINUATIONS: usize = 8;
 /// One attempt at a conversation.
 async fn converse<G: Generator>(
     shared: &Shared<G>,
-    first: &Result<RenderState, RenderError>,
+    group: &GroupState,
     rollout_id: RolloutId,
     attempt: u32,
 ) -> Result<Finished, Failure> {
+    let first = &group.first;
     let config = &shared.config;
     let counters = &shared.counters;
     let render_error = |e: RenderError| (FailureCause::Render, e.to_string());
@@ -282,6 +295,7 @@ async fn converse<G: Generator>(
         let mut segment = 0;
         loop {
             let version = shared.model_version();
+            group.sampled_under(version);
             let request = GenerateRequest {
                 rollout: rollout_id,
                 turn,

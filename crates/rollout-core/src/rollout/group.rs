@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     DatasetRow, RenderError, RenderState, TrainingSample,
-    sync::{Arc, AtomicUsize, Mutex, Ordering, lock},
+    sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
 };
 
 /// A scored group: its training samples, and the rollouts that failed.
@@ -39,6 +39,8 @@ pub(crate) struct GroupState {
     pub(crate) row: DatasetRow,
     /// The prompt rendered once for every rollout of the group to start from.
     pub(crate) first: Result<RenderState, RenderError>,
+    /// The version of the group's first request (`u64::MAX` before it).
+    first_version: AtomicU64,
     outcomes: Mutex<Vec<Option<Result<Finished, RolloutFailure>>>>,
     remaining: AtomicUsize,
     output: Mutex<Option<OwnedPermit<ScoredGroup>>>,
@@ -56,10 +58,21 @@ impl GroupState {
             group_id,
             row,
             first,
+            first_version: AtomicU64::new(u64::MAX),
             outcomes: Mutex::new((0..size).map(|_| None).collect()),
             remaining: AtomicUsize::new(size),
             output: Mutex::new(Some(output)),
         }
+    }
+
+    /// Notes a request sent under `version`.
+    pub(crate) fn sampled_under(&self, version: u64) {
+        self.first_version.fetch_min(version, Ordering::AcqRel);
+    }
+
+    /// The version of the group's first request, once one was sent.
+    pub(crate) fn first_version(&self) -> Option<u64> {
+        Some(self.first_version.load(Ordering::Acquire)).filter(|&v| v != u64::MAX)
     }
 
     /// Records rollout `index`'s outcome; `true` for the last one, whose caller finishes the
@@ -105,6 +118,12 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             Ok(done) => finished.push(done),
             Err(failure) => failures.push(failure),
         }
+    }
+    if failures.iter().any(|f| f.cause == FailureCause::Stale) {
+        // A trainer would drop every sample of the group: none is sent.
+        Counters::add(&counters.groups_stale, 1);
+        tracing::debug!(group = group.group_id, "group dropped: stale");
+        return;
     }
     let cancelled = failures
         .iter()

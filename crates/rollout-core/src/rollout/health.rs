@@ -40,6 +40,8 @@ counters! {
         groups_zero_variance,
         /// Groups dropped because a drain cancelled some of their rollouts.
         groups_cancelled,
+        /// Groups cancelled because they fell more than `max_staleness` versions behind.
+        groups_stale,
         /// Rollouts started (each retry counts once more).
         rollouts_started,
         /// Rollouts that produced a conversation.

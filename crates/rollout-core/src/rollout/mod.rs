@@ -14,8 +14,11 @@
 //! - **Failure isolation**: a rollout that fails (generation, rendering, deadline) is retried
 //!   up to `retries` times, then recorded with its cause; its group is scored on the rest
 //!   when at least `min_group_size` remain, else dropped and counted.
-//! - **Model versions**: each turn records the version set by [`Engine::set_model_version`]
-//!   when it was sampled; a sample carries its group's first version and, in its metrics,
+//! - **Model versions and staleness**: each turn records the version set by
+//!   [`Engine::set_model_version`] when its request was sent; with `max_staleness`, a group
+//!   whose first turn falls more than that many versions behind is cancelled at once (a
+//!   trainer would drop its samples), so work is not generated only to be thrown away. A
+//!   sample carries its group's first version and, in its metrics,
 //!   the span of its own turns.
 //! - **Health**: a heartbeat task, independent of rollouts, tools and rewards, measures how
 //!   late the runtime wakes it ([`Engine::health`]).
@@ -34,7 +37,7 @@ use std::{
 };
 
 use scoring::{AdvantageConfig, Scorer};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
@@ -81,6 +84,10 @@ pub struct RolloutConfig {
     pub skip_bad_rows: bool,
     /// Stop admitting after this many groups; `None` reads the whole dataset.
     pub max_groups: Option<u64>,
+    /// Cancel a group whose first turn was sampled more than this many model versions before
+    /// the current one (see [`Engine::set_model_version`]); `None` never does. Match the
+    /// trainer's own bound (TRL's `max_staleness`), past which it drops samples anyway.
+    pub max_staleness: Option<u64>,
     /// Sampling.
     pub sampling: Sampling,
     /// How turns become training rows.
@@ -111,6 +118,7 @@ impl Default for RolloutConfig {
             retries: 1,
             skip_bad_rows: false,
             max_groups: None,
+            max_staleness: None,
             sampling: Sampling::default(),
             reconciler: ReconcilerConfig::default(),
             advantages: AdvantageConfig::default(),
@@ -211,6 +219,8 @@ pub(crate) struct Shared<G> {
     cancelled_in_flight: AtomicU64,
     eos: Option<u32>,
     version: AtomicU64,
+    /// The same version, for rollouts that wait for it to move (staleness).
+    versions: watch::Sender<u64>,
     admission: CancellationToken,
     admission_closed: AtomicBool,
     heartbeat: Heartbeat,
@@ -237,6 +247,22 @@ impl<G> Shared<G> {
 
     pub(crate) fn model_version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
+    }
+
+    /// Resolves once `group`'s first turn is more than `max_staleness` versions behind.
+    pub(crate) async fn stale(&self, group: &GroupState, max_staleness: u64) {
+        let mut versions = self.versions.subscribe();
+        loop {
+            let first = group.first_version();
+            if first.is_some_and(|first| {
+                *versions.borrow_and_update() > first.saturating_add(max_staleness)
+            }) {
+                return;
+            }
+            if versions.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// The text of sampled ids as the parser reads it: special tokens kept (tool-call
@@ -355,6 +381,7 @@ impl<G: Generator> EngineBuilder<G> {
             cancel: CancellationToken::new(),
             cancelled_in_flight: AtomicU64::new(0),
             version: AtomicU64::new(0),
+            versions: watch::Sender::new(0),
             admission: CancellationToken::new(),
             admission_closed: AtomicBool::new(false),
             heartbeat: Heartbeat::new(),
@@ -454,7 +481,16 @@ impl<G: Generator> Engine<G> {
     /// Turns sampled from now on record `version` (call it when the server's weights
     /// change). Versions only grow: a lower one than the current is ignored.
     pub fn set_model_version(&self, version: u64) {
-        self.shared.version.fetch_max(version, Ordering::AcqRel);
+        let before = self.shared.version.fetch_max(version, Ordering::AcqRel);
+        if version > before {
+            self.shared.versions.send_if_modified(|current| {
+                let newer = version > *current;
+                if newer {
+                    *current = version;
+                }
+                newer
+            });
+        }
     }
 
     /// The model version turns are sampled under now.
