@@ -12,6 +12,8 @@
 //! - `1024`, `4096`: 200 ms per request with that many rollouts in flight: achieved turns/s
 //!   against the ideal `in_flight / 200 ms`, resident memory per in-flight rollout, and the
 //!   time a drain takes with every rollout mid-request;
+//! - `4096-loop`: the same 4096 rollouts against an in-process generator that sleeps 200 ms
+//!   and answers fixed ids: the loop's own capacity, without HTTP or a simulator;
 //! - `blocking`: 64 rollouts whose sync tool blocks its thread for 500 ms: the heartbeat's
 //!   p99 lag.
 //!
@@ -28,7 +30,9 @@ use std::{
 
 use rollout_core::{
     ChatTemplate, ChatTokenizer, DatasetError, DatasetRow, Message,
-    rollout::{Engine, RolloutConfig},
+    rollout::{
+        Engine, Finish, GenerateError, GenerateRequest, Generation, Generator, RolloutConfig,
+    },
 };
 use scoring::{Scorer, ScorerConfig, builtin};
 use serde_json::{Map, Value, json};
@@ -43,7 +47,7 @@ const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | toj
 {%- for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}\
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
-const SCENARIOS: [&str; 4] = ["zero", "1024", "4096", "blocking"];
+const SCENARIOS: [&str; 5] = ["zero", "1024", "4096", "4096-loop", "blocking"];
 
 /// This process's CPU seconds (user + system).
 fn cpu_seconds() -> f64 {
@@ -127,7 +131,7 @@ impl Scenario {
         let (in_flight, latency, tool_rounds, tool_block) = match name {
             "zero" => (256, Duration::ZERO, 1, None),
             "1024" => (1024, Duration::from_millis(200), 0, None),
-            "4096" => (4096, Duration::from_millis(200), 0, None),
+            "4096" | "4096-loop" => (4096, Duration::from_millis(200), 0, None),
             _ => (64, Duration::ZERO, 3, Some(Duration::from_millis(500))),
         };
         Scenario {
@@ -216,12 +220,55 @@ fn serve_simulator(spec: &str) {
     });
 }
 
-async fn run(scenario: &Scenario, url: String) -> Measured {
+/// A generator without HTTP, for the loop's own capacity: every turn waits `latency`, then
+/// answers the same ids (an answer and EOS) with made-up logprobs.
+struct SleepingGenerator {
+    latency: Duration,
+    answer: Vec<u32>,
+}
+
+impl SleepingGenerator {
+    fn new(latency: Duration) -> SleepingGenerator {
+        let tokenizer = tokenizer();
+        let mut answer = tokenizer
+            .encode("The answer is 42. the model thinks about numbers and tools")
+            .expect("encodes");
+        answer.extend(tokenizer.eos_token_id());
+        SleepingGenerator { latency, answer }
+    }
+}
+
+impl Generator for SleepingGenerator {
+    async fn generate(&self, request: GenerateRequest<'_>) -> Result<Generation, GenerateError> {
+        tokio::time::sleep(self.latency).await;
+        let n = self.answer.len().min(request.max_tokens as usize);
+        Ok(Generation {
+            token_ids: self.answer[..n].to_vec(),
+            logprobs: vec![-0.5; n],
+            finish: if n == self.answer.len() {
+                Finish::Stop
+            } else {
+                Finish::Length
+            },
+        })
+    }
+
+    fn max_model_len(&self) -> Option<u32> {
+        Some(4096)
+    }
+}
+
+/// The client of the simulator at `url`, once it answers.
+async fn client(url: String) -> Client {
     let client = Client::new(ClientConfig::new(url)).expect("a client");
     client
         .wait_until_ready(Duration::from_secs(10))
         .await
         .expect("the simulator is ready");
+    client
+}
+
+async fn run<G: Generator>(scenario: &Scenario, generator: G) -> Measured {
     let scorer = Scorer::new(
         vec![builtin::from_spec("numeric:answer").expect("a spec")],
         ScorerConfig::default(),
@@ -234,7 +281,7 @@ async fn run(scenario: &Scenario, url: String) -> Measured {
     config.max_tokens = 64;
     config.output_buffer = 1024;
     let resident_before = resident_bytes();
-    let (engine, mut groups) = Engine::builder(client, tokenizer(), scorer)
+    let (engine, mut groups) = Engine::builder(generator, tokenizer(), scorer)
         .tools(tools(scenario.tool_block, scenario.in_flight.min(256)))
         .config(config)
         .start(rows())
@@ -318,14 +365,17 @@ async fn run(scenario: &Scenario, url: String) -> Measured {
 /// Runs one scenario in this process; prints its table rows and returns its results.
 fn scenario(name: &str) -> Map<String, Value> {
     let scenario = Scenario::named(name);
-    let simulator = SimulatorProcess::start(&scenario);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let measured = runtime.block_on(run(&scenario, simulator.url.clone()));
-    drop(simulator);
+    let measured = if name == "4096-loop" {
+        runtime.block_on(run(&scenario, SleepingGenerator::new(scenario.latency)))
+    } else {
+        let simulator = SimulatorProcess::start(&scenario);
+        runtime.block_on(async { run(&scenario, client(simulator.url.clone()).await).await })
+    };
     let mut results = Map::new();
     let mut row = |measure: String, value: String, target: &str, raw: Value| {
         println!("| {measure} | {value} | {target} |");
@@ -345,6 +395,37 @@ fn scenario(name: &str) -> Map<String, Value> {
                 format!("{:.3}", measured.cpu_ms_per_turn),
                 "-",
                 json!(measured.cpu_ms_per_turn),
+            );
+        }
+        "4096-loop" => {
+            let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
+            let achieved = measured.turns_per_second / ideal * 100.0;
+            row(
+                format!(
+                    "loop alone (in-process generator sleeping 200 ms, no HTTP), {in_flight} in flight: achieved / ideal turns/s"
+                ),
+                format!(
+                    "{achieved:.1}% ({:.0} of {ideal:.0})",
+                    measured.turns_per_second
+                ),
+                ">= 95%",
+                json!(achieved),
+            );
+            row(
+                "loop alone: engine CPU ms per turn".into(),
+                format!("{:.3}", measured.cpu_ms_per_turn),
+                "-",
+                json!(measured.cpu_ms_per_turn),
+            );
+            row(
+                format!("loop alone: resident memory per in-flight rollout, {in_flight} in flight"),
+                format!(
+                    "{:.1} KiB (samples of ~{:.0} tokens)",
+                    measured.resident_per_rollout / 1024.0,
+                    measured.tokens_per_sample
+                ),
+                "<= 64 KiB + tokens",
+                json!(measured.resident_per_rollout),
             );
         }
         "blocking" => {

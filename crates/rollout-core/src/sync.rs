@@ -1,8 +1,9 @@
 //! The one module that names `std::sync`; everything else imports from here.
 
+pub(crate) use std::sync::Arc;
 #[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
 pub(crate) use std::sync::{
-    Arc, Mutex, MutexGuard,
+    Mutex, MutexGuard,
     atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
 };
 

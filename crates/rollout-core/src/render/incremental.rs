@@ -13,6 +13,8 @@
 //! counted and tokenization restarts from the last special token before the change, or
 //! from the start when there is none.
 
+use crate::sync::Arc;
+
 use minijinja::value::Value;
 
 use super::{
@@ -27,7 +29,7 @@ use crate::{Message, reconcile::common_prefix};
 /// prompt once and starts each of the group's rollouts from a clone.
 #[derive(Debug, Clone)]
 pub struct RenderState {
-    options: RenderOptions,
+    options: Arc<RenderOptions>,
     messages: Vec<Value>,
     text: String,
     ids: Vec<u32>,
@@ -101,7 +103,9 @@ pub struct Prompt<'a> {
 pub struct IncrementalRender<'t> {
     tokenizer: &'t ChatTokenizer,
     template: &'t ChatTemplate,
-    options: RenderOptions,
+    /// Shared with the states taken of it (tool specs can be large); copied only when a
+    /// render changes `add_generation_prompt`.
+    options: Arc<RenderOptions>,
     messages: Vec<Value>,
     text: String,
     ids: Vec<u32>,
@@ -120,7 +124,7 @@ impl<'t> IncrementalRender<'t> {
         Self {
             tokenizer,
             template,
-            options,
+            options: Arc::new(options),
             messages: Vec::new(),
             text: String::new(),
             ids: Vec::new(),
@@ -132,7 +136,7 @@ impl<'t> IncrementalRender<'t> {
     /// The conversation as a [`RenderState`], to continue later or elsewhere.
     pub fn state(&self) -> RenderState {
         RenderState {
-            options: self.options.clone(),
+            options: Arc::clone(&self.options),
             messages: self.messages.clone(),
             text: self.text.clone(),
             ids: self.ids.clone(),
@@ -160,7 +164,9 @@ impl<'t> IncrementalRender<'t> {
 
     /// Renders, tokenizing only what changed after the kept anchor.
     fn render(&mut self, add_generation_prompt: bool) -> Result<Prompt<'_>, RenderError> {
-        self.options.add_generation_prompt = add_generation_prompt;
+        if self.options.add_generation_prompt != add_generation_prompt {
+            Arc::make_mut(&mut self.options).add_generation_prompt = add_generation_prompt;
+        }
         let text = self.template.render_values(
             &self.messages,
             &self.options,
