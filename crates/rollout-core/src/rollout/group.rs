@@ -152,6 +152,11 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         return;
     }
 
+    // What the samples need of each rollout is taken before its messages and ids move
+    // into the group the rewards see; rows move into the samples: nothing is copied twice.
+    let metrics: Vec<Map<String, Value>> = finished.iter().map(sample_metrics).collect();
+    // Versions only grow, so the group's oldest turn is its first.
+    let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
     let prompt: Vec<Value> = group
         .row
         .prompt
@@ -159,15 +164,14 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         .map(|m| Value::Object(m.as_map().clone()))
         .collect();
     let completions = finished
-        .iter()
+        .iter_mut()
         .map(|done| Completion {
             text: done.answer(),
-            messages: done
-                .messages
-                .iter()
-                .map(|m| Value::Object(m.as_map().clone()))
+            messages: std::mem::take(&mut done.messages)
+                .into_iter()
+                .map(|m| Value::Object(m.into()))
                 .collect(),
-            token_ids: done.sampled.clone(),
+            token_ids: std::mem::take(&mut done.sampled),
             has_training_row: !done.rows.is_empty(),
         })
         .collect();
@@ -182,35 +186,38 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         Counters::add(&counters.groups_zero_variance, 1);
         return;
     }
+    // The scorer has let go of the group unless a reward still runs past its timeout.
+    let scored = Arc::try_unwrap(scored).unwrap_or_else(|shared| (*shared).clone());
+    let Value::Array(prompt) = scored.prompt else {
+        unreachable!("the prompt was built as an array");
+    };
 
-    // Versions only grow, so the group's oldest turn is its first.
-    let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
     let mut samples = Vec::new();
-    for (index, done) in finished.iter().enumerate() {
+    let rollouts = finished.into_iter().zip(scored.completions).zip(metrics);
+    for (index, ((done, completion), metrics)) in rollouts.enumerate() {
         let rewards: Map<String, Value> = scores
             .columns
             .iter()
             .map(|column| (column.name.clone(), json!(column.values[index])))
             .collect();
-        let metrics = sample_metrics(done);
-        for row in &done.rows {
+        if done.rows.len() > 1 {
+            Counters::add(&counters.forked_rollouts, 1);
+        }
+        for row in done.rows {
             samples.push(TrainingSample {
                 group_id: group.group_id,
                 rollout_id: done.rollout_id,
-                prompt: scored.prompt.as_array().cloned().unwrap_or_default(),
-                completion: scored.completions[index].messages.clone(),
-                input_ids: row.input_ids.clone(),
-                completion_mask: row.completion_mask.clone(),
-                old_log_probs: row.old_log_probs.clone(),
+                prompt: prompt.clone(),
+                completion: completion.messages.clone(),
+                input_ids: row.input_ids,
+                completion_mask: row.completion_mask,
+                old_log_probs: row.old_log_probs,
                 advantage: advantages.advantages[index],
                 reward: scores.rewards[index],
                 rewards: rewards.clone(),
                 model_version: group_version,
                 metrics: metrics.clone(),
             });
-        }
-        if done.rows.len() > 1 {
-            Counters::add(&counters.forked_rollouts, 1);
         }
     }
     Counters::add(&counters.groups_completed, 1);
