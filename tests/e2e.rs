@@ -140,3 +140,114 @@ fn a_small_run_against_vllm_gives_rows_of_real_ids_and_logprobs() {
         assert!(row["advantage"].is_number());
     }
 }
+
+/// `GET {url}/metrics`, the Prometheus text vLLM serves.
+fn metrics(url: &str) -> String {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).expect("vLLM answers");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("the request is sent");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("the response is read");
+    response
+}
+
+/// The sum of a metric's samples (every label set).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Requests vLLM finished (any reason it counts as a success: stop, length, ...).
+fn finished_requests(url: &str) -> f64 {
+    metric(&metrics(url), "vllm:request_success_total")
+}
+
+#[test]
+fn ctrl_c_past_the_drain_deadline_aborts_the_requests_on_the_server() {
+    let (url, model_dir) = (env("VLLM_URL"), env("VLLM_MODEL_DIR"));
+    let dir = scratch("drain");
+    let dataset = dir.join("stories.jsonl");
+    let rows: String = (0..8)
+        .map(|i| format!("{{\"prompt\": \"Write a very long story about the number {i}.\", \"answer\": \"{i}\"}}\n"))
+        .collect();
+    std::fs::write(&dataset, rows).expect("the dataset");
+    let finished_before = finished_requests(&url);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
+        .arg("--dataset")
+        .arg(&dataset)
+        .arg("--out")
+        .arg(dir.join("rows.jsonl"))
+        // Long answers: the requests in flight would run for many seconds to the end.
+        .args([
+            "--num-generations",
+            "4",
+            "--max-inflight",
+            "8",
+            "--max-tokens",
+            "1500",
+        ])
+        .args([
+            "--reward",
+            "numeric:answer",
+            "--drain-timeout",
+            "1s",
+            "--progress",
+            "log",
+        ])
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let started = std::time::Instant::now();
+    while metric(&metrics(&url), "vllm:num_requests_running") < 8.0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "the rollouts never reached the server"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("the binary ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "an unclean drain: {stderr}");
+    assert!(stderr.contains("drain NOT clean"), "{stderr}");
+
+    // Dropped requests are aborted by vLLM, not run to the end: nothing runs a moment later,
+    // and none of them is counted as finished.
+    let stopped = std::time::Instant::now();
+    while metric(&metrics(&url), "vllm:num_requests_running") > 0.0 {
+        assert!(
+            stopped.elapsed() < std::time::Duration::from_secs(5),
+            "vLLM still runs the cancelled requests: {}",
+            metrics(&url)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let completed_turns: f64 = stderr
+        .lines()
+        .find_map(|line| {
+            // "... N cancelled; T turns, S tokens sampled, ..."
+            let (_, rest) = line.split_once(" cancelled; ")?;
+            rest.split(" turns").next()?.trim().parse().ok()
+        })
+        .unwrap_or_else(|| panic!("the summary counts turns: {stderr}"));
+    assert_eq!(
+        finished_requests(&url) - finished_before,
+        completed_turns,
+        "only the turns the engine completed finished on the server: {stderr}"
+    );
+}
