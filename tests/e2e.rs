@@ -181,7 +181,7 @@ fn ctrl_c_past_the_drain_deadline_aborts_the_requests_on_the_server() {
         .collect();
     std::fs::write(&dataset, rows).expect("the dataset");
     let finished_before = finished_requests(&url);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+    let child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
         .arg("--dataset")
         .arg(&dataset)
