@@ -31,6 +31,10 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use rollout_core::{
+    ReconcilerConfig,
+    rollout::{RolloutConfig, Sampling},
+};
 use scoring::{AdvantageConfig, Reward, builtin::CommandReward};
 use serde::Deserialize;
 use toml::Spanned;
@@ -382,6 +386,34 @@ fn program_path(base: &Path, program: &str) -> String {
 }
 
 impl Settings {
+    /// The rollout loop's part of the settings.
+    pub(crate) fn rollout_config(&self) -> RolloutConfig {
+        let mut config = RolloutConfig::default();
+        config.num_generations = self.num_generations;
+        config.max_inflight = self.max_inflight;
+        config.max_turns = self.max_turns;
+        config.max_tokens = self.max_tokens;
+        config.max_total_tokens = self.max_total_tokens;
+        config.max_model_len = self.max_model_len;
+        config.rollout_timeout = self.rollout_timeout;
+        config.min_group_size = self.min_group_size;
+        config.retries = self.retries as usize;
+        config.skip_bad_rows = self.skip_bad_rows;
+        config.max_groups = self.groups;
+        config.sampling = Sampling {
+            temperature: self.sampling.temperature.unwrap_or(1.0),
+            top_p: self.sampling.top_p,
+            top_k: self.sampling.top_k,
+            min_p: self.sampling.min_p,
+            seed: self.sampling.seed,
+        };
+        config.reconciler = ReconcilerConfig {
+            fork_threshold_tokens: self.fork_threshold_tokens,
+        };
+        config.advantages = self.advantage;
+        config
+    }
+
     /// Merges the flags, the file `--config` names and the defaults, and checks every value.
     pub(crate) fn resolve(args: RolloutArgs) -> anyhow::Result<Settings> {
         let source = args.config.as_deref().map(Source::read).transpose()?;

@@ -11,9 +11,9 @@ use std::{
 
 use anyhow::{Context, bail};
 use rollout_core::{
-    ChatTokenizer, DatasetReader, JsonlSink, ReconcilerConfig,
+    ChatTokenizer, DatasetReader, JsonlSink,
     parse::parser_by_name,
-    rollout::{DrainReport, Engine, Groups, RolloutConfig, Sampling},
+    rollout::{DrainReport, Engine, Groups},
 };
 use scoring::{Scorer, ScorerConfig};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
@@ -63,23 +63,7 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     };
 
     let simulator = if settings.servers.is_empty() {
-        let mut config = SimConfig::new(tokenizer.tokenizer().clone());
-        settings.simulator.apply_to(&mut config);
-        if let Some(tool) = settings.tools.first() {
-            config.tool_name = tool.name.clone();
-        }
-        if let Some(eos) = tokenizer
-            .special_tokens()
-            .get("eos_token")
-            .and_then(serde_json::Value::as_str)
-        {
-            config.eos_token = eos.to_owned();
-        }
-        let simulator = Simulator::start(config, ([127, 0, 0, 1], 0).into())
-            .await
-            .context("cannot start the built-in simulator")?;
-        tracing::info!(url = %simulator.url(), "simulator listening");
-        Some(simulator)
+        Some(start_simulator(&settings, &tokenizer).await?)
     } else {
         None
     };
@@ -112,29 +96,7 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     }
     let tool_count = registry.len();
     let scorer = Scorer::new(settings.rewards.clone(), ScorerConfig::default())?;
-    let mut config = RolloutConfig::default();
-    config.num_generations = settings.num_generations;
-    config.max_inflight = settings.max_inflight;
-    config.max_turns = settings.max_turns;
-    config.max_tokens = settings.max_tokens;
-    config.max_total_tokens = settings.max_total_tokens;
-    config.max_model_len = settings.max_model_len;
-    config.rollout_timeout = settings.rollout_timeout;
-    config.min_group_size = settings.min_group_size;
-    config.retries = settings.retries as usize;
-    config.skip_bad_rows = settings.skip_bad_rows;
-    config.max_groups = settings.groups;
-    config.sampling = Sampling {
-        temperature: settings.sampling.temperature.unwrap_or(1.0),
-        top_p: settings.sampling.top_p,
-        top_k: settings.sampling.top_k,
-        min_p: settings.sampling.min_p,
-        seed: settings.sampling.seed,
-    };
-    config.reconciler = ReconcilerConfig {
-        fork_threshold_tokens: settings.fork_threshold_tokens,
-    };
-    config.advantages = settings.advantage;
+    let config = settings.rollout_config();
     let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
     if tool_count > 0 {
         // Sync tools get a thread per rollout in flight, up to a bound: threads start on
@@ -232,6 +194,30 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_UNCLEAN_DRAIN));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The built-in simulator, answering in the run's tokenizer and calling its first tool.
+async fn start_simulator(
+    settings: &Settings,
+    tokenizer: &ChatTokenizer,
+) -> anyhow::Result<Simulator> {
+    let mut config = SimConfig::new(tokenizer.tokenizer().clone());
+    settings.simulator.apply_to(&mut config);
+    if let Some(tool) = settings.tools.first() {
+        config.tool_name = tool.name.clone();
+    }
+    if let Some(eos) = tokenizer
+        .special_tokens()
+        .get("eos_token")
+        .and_then(serde_json::Value::as_str)
+    {
+        config.eos_token = eos.to_owned();
+    }
+    let simulator = Simulator::start(config, ([127, 0, 0, 1], 0).into())
+        .await
+        .context("cannot start the built-in simulator")?;
+    tracing::info!(url = %simulator.url(), "simulator listening");
+    Ok(simulator)
 }
 
 /// The output file, refusing to replace one that holds rows unless told to.
