@@ -105,7 +105,14 @@ async fn the_deadline_bounds_the_whole_call_retries_included() {
         "took {:?}",
         started.elapsed()
     );
-    assert_eq!(error.status(), Some(503));
+    // The deadline ends the call between attempts (the last 503 is the error) or during
+    // one (a timeout that names the last 503), depending on where it falls.
+    let text = error.to_string();
+    assert!(
+        error.status() == Some(503)
+            || (error.is_timeout() && text.contains("last error") && text.contains("503")),
+        "{text}"
+    );
     assert!(client.stats().attempts > 1 && client.stats().attempts < 1000);
 }
 
