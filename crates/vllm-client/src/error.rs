@@ -118,6 +118,15 @@ impl Error {
         }
     }
 
+    /// Whether vLLM refused the request because the prompt (with `max_tokens`) does not fit
+    /// its context: a 400 whose message says "maximum context length", as vLLM 0.32 words it.
+    pub fn is_prompt_too_long(&self) -> bool {
+        self.status() == Some(400)
+            && self
+                .server_error()
+                .is_some_and(|e| e.message.contains("maximum context length"))
+    }
+
     /// Whether the body could not be decoded.
     pub fn is_decode(&self) -> bool {
         matches!(self.inner.kind, Kind::Decode { .. })

@@ -179,6 +179,7 @@ async fn a_prompt_longer_than_the_context_is_refused_with_vllms_message() {
 
     assert_eq!(error.status(), Some(400));
     assert!(!error.is_retryable());
+    assert!(error.is_prompt_too_long(), "{error}");
     assert!(
         error
             .to_string()

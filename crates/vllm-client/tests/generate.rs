@@ -88,6 +88,7 @@ async fn a_prompt_longer_than_the_context_is_a_4xx_with_vllms_message_and_no_ret
 
     assert_eq!(error.status(), Some(400));
     assert!(!error.is_retryable());
+    assert!(error.is_prompt_too_long());
     assert_eq!(
         error.server_error().and_then(|e| e.param.as_deref()),
         Some("input_tokens")

@@ -166,13 +166,11 @@ mod vllm {
             let completion = Client::generate(self, request.prompt_ids, &params)
                 .await
                 .map_err(|error| {
-                    let too_long = error.status() == Some(400)
-                        && error.to_string().contains("maximum context length");
-                    let error = GenerateError::new(error.to_string());
-                    if too_long {
-                        error.prompt_too_long()
+                    let refused = GenerateError::new(error.to_string());
+                    if error.is_prompt_too_long() {
+                        refused.prompt_too_long()
                     } else {
-                        error
+                        refused
                     }
                 })?;
             let finish = match completion.finish_reason {
