@@ -218,8 +218,7 @@ pub(crate) struct Shared<G> {
     /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
     cancelled_in_flight: AtomicU64,
     eos: Option<u32>,
-    version: AtomicU64,
-    /// The same version, for rollouts that wait for it to move (staleness).
+    /// The model version; rollouts waiting on staleness subscribe to it.
     versions: watch::Sender<u64>,
     admission: CancellationToken,
     admission_closed: AtomicBool,
@@ -246,7 +245,7 @@ impl<G> Shared<G> {
     }
 
     pub(crate) fn model_version(&self) -> u64 {
-        self.version.load(Ordering::Acquire)
+        *self.versions.borrow()
     }
 
     /// Resolves once `group`'s first turn is more than `max_staleness` versions behind.
@@ -380,7 +379,6 @@ impl<G: Generator> EngineBuilder<G> {
             counters: Counters::default(),
             cancel: CancellationToken::new(),
             cancelled_in_flight: AtomicU64::new(0),
-            version: AtomicU64::new(0),
             versions: watch::Sender::new(0),
             admission: CancellationToken::new(),
             admission_closed: AtomicBool::new(false),
@@ -481,16 +479,13 @@ impl<G: Generator> Engine<G> {
     /// Turns sampled from now on record `version` (call it when the server's weights
     /// change). Versions only grow: a lower one than the current is ignored.
     pub fn set_model_version(&self, version: u64) {
-        let before = self.shared.version.fetch_max(version, Ordering::AcqRel);
-        if version > before {
-            self.shared.versions.send_if_modified(|current| {
-                let newer = version > *current;
-                if newer {
-                    *current = version;
-                }
-                newer
-            });
-        }
+        self.shared.versions.send_if_modified(|current| {
+            let newer = version > *current;
+            if newer {
+                *current = version;
+            }
+            newer
+        });
     }
 
     /// The model version turns are sampled under now.
