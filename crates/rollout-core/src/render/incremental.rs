@@ -29,10 +29,13 @@ use crate::{Message, reconcile::common_prefix};
 /// prompt once and starts each of the group's rollouts from a clone.
 #[derive(Debug, Clone)]
 pub struct RenderState {
+    /// Shared between a conversation and the states taken of it (tool specs can be large);
+    /// copied only when a render changes `add_generation_prompt`.
     options: Arc<RenderOptions>,
     messages: Vec<Value>,
     text: String,
     ids: Vec<u32>,
+    /// Every special token of `text`, in order.
     anchors: Vec<Anchor>,
     stats: IncrementalStats,
 }
@@ -62,12 +65,7 @@ impl ChatTokenizer {
         Ok(IncrementalRender {
             tokenizer: self,
             template,
-            options: state.options,
-            messages: state.messages,
-            text: state.text,
-            ids: state.ids,
-            anchors: state.anchors,
-            stats: state.stats,
+            state,
         })
     }
 }
@@ -103,15 +101,7 @@ pub struct Prompt<'a> {
 pub struct IncrementalRender<'t> {
     tokenizer: &'t ChatTokenizer,
     template: &'t ChatTemplate,
-    /// Shared with the states taken of it (tool specs can be large); copied only when a
-    /// render changes `add_generation_prompt`.
-    options: Arc<RenderOptions>,
-    messages: Vec<Value>,
-    text: String,
-    ids: Vec<u32>,
-    /// Every special token of `text`, in order.
-    anchors: Vec<Anchor>,
-    stats: IncrementalStats,
+    state: RenderState,
 }
 
 impl<'t> IncrementalRender<'t> {
@@ -124,30 +114,27 @@ impl<'t> IncrementalRender<'t> {
         Self {
             tokenizer,
             template,
-            options: Arc::new(options),
-            messages: Vec::new(),
-            text: String::new(),
-            ids: Vec::new(),
-            anchors: Vec::new(),
-            stats: IncrementalStats::default(),
+            state: RenderState {
+                options: Arc::new(options),
+                messages: Vec::new(),
+                text: String::new(),
+                ids: Vec::new(),
+                anchors: Vec::new(),
+                stats: IncrementalStats::default(),
+            },
         }
     }
 
     /// The conversation as a [`RenderState`], to continue later or elsewhere.
     pub fn state(&self) -> RenderState {
-        RenderState {
-            options: Arc::clone(&self.options),
-            messages: self.messages.clone(),
-            text: self.text.clone(),
-            ids: self.ids.clone(),
-            anchors: self.anchors.clone(),
-            stats: self.stats,
-        }
+        self.state.clone()
     }
 
     /// Appends messages; they are rendered by the next [`IncrementalRender::prompt`].
     pub fn push(&mut self, messages: &[Message]) {
-        self.messages.extend(messages.iter().map(message_value));
+        self.state
+            .messages
+            .extend(messages.iter().map(message_value));
     }
 
     /// Renders the conversation with the generation prompt: the ids to send for the next
@@ -164,75 +151,83 @@ impl<'t> IncrementalRender<'t> {
 
     /// Renders, tokenizing only what changed after the kept anchor.
     fn render(&mut self, add_generation_prompt: bool) -> Result<Prompt<'_>, RenderError> {
-        if self.options.add_generation_prompt != add_generation_prompt {
-            Arc::make_mut(&mut self.options).add_generation_prompt = add_generation_prompt;
+        if self.state.options.add_generation_prompt != add_generation_prompt {
+            Arc::make_mut(&mut self.state.options).add_generation_prompt = add_generation_prompt;
         }
         let text = self.template.render_values(
-            &self.messages,
-            &self.options,
+            &self.state.messages,
+            &self.state.options,
             self.tokenizer.special_tokens(),
         )?;
-        self.stats.renders += 1;
-        let agreeing = common_prefix(text.as_bytes(), self.text.as_bytes());
+        self.state.stats.renders += 1;
+        let agreeing = common_prefix(text.as_bytes(), self.state.text.as_bytes());
         // The last anchor whose token the new text still holds, unchanged, before it.
         let keep = self
+            .state
             .anchors
             .partition_point(|anchor| anchor.end <= agreeing);
-        if self.anchors.last().is_some_and(|last| last.end > agreeing) {
-            self.stats.rewrites += 1;
+        if self
+            .state
+            .anchors
+            .last()
+            .is_some_and(|last| last.end > agreeing)
+        {
+            self.state.stats.rewrites += 1;
         }
-        match keep.checked_sub(1).map(|k| (k, self.anchors[k])) {
+        match keep.checked_sub(1).map(|k| (k, self.state.anchors[k])) {
             Some((k, anchor)) => {
                 let chunk = &text[anchor.byte..];
                 let (new_ids, new_anchors) = self.tokenizer.encode_anchored(chunk)?;
-                self.stats.incremental += 1;
-                self.stats.encoded_bytes += chunk.len() as u64;
-                self.ids.truncate(anchor.index);
-                self.ids.extend_from_slice(&new_ids);
-                self.anchors.truncate(k);
-                self.anchors.extend(new_anchors.into_iter().map(|a| Anchor {
-                    byte: anchor.byte + a.byte,
-                    end: anchor.byte + a.end,
-                    index: anchor.index + a.index,
-                }));
+                self.state.stats.incremental += 1;
+                self.state.stats.encoded_bytes += chunk.len() as u64;
+                self.state.ids.truncate(anchor.index);
+                self.state.ids.extend_from_slice(&new_ids);
+                self.state.anchors.truncate(k);
+                self.state
+                    .anchors
+                    .extend(new_anchors.into_iter().map(|a| Anchor {
+                        byte: anchor.byte + a.byte,
+                        end: anchor.byte + a.end,
+                        index: anchor.index + a.index,
+                    }));
             }
             None => {
                 let (ids, anchors) = self.tokenizer.encode_anchored(&text)?;
-                self.stats.full_encodes += 1;
-                self.stats.encoded_bytes += text.len() as u64;
-                self.ids = ids;
-                self.anchors = anchors;
+                self.state.stats.full_encodes += 1;
+                self.state.stats.encoded_bytes += text.len() as u64;
+                self.state.ids = ids;
+                self.state.anchors = anchors;
             }
         }
-        self.text = text;
+        self.state.text = text;
         Ok(Prompt {
-            ids: &self.ids,
-            text: &self.text,
+            ids: &self.state.ids,
+            text: &self.state.text,
         })
     }
 
     /// The text of the last render.
     pub fn text(&self) -> &str {
-        &self.text
+        &self.state.text
     }
 
     /// The ids of the last render.
     pub fn ids(&self) -> &[u32] {
-        &self.ids
+        &self.state.ids
     }
 
     /// How many messages the conversation holds.
     pub fn len(&self) -> usize {
-        self.messages.len()
+        self.state.messages.len()
     }
 
     /// Whether no message was pushed yet.
     pub fn is_empty(&self) -> bool {
-        self.messages.is_empty()
+        self.state.messages.is_empty()
     }
 
     /// What was done so far.
     pub fn stats(&self) -> IncrementalStats {
-        self.stats
+        self.state.stats
     }
 }
