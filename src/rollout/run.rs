@@ -23,7 +23,7 @@ use vllm_client::{
 };
 
 use super::{
-    config::Settings,
+    config::{self, Settings},
     progress::{Progress, Totals},
 };
 
@@ -57,9 +57,12 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     }
     let sink = open_output(&settings.out, settings.overwrite)?;
     let reader = DatasetReader::open(&settings.dataset)?;
-    let total = match settings.groups {
-        Some(groups) => Some(groups),
-        None => Some(count_rows(&settings.dataset)?),
+    // The progress display's total; counting the rows reads the dataset once more, so only
+    // when something shows it.
+    let total = match (settings.groups, settings.progress) {
+        (Some(groups), _) => Some(groups),
+        (None, config::Progress::Off) => None,
+        (None, _) => Some(count_rows(&settings.dataset)?),
     };
 
     let simulator = if settings.servers.is_empty() {
