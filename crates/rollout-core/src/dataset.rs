@@ -4,7 +4,10 @@
 //! other columns travel with the row to the reward functions (the answer, test cases, ...).
 //! Rows are read lazily, so a dataset larger than memory streams. A bad row is an error that
 //! says the file, the line and what was expected; with [`DatasetReader::skip_bad_rows`] it is
-//! set aside and reported at the end instead. Blank lines are ignored.
+//! set aside and reported at the end instead. Blank lines are ignored. A line that is not
+//! UTF-8 is a bad row like any other, with its line; a prompt message needs a known role
+//! (`system`, `user`, `assistant`, `tool`) and content (an assistant message may carry
+//! `tool_calls` instead).
 
 use std::{
     fmt,
@@ -15,11 +18,13 @@ use std::{
 
 use serde_json::{Map, Value};
 
-use crate::{message::Message, parse::kind};
+use crate::{message::Message, parse::kind, sync::Arc};
 
 /// One dataset row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DatasetRow {
+    /// The file (or stream) the row came from, as errors name it.
+    pub source: Arc<str>,
     /// 1-based line number in the file.
     pub line: usize,
     /// The prompt as messages.
@@ -74,9 +79,9 @@ impl DatasetError {
 /// Reads a JSON Lines dataset row by row.
 pub struct DatasetReader<R> {
     reader: R,
-    path: String,
+    path: Arc<str>,
     line: usize,
-    buffer: String,
+    buffer: Vec<u8>,
     skip_bad_rows: bool,
     skipped: Vec<DatasetError>,
     failed: bool,
@@ -101,9 +106,9 @@ impl<R: BufRead> DatasetReader<R> {
     pub fn new(reader: R, name: impl Into<String>) -> Self {
         DatasetReader {
             reader,
-            path: name.into(),
+            path: Arc::from(name.into()),
             line: 0,
-            buffer: String::new(),
+            buffer: Vec::new(),
             skip_bad_rows: false,
             skipped: Vec::new(),
             failed: false,
@@ -130,25 +135,32 @@ impl<R: BufRead> Iterator for DatasetReader<R> {
         while !self.failed {
             self.buffer.clear();
             self.line += 1;
-            match self.reader.read_line(&mut self.buffer) {
+            match self.reader.read_until(b'\n', &mut self.buffer) {
                 Ok(0) => return None,
                 Ok(_) => {}
                 Err(source) => {
                     self.failed = true;
                     return Some(Err(DatasetError::Read {
-                        path: self.path.clone(),
+                        path: self.path.to_string(),
                         line: self.line,
                         source,
                     }));
                 }
             }
-            let text = self.buffer.trim_end_matches(['\n', '\r']);
-            if text.trim().is_empty() {
-                continue;
-            }
-            match parse_row(text) {
+            let parsed = match std::str::from_utf8(&self.buffer) {
+                Ok(text) => {
+                    let text = text.trim_end_matches(['\n', '\r']);
+                    if text.trim().is_empty() {
+                        continue;
+                    }
+                    parse_row(text)
+                }
+                Err(error) => Err(not_utf8(&self.buffer, &error)),
+            };
+            match parsed {
                 Ok((prompt, columns)) => {
                     return Some(Ok(DatasetRow {
+                        source: Arc::clone(&self.path),
                         line: self.line,
                         prompt,
                         columns,
@@ -156,7 +168,7 @@ impl<R: BufRead> Iterator for DatasetReader<R> {
                 }
                 Err(reason) => {
                     let error = DatasetError::Row {
-                        path: self.path.clone(),
+                        path: self.path.to_string(),
                         line: self.line,
                         reason,
                     };
@@ -208,7 +220,7 @@ fn parse_row(text: &str) -> Result<(Vec<Message>, Map<String, Value>), String> {
             .enumerate()
             .map(|(index, item)| match item {
                 Value::Object(map) => {
-                    Message::try_from(map).map_err(|reason| format!("prompt[{index}]: {reason}"))
+                    prompt_message(map).map_err(|reason| format!("prompt[{index}]: {reason}"))
                 }
                 other => Err(format!(
                     "prompt[{index}]: a message must be a JSON object, got {}",
@@ -224,6 +236,52 @@ fn parse_row(text: &str) -> Result<(Vec<Message>, Map<String, Value>), String> {
         }
     };
     Ok((prompt, columns))
+}
+
+/// The roles a prompt may hold: what every chat template knows.
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// A prompt message: a known role, and content (text or a list of parts), or, for an
+/// assistant, tool calls instead.
+fn prompt_message(map: Map<String, Value>) -> Result<Message, String> {
+    let message = Message::try_from(map)?;
+    let role = message.role();
+    if !ROLES.contains(&role) {
+        return Err(format!(
+            "unknown role \"{role}\"; expected one of {}",
+            ROLES.join(", ")
+        ));
+    }
+    let fields = message.as_map();
+    let has_tool_calls =
+        matches!(fields.get("tool_calls"), Some(Value::Array(calls)) if !calls.is_empty());
+    match fields.get("content") {
+        Some(Value::String(_) | Value::Array(_)) => Ok(message),
+        None | Some(Value::Null) if role == "assistant" && has_tool_calls => Ok(message),
+        None | Some(Value::Null) => Err(format!(
+            "a \"{role}\" message needs \"content\" (text or a list of parts){}",
+            if role == "assistant" {
+                " or \"tool_calls\""
+            } else {
+                ""
+            }
+        )),
+        Some(other) => Err(format!(
+            "a message's \"content\" must be text or a list of parts, got {}",
+            kind(other)
+        )),
+    }
+}
+
+/// Why a line is not UTF-8, with where in the line.
+fn not_utf8(line: &[u8], error: &std::str::Utf8Error) -> String {
+    let at = error.valid_up_to();
+    format!(
+        "not UTF-8: byte 0x{:02X} at column {} cannot start or continue a character; a \
+         dataset is JSON Lines in UTF-8",
+        line.get(at).copied().unwrap_or_default(),
+        at + 1
+    )
 }
 
 #[cfg(test)]
@@ -320,6 +378,68 @@ mod tests {
         assert_eq!(lines, [1, 3, 5]);
         let skipped: Vec<usize> = lenient.skipped().iter().map(DatasetError::line).collect();
         assert_eq!(skipped, [2, 4]);
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_a_bad_row_with_its_line_and_can_be_skipped() {
+        let bytes: &[u8] = b"{\"prompt\": \"a\"}\n{\"prompt\": \"caf\xE9\"}\n{\"prompt\": \"c\"}\n";
+        let each: Vec<Result<usize, String>> = DatasetReader::new(bytes, "data.jsonl")
+            .map(|row| row.map(|r| r.line).map_err(|e| e.to_string()))
+            .collect();
+        assert_eq!(
+            each,
+            [
+                Ok(1),
+                Err(
+                    "data.jsonl:2: not UTF-8: byte 0xE9 at column 16 cannot start or continue \
+                     a character; a dataset is JSON Lines in UTF-8"
+                        .to_owned()
+                ),
+                Ok(3)
+            ]
+        );
+        let mut lenient = DatasetReader::new(bytes, "data.jsonl").skip_bad_rows(true);
+        let lines: Vec<usize> = lenient
+            .by_ref()
+            .filter_map(|row| row.ok().map(|r| r.line))
+            .collect();
+        assert_eq!(lines, [1, 3]);
+        assert_eq!(
+            lenient
+                .skipped()
+                .iter()
+                .map(DatasetError::line)
+                .collect::<Vec<_>>(),
+            [2]
+        );
+    }
+
+    #[test]
+    fn prompt_messages_need_a_known_role_and_content() {
+        let error = |messages: &str| {
+            read(&format!("{{\"prompt\": {messages}}}\n"))
+                .find_map(Result::err)
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            error(r#"[{"role": "narrator", "content": "x"}]"#),
+            "data.jsonl:1: prompt[0]: unknown role \"narrator\"; expected one of system, user, assistant, tool"
+        );
+        assert_eq!(
+            error(r#"[{"role": "system", "content": "x"}, {"role": "user"}]"#),
+            "data.jsonl:1: prompt[1]: a \"user\" message needs \"content\" (text or a list of parts)"
+        );
+        assert_eq!(
+            error(r#"[{"role": "assistant", "content": null}]"#),
+            "data.jsonl:1: prompt[0]: a \"assistant\" message needs \"content\" (text or a list of parts) or \"tool_calls\""
+        );
+        assert_eq!(
+            error(r#"[{"role": "user", "content": 7}]"#),
+            "data.jsonl:1: prompt[0]: a message's \"content\" must be text or a list of parts, got a number"
+        );
+        let fine = r#"[{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}, {"role": "tool", "content": "1"}]"#;
+        assert_eq!(error(fine), "");
     }
 
     #[test]
