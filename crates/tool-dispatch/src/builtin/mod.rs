@@ -3,12 +3,14 @@
 //! | kind | runs | arguments | result |
 //! |---|---|---|---|
 //! | `calculator` | sync, in-process | `{"expression": "17 * 23"}` | the value (`391`) |
-//! | `python` | sync, `python3 -I -` in a subprocess | `{"code": "..."}` | stdout, then stderr and the exit code if any |
-//! | `command` | sync, any program | the JSON arguments on its stdin | its stdout (a non-zero exit is an error) |
+//! | `python` | async, `python3 -I -` in a subprocess | `{"code": "..."}` | stdout, then stderr and the exit code if any |
+//! | `command` | async, any program | the JSON arguments on its stdin | its stdout (a non-zero exit is an error) |
 //! | `http` (feature `http`) | async | POSTed as JSON to `url` | the response body (a non-2xx is an error) |
 //!
 //! `command` and `python` kill the program at their timeout (default 30 s) and keep at most
-//! `max_output_bytes` of stdout and of stderr (default 16 KiB), saying how much was cut.
+//! `max_output_bytes` of stdout and of stderr (default 16 KiB), saying how much was cut. Each
+//! call's program runs in a process group of its own, killed whole when the call ends, times
+//! out or is cancelled (its future dropped): nothing it started outlives the call.
 //! `python` is not a sandbox: code runs with the engine's permissions.
 
 mod calculator;
@@ -18,14 +20,14 @@ mod process;
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 pub use self::calculator::evaluate;
 use crate::tool::{Tool, ToolSpec};
 
 /// The kinds of built-in tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolKind {
     /// An external program.
@@ -63,7 +65,7 @@ impl ToolKind {
 ///
 /// Unknown fields are refused. `description` and `parameters` are what the chat template
 /// renders; `calculator` and `python` have their own defaults.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolConfig {
     /// The name the model calls it by.
@@ -128,6 +130,11 @@ impl ToolConfig {
             Some(text) => parse_duration(text).map_err(|e| fail(format!("timeout: {e}")))?,
             None => DEFAULT_TIMEOUT,
         };
+        if timeout.is_zero() {
+            return Err(fail(
+                "timeout must be longer than 0s: no call could finish".to_owned(),
+            ));
+        }
         let max_output = self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT);
         let description = |default: &str| {
             self.description
@@ -156,13 +163,13 @@ impl ToolConfig {
                     timeout,
                     max_output,
                 };
-                Tool::new_sync(
+                Tool::new_async(
                     ToolSpec::new(
                         &self.name,
                         description("Run Python code and see its output"),
                     )
                     .parameters(parameters(process::PythonTool::parameters())),
-                    move |args| python.call(args),
+                    move |args| python.clone().call(args),
                 )
                 .timeout(timeout + margin)
             }
@@ -178,10 +185,10 @@ impl ToolConfig {
                     timeout,
                     max_output,
                 };
-                Tool::new_sync(
+                Tool::new_async(
                     ToolSpec::new(&self.name, description("Run a command"))
                         .parameters(parameters(open())),
-                    move |args| command.call(args),
+                    move |args| command.clone().call(args),
                 )
                 .timeout(timeout + margin)
             }

@@ -1,14 +1,22 @@
 //! `command` and `python`: tools that run a program, with a timeout that kills it and a cap on
 //! what its output may cost.
+//!
+//! A program runs in a process group of its own, and the whole group is killed when the call
+//! ends in any way: the program exits (what it left running in the background goes with
+//! it), its timeout passes, or the call's future is dropped (the dispatcher's timeout, a
+//! cancelled rollout, a drain past its deadline, the runtime shutting down). Waiting for a
+//! program is not work for a thread: both tools are async, and no pool thread is held.
 
 use std::{
-    io::{Read, Write},
-    process::{Command, ExitStatus, Stdio},
-    thread,
-    time::{Duration, Instant},
+    process::{ExitStatus, Stdio},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
+    process::Command,
+};
 
 use crate::tool::{Arguments, BoxError};
 
@@ -20,80 +28,113 @@ pub(crate) struct Finished {
     pub(crate) stderr: String,
 }
 
-/// Runs `argv` with `input` on stdin; kills it after `timeout`. Each of stdout and stderr keeps
-/// its first `max_output` bytes, and says how much more there was.
-pub(crate) fn run(
+/// A program's process group, killed when dropped.
+struct ProcessGroup(Option<u32>);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(id) = self.0 {
+            kill_group(id);
+        }
+    }
+}
+
+/// SIGKILL to every process of group `id`; a group already gone is no error.
+#[cfg(unix)]
+fn kill_group(id: u32) {
+    if let Some(pid) = i32::try_from(id)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+#[cfg(not(unix))]
+fn kill_group(_id: u32) {}
+
+/// Runs `argv` with `input` on stdin; kills its process group after `timeout`. Each of stdout
+/// and stderr keeps its first `max_output` bytes, and says how much more there was.
+pub(crate) async fn run(
     argv: &[String],
     input: Vec<u8>,
     timeout: Duration,
     max_output: usize,
 ) -> Result<Finished, String> {
     let (program, args) = argv.split_first().ok_or("no program to run")?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    #[cfg(unix)]
+    command.process_group(0);
+    let mut child = command
         .spawn()
         .map_err(|e| format!("could not start '{program}': {e}"))?;
-    // Feed and drain on threads of their own: a program that writes much before reading all of
-    // its input must not deadlock against us.
-    if let Some(mut stdin) = child.stdin.take() {
-        thread::spawn(move || {
-            let _ = stdin.write_all(&input);
-        });
-    }
-    let stdout = drain(child.stdout.take(), max_output);
-    let stderr = drain(child.stderr.take(), max_output);
-
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "'{program}' timed out after {timeout:?} and was killed"
-                ));
-            }
-            Ok(None) => thread::sleep(Duration::from_millis(2)),
-            Err(e) => return Err(format!("could not wait for '{program}': {e}")),
+    // Its own group: the leader's id is the group's. Dropped on every way out of here.
+    let group = ProcessGroup(child.id());
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // Feed and drain at once: a program that writes much before reading all of its input must
+    // not deadlock against us. Once the program exits, what it left in its group is killed,
+    // so that a background process holding the pipes cannot keep the call open.
+    let exited = async {
+        let status = child.wait().await;
+        drop(group);
+        status
+    };
+    let feed = async move {
+        if let Some(mut stdin) = stdin {
+            let _ = stdin.write_all(&input).await;
         }
     };
-    let collect = |reader: Option<thread::JoinHandle<String>>| {
-        reader.and_then(|r| r.join().ok()).unwrap_or_default()
+    let work = async {
+        let ((), status, stdout, stderr) = tokio::join!(
+            feed,
+            exited,
+            drain(stdout, max_output),
+            drain(stderr, max_output)
+        );
+        (status, stdout, stderr)
     };
-    Ok(Finished {
-        status,
-        stdout: collect(stdout),
-        stderr: collect(stderr),
-    })
+    match tokio::time::timeout(timeout, work).await {
+        Ok((Ok(status), stdout, stderr)) => Ok(Finished {
+            status,
+            stdout,
+            stderr,
+        }),
+        Ok((Err(e), _, _)) => Err(format!("could not wait for '{program}': {e}")),
+        // Dropping `work` drops the group (killed) and the child (reaped by tokio).
+        Err(_elapsed) => Err(format!(
+            "'{program}' timed out after {timeout:?} and was killed"
+        )),
+    }
 }
 
-fn drain(
-    pipe: Option<impl Read + Send + 'static>,
-    max_output: usize,
-) -> Option<thread::JoinHandle<String>> {
-    let mut pipe = pipe?;
-    Some(thread::spawn(move || {
-        let mut kept = Vec::new();
-        let mut more = 0usize;
-        let mut buffer = [0u8; 8192];
-        while let Ok(read) = pipe.read(&mut buffer) {
-            if read == 0 {
-                break;
-            }
-            let room = max_output.saturating_sub(kept.len());
-            kept.extend_from_slice(&buffer[..read.min(room)]);
-            more += read.saturating_sub(room);
+async fn drain(pipe: Option<impl AsyncRead + Unpin>, max_output: usize) -> String {
+    let Some(mut pipe) = pipe else {
+        return String::new();
+    };
+    let mut kept = Vec::new();
+    let mut more = 0usize;
+    let mut buffer = [0u8; 8192];
+    while let Ok(read) = pipe.read(&mut buffer).await {
+        if read == 0 {
+            break;
         }
-        let mut text = String::from_utf8_lossy(&kept).into_owned();
-        if more > 0 {
-            text.push_str(&format!("\n[output truncated: {more} more bytes]"));
-        }
-        text
-    }))
+        let room = max_output.saturating_sub(kept.len());
+        kept.extend_from_slice(&buffer[..read.min(room)]);
+        more += read.saturating_sub(room);
+    }
+    let mut text = String::from_utf8_lossy(&kept).into_owned();
+    if more > 0 {
+        text.push_str(&format!("\n[output truncated: {more} more bytes]"));
+    }
+    text
 }
 
 /// A program that gets the call's JSON arguments on stdin; its stdout is the result. A
@@ -106,9 +147,9 @@ pub(crate) struct CommandTool {
 }
 
 impl CommandTool {
-    pub(crate) fn call(&self, args: Arguments) -> Result<Value, BoxError> {
+    pub(crate) async fn call(self, args: Arguments) -> Result<Value, BoxError> {
         let input = serde_json::to_vec(&Value::Object(args.into_inner()))?;
-        let finished = run(&self.argv, input, self.timeout, self.max_output)?;
+        let finished = run(&self.argv, input, self.timeout, self.max_output).await?;
         if !finished.status.success() {
             let stderr = finished.stderr.trim();
             let tail: String = stderr
@@ -141,7 +182,7 @@ pub(crate) struct PythonTool {
 }
 
 impl PythonTool {
-    pub(crate) fn call(&self, args: Arguments) -> Result<Value, BoxError> {
+    pub(crate) async fn call(self, args: Arguments) -> Result<Value, BoxError> {
         let code = args
             .get("code")
             .and_then(Value::as_str)
@@ -152,7 +193,8 @@ impl PythonTool {
             code.as_bytes().to_vec(),
             self.timeout,
             self.max_output,
-        )?;
+        )
+        .await?;
         let mut text = finished.stdout;
         if !finished.stderr.is_empty() {
             if !text.is_empty() && !text.ends_with('\n') {
@@ -195,19 +237,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_command_reads_its_arguments_on_stdin_and_answers_on_stdout() {
+    #[tokio::test]
+    async fn a_command_reads_its_arguments_on_stdin_and_answers_on_stdout() {
         let echo = sh("cat");
         assert_eq!(
-            echo.call(args(json!({"q": "rust"}))).ok(),
+            echo.call(args(json!({"q": "rust"}))).await.ok(),
             Some(json!("{\"q\":\"rust\"}"))
         );
     }
 
-    #[test]
-    fn a_failing_command_is_an_error_with_its_stderr() {
+    #[tokio::test]
+    async fn a_failing_command_is_an_error_with_its_stderr() {
         let error = sh("cat >/dev/null; echo 'no such term' >&2; exit 4")
             .call(args(json!({})))
+            .await
             .err()
             .map(|e| e.to_string());
         assert_eq!(
@@ -216,14 +259,18 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_command_past_its_timeout_is_killed_and_output_is_capped() {
+    #[tokio::test]
+    async fn a_command_past_its_timeout_is_killed_and_output_is_capped() {
         let slow = CommandTool {
             timeout: Duration::from_millis(200),
             ..sh("sleep 30")
         };
-        let started = Instant::now();
-        let error = slow.call(args(json!({}))).err().map(|e| e.to_string());
+        let started = std::time::Instant::now();
+        let error = slow
+            .call(args(json!({})))
+            .await
+            .err()
+            .map(|e| e.to_string());
         assert_eq!(
             error.as_deref(),
             Some("'sh' timed out after 200ms and was killed")
@@ -236,6 +283,7 @@ mod tests {
         };
         let output = loud
             .call(args(json!({})))
+            .await
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
@@ -245,17 +293,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn python_shows_stdout_then_stderr_and_a_non_zero_exit_code() {
+    #[tokio::test]
+    async fn python_shows_stdout_then_stderr_and_a_non_zero_exit_code() {
         let python = PythonTool {
             interpreter: "python3".into(),
             timeout: Duration::from_secs(20),
             max_output: 4000,
         };
-        let ok = python.call(args(json!({"code": "print(17 * 23)"}))).ok();
+        let ok = python
+            .clone()
+            .call(args(json!({"code": "print(17 * 23)"})))
+            .await
+            .ok();
         assert_eq!(ok, Some(json!("391")));
         let failed = python
             .call(args(json!({"code": "print('before')\n1/0"})))
+            .await
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
