@@ -59,6 +59,7 @@ pub struct Reward {
     pub(crate) name: String,
     pub(crate) weight: f64,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) column: Option<String>,
     pub(crate) runner: Runner,
 }
 
@@ -86,6 +87,7 @@ impl Reward {
             name: name.into(),
             weight: 1.0,
             timeout: None,
+            column: None,
             runner: Runner::Sync(Arc::new(reward)),
         }
     }
@@ -96,6 +98,7 @@ impl Reward {
             name: name.into(),
             weight: 1.0,
             timeout: None,
+            column: None,
             runner: Runner::Async(Arc::new(reward)),
         }
     }
@@ -116,6 +119,18 @@ impl Reward {
     pub fn named(mut self, name: impl Into<String>) -> Reward {
         self.name = name.into();
         self
+    }
+
+    /// Declares the dataset column the function reads (the expected answer), so that a
+    /// caller can check the dataset has it before a run.
+    pub fn reads_column(mut self, column: impl Into<String>) -> Reward {
+        self.column = Some(column.into());
+        self
+    }
+
+    /// The dataset column the function reads, when it declared one.
+    pub fn column(&self) -> Option<&str> {
+        self.column.as_deref()
     }
 
     /// The name used in metrics.

@@ -69,9 +69,21 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
             format!("'{kind}' needs an argument after the colon"),
         ));
     }
+    // A pattern or a command line may hold an `@`; a column or a length may not, so there an
+    // `@` is a weight that is not a number.
+    if matches!(kind, "exact" | "numeric" | "length")
+        && let Some((_, weight)) = argument.rsplit_once('@')
+    {
+        return Err(SpecError::new(
+            spec,
+            format!("the weight after '@' must be a number, got '{weight}'"),
+        ));
+    }
     let reward = match kind {
-        "exact" => Reward::from_sync(format!("exact_{argument}"), ExactMatch::new(argument)),
-        "numeric" => Reward::from_sync(format!("numeric_{argument}"), NumericMatch::new(argument)),
+        "exact" => Reward::from_sync(format!("exact_{argument}"), ExactMatch::new(argument))
+            .reads_column(argument),
+        "numeric" => Reward::from_sync(format!("numeric_{argument}"), NumericMatch::new(argument))
+            .reads_column(argument),
         "regex" => Reward::from_sync(
             "regex",
             RegexMatch::new(argument)
@@ -140,6 +152,8 @@ mod tests {
             (reward.name(), reward.get_weight(), reward.is_sync()),
             ("numeric_answer", 0.5, true)
         );
+        assert_eq!(reward.column(), Some("answer"));
+        assert_eq!(from_spec("regex:x").expect("valid").column(), None);
         let reward = from_spec("regex:^\\d+@x$")
             .expect("an @ not followed by a number stays in the pattern");
         assert_eq!(reward.get_weight(), 1.0);
@@ -174,6 +188,10 @@ mod tests {
         assert_eq!(
             error("length:ten"),
             "invalid reward spec \"length:ten\": MAX must be a whole number of tokens"
+        );
+        assert_eq!(
+            error("numeric:answer@abc"),
+            "invalid reward spec \"numeric:answer@abc\": the weight after '@' must be a number, got 'abc'"
         );
         assert_eq!(
             error("exact:"),
