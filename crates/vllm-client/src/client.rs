@@ -31,6 +31,7 @@ pub struct ClientConfig {
     request_timeout: Duration,
     eject_for: Duration,
     max_idle_per_host: usize,
+    root_certificates: Vec<Vec<u8>>,
 }
 
 impl ClientConfig {
@@ -53,6 +54,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(60),
             eject_for: Duration::from_secs(5),
             max_idle_per_host: 4096,
+            root_certificates: Vec::new(),
         }
     }
 
@@ -84,6 +86,13 @@ impl ClientConfig {
     /// How long a server that failed (connection or 5xx) is left out before it is tried again.
     pub fn eject_for(mut self, duration: Duration) -> ClientConfig {
         self.eject_for = duration;
+        self
+    }
+
+    /// Trusts the certificates of a PEM file (a private CA, a self-signed server) besides the
+    /// system's roots, for `https://` servers.
+    pub fn root_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> ClientConfig {
+        self.root_certificates.push(pem.into());
         self
     }
 }
@@ -168,6 +177,9 @@ struct Server {
     base: String,
     inflight: AtomicUsize,
     ejected: Mutex<Option<Ejection>>,
+    /// The error of its last attempt, when that attempt could not reach it (refused, reset,
+    /// hung, 5xx); cleared by any answer that is not one of those, a probe's included.
+    down: Mutex<Option<String>>,
 }
 
 /// Why and until when a server is left out.
@@ -184,6 +196,15 @@ impl Server {
     fn is_available(&self, now: Instant) -> bool {
         lock(&self.ejected).is_none_or(|ejection| ejection.until <= now)
     }
+
+    /// Notes how an attempt at this server went.
+    fn note<T>(&self, outcome: &Result<T, Error>) {
+        let down = match outcome {
+            Err(error) if error.is_retryable() || error.is_timeout() => Some(error.to_string()),
+            _ => None,
+        };
+        *lock(&self.down) = down;
+    }
 }
 
 /// `now + duration`, or a year from now when that overflows (`Duration::MAX` means "no limit").
@@ -195,6 +216,30 @@ fn after(now: Instant, duration: Duration) -> Instant {
 fn after_tokio(now: tokio::time::Instant, duration: Duration) -> tokio::time::Instant {
     now.checked_add(duration)
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// Fails when `base`'s host name does not resolve: no wait makes it resolve.
+async fn resolve(base: &str) -> Result<(), Error> {
+    let endpoint = "GET /health";
+    let url = reqwest::Url::parse(base).map_err(|e| Error::invalid(endpoint, e.to_string()))?;
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return Err(Error::invalid(endpoint, format!("'{base}' names no host")));
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match tokio::net::lookup_host((host, port))
+        .await
+        .map(|mut a| a.next())
+    {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Error::invalid(
+            endpoint,
+            format!("the host '{host}' of {base} resolves to no address"),
+        )),
+        Err(e) => Err(Error::invalid(
+            endpoint,
+            format!("the host '{host}' of {base} does not resolve: {e}"),
+        )),
+    }
 }
 
 /// Counts a request against its server while it is in flight.
@@ -231,13 +276,27 @@ impl Client {
                 ));
             }
         }
-        let http = reqwest::Client::builder()
+        // `https://` goes through rustls, verifying against the system's roots and any given.
+        let mut http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(config.connect_timeout)
             .pool_max_idle_per_host(config.max_idle_per_host)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| Error::transport("client", e))?;
+            .tcp_nodelay(true);
+        for pem in &config.root_certificates {
+            let certificates = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| {
+                Error::invalid("client", format!("a root certificate is not PEM: {e}"))
+            })?;
+            if certificates.is_empty() {
+                return Err(Error::invalid(
+                    "client",
+                    "a root certificate file holds no PEM certificate",
+                ));
+            }
+            for certificate in certificates {
+                http = http.add_root_certificate(certificate);
+            }
+        }
+        let http = http.build().map_err(|e| Error::transport("client", e))?;
         let seed_base = {
             use std::hash::{BuildHasher, Hasher};
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -254,6 +313,7 @@ impl Client {
                         base: base.clone(),
                         inflight: AtomicUsize::new(0),
                         ejected: Mutex::new(None),
+                        down: Mutex::new(None),
                     })
                     .collect(),
                 sticky: Mutex::new(HashMap::new()),
@@ -298,6 +358,19 @@ impl Client {
         }
     }
 
+    /// Why no server can take a request now: every server's last attempt could not reach it
+    /// (refused, reset, hung, 5xx), with the last error of each; `None` while one can. A
+    /// server counts again once a request or a probe of [`Client::spawn_health_checks`]
+    /// gets an answer from it.
+    pub fn unavailable(&self) -> Option<String> {
+        let mut reasons = Vec::with_capacity(self.inner.servers.len());
+        for server in &self.inner.servers {
+            let down = lock(&server.down).clone()?;
+            reasons.push(format!("{}: {down}", server.base));
+        }
+        Some(reasons.join("; "))
+    }
+
     /// Requests in flight per server, in configuration order.
     pub fn in_flight(&self) -> Vec<usize> {
         self.inner
@@ -310,8 +383,10 @@ impl Client {
     /// Every `interval`, probes the `/health` of each server ejected because it could not be
     /// reached (refused, reset, hung), and takes it back as soon as it answers 200 instead of
     /// waiting for its ejection to run out. A server ejected for answering 5xx waits out its
-    /// ejection: its `/health` may answer while generation fails. The task ends by itself
-    /// once the last clone of the client is dropped; abort it to stop earlier.
+    /// ejection: its `/health` may answer while generation fails. A server whose last attempt
+    /// failed (see [`Client::unavailable`]) is probed too, so that a run paused for want of
+    /// a server learns when one is back. The task ends by itself once the last clone of the
+    /// client is dropped; abort it to stop earlier.
     pub fn spawn_health_checks(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
         let inner: Weak<Inner> = Arc::downgrade(&self.inner);
         let probe_timeout = interval.clamp(Duration::from_secs(1), Duration::from_secs(10));
@@ -322,13 +397,15 @@ impl Client {
                 let (http, targets) = {
                     let Some(inner) = inner.upgrade() else { return };
                     let now = Instant::now();
-                    let targets: Vec<(usize, String, Ejection)> = inner
+                    let targets: Vec<(usize, String, Option<Ejection>)> = inner
                         .servers
                         .iter()
                         .enumerate()
                         .filter_map(|(index, server)| {
-                            let ejection = (*lock(&server.ejected))?;
-                            (ejection.unreachable && ejection.until > now)
+                            let ejection =
+                                (*lock(&server.ejected)).filter(|e| e.unreachable && e.until > now);
+                            let down = lock(&server.down).is_some();
+                            (ejection.is_some() || down)
                                 .then(|| (index, server.base.clone(), ejection))
                         })
                         .collect();
@@ -345,10 +422,15 @@ impl Client {
                         continue;
                     }
                     let Some(inner) = inner.upgrade() else { return };
-                    let mut current = lock(&inner.servers[index].ejected);
+                    let server = &inner.servers[index];
+                    let was_down = lock(&server.down).take().is_some();
+                    let mut current = lock(&server.ejected);
                     // Only the ejection that was probed: a newer failure stays in force.
-                    if *current == Some(ejection) {
+                    let ejected = ejection.is_some() && *current == ejection;
+                    if ejected {
                         *current = None;
+                    }
+                    if ejected || was_down {
                         tracing::info!(server = %base, "server answers /health again; sending it requests");
                     }
                 }
@@ -363,11 +445,19 @@ impl Client {
 
     /// Polls every server's `/health` until all answer 200 (connection refused while a server
     /// loads is normal), then reads `/v1/models`: the model name (unless configured) and
-    /// `max_model_len`. Fails with the last error once `timeout` passes.
+    /// `max_model_len`. Says every 5 s (a `tracing` warning) what the last attempt got; fails
+    /// at once for a host name that does not resolve, and with the last error once `timeout`
+    /// passes.
     pub async fn wait_until_ready(&self, timeout: Duration) -> Result<ModelCard, Error> {
         let deadline = after_tokio(tokio::time::Instant::now(), timeout);
+        let started = tokio::time::Instant::now();
         let pause = Duration::from_millis(250);
+        for server in &self.inner.servers {
+            resolve(&server.base).await?;
+        }
         for index in 0..self.inner.servers.len() {
+            let base = &self.inner.servers[index].base;
+            let mut said = tokio::time::Instant::now();
             loop {
                 let error = match tokio::time::timeout_at(deadline, self.health_of(index)).await {
                     Ok(Ok(())) => break,
@@ -376,12 +466,22 @@ impl Client {
                 };
                 if after_tokio(tokio::time::Instant::now(), pause) >= deadline {
                     return Err(Error::timeout(
-                        &format!("GET {}/health", self.inner.servers[index].base),
+                        &format!("GET {base}/health"),
                         timeout,
                         Some(error),
                     ));
                 }
-                tracing::debug!(server = %self.inner.servers[index].base, %error, "waiting for the server");
+                if said.elapsed() >= Duration::from_secs(5) {
+                    said = tokio::time::Instant::now();
+                    tracing::warn!(
+                        server = %base,
+                        waited = ?started.elapsed(),
+                        ?timeout,
+                        "waiting for the server; the last attempt: {error}"
+                    );
+                } else {
+                    tracing::debug!(server = %base, %error, "waiting for the server");
+                }
                 tokio::time::sleep(pause).await;
             }
         }
@@ -697,6 +797,7 @@ impl Client {
                 Ok(Err(error)) => error,
                 Err(_elapsed) => {
                     let timeout = Error::timeout(&endpoint, policy.deadline, last);
+                    *lock(&self.inner.servers[index].down) = Some(timeout.to_string());
                     if self.inner.servers.len() > 1 {
                         // A server that hangs must not keep its sticky rollouts forever.
                         self.eject(index, &timeout);
@@ -740,6 +841,22 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<Bytes, Error> {
         let server = &self.inner.servers[index];
+        let outcome = self
+            .attempt_once(server, method, path, body, endpoint, timeout)
+            .await;
+        server.note(&outcome);
+        outcome
+    }
+
+    async fn attempt_once(
+        &self,
+        server: &Server,
+        method: &Method,
+        path: &str,
+        body: Option<&Bytes>,
+        endpoint: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Bytes, Error> {
         server.inflight.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight(server);
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
