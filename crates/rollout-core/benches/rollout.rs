@@ -83,6 +83,7 @@ fn rows() -> impl Iterator<Item = Result<DatasetRow, DatasetError>> + Send + 'st
             .cloned()
             .unwrap_or_default();
         Ok(DatasetRow {
+            source: "rows.jsonl".into(),
             line: i + 1,
             prompt: vec![Message::user(format!("What is {a} * {b}?"))],
             columns,

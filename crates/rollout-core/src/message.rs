@@ -85,6 +85,20 @@ impl Message {
     pub fn as_map(&self) -> &Map<String, Value> {
         &self.0
     }
+
+    /// Bytes of the message's text: its content, a string or the `text` of each part. A
+    /// chat template renders at least this much of it.
+    pub fn text_len(&self) -> usize {
+        match self.0.get("content") {
+            Some(Value::String(text)) => text.len(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|part| part.get("text").and_then(Value::as_str))
+                .map(str::len)
+                .sum(),
+            _ => 0,
+        }
+    }
 }
 
 impl TryFrom<Map<String, Value>> for Message {

@@ -347,6 +347,7 @@ fn scorer() -> Scorer {
 
 fn row(line: usize) -> DatasetRow {
     DatasetRow {
+        source: "rows.jsonl".into(),
         line,
         prompt: vec![Message::user(format!("What is 2 + 3? (question {line})"))],
         columns: Map::new(),

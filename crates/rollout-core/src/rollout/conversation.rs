@@ -69,6 +69,8 @@ pub(crate) enum Stop {
 pub enum FailureCause {
     /// The generator failed (after its own retries).
     Generation,
+    /// No server could be reached (after the generator's own retries).
+    Unavailable,
     /// The prompt does not fit in the context.
     PromptTooLong,
     /// The chat template or the tokenizer failed.
@@ -90,6 +92,7 @@ impl FailureCause {
     pub fn as_str(self) -> &'static str {
         match self {
             FailureCause::Generation => "generation",
+            FailureCause::Unavailable => "unavailable",
             FailureCause::PromptTooLong => "prompt_too_long",
             FailureCause::Render => "render",
             FailureCause::Reconcile => "reconcile",
@@ -310,6 +313,8 @@ async fn converse<G: Generator>(
             let generation = shared.generator.generate(request).await.map_err(|e| {
                 let cause = if e.is_prompt_too_long() {
                     FailureCause::PromptTooLong
+                } else if e.is_server_unavailable() {
+                    FailureCause::Unavailable
                 } else {
                     FailureCause::Generation
                 };

@@ -76,6 +76,7 @@ pub struct Generation {
 pub struct GenerateError {
     message: String,
     prompt_too_long: bool,
+    unavailable: bool,
 }
 
 impl GenerateError {
@@ -84,7 +85,22 @@ impl GenerateError {
         Self {
             message: message.into(),
             prompt_too_long: false,
+            unavailable: false,
         }
+    }
+
+    /// No server could be reached (refused, reset, hung, 5xx): the rollout says nothing of
+    /// itself, and the loop waits for [`Generator::unavailable`] to clear before admitting
+    /// more.
+    #[must_use]
+    pub fn server_unavailable(mut self) -> Self {
+        self.unavailable = true;
+        self
+    }
+
+    /// Whether no server could be reached.
+    pub fn is_server_unavailable(&self) -> bool {
+        self.unavailable
     }
 
     /// The server refused the prompt as longer than its context: retrying the same prompt
@@ -130,6 +146,13 @@ pub trait Generator: Send + Sync + 'static {
     fn release(&self, rollout: RolloutId) {
         let _ = rollout;
     }
+
+    /// Why no request can be served now (every server down, with the last error), or `None`
+    /// when one can. The loop admits no group while this says why, and stops the run when it
+    /// lasts longer than [`RolloutConfig::server_wait`](super::RolloutConfig::server_wait).
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(feature = "vllm-client")]
@@ -169,6 +192,8 @@ mod vllm {
                     let refused = GenerateError::new(error.to_string());
                     if error.is_prompt_too_long() {
                         refused.prompt_too_long()
+                    } else if error.is_retryable() || error.is_timeout() {
+                        refused.server_unavailable()
                     } else {
                         refused
                     }
@@ -191,6 +216,10 @@ mod vllm {
 
         fn release(&self, rollout: RolloutId) {
             Client::release(self, &sticky_key(rollout));
+        }
+
+        fn unavailable(&self) -> Option<String> {
+            Client::unavailable(self)
         }
     }
 }

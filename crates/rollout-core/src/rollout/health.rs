@@ -48,6 +48,10 @@ counters! {
         rollouts_completed,
         /// Rollouts that failed after their retries.
         rollouts_failed,
+        /// Of those, rollouts that failed because no server could be reached: they say
+        /// nothing of the rollouts themselves, so they do not count against
+        /// `max_failure_rate`.
+        rollouts_unavailable,
         /// Attempts retried after a failure.
         rollouts_retried,
         /// Rollouts cancelled by a drain (started or not).

@@ -52,7 +52,7 @@ use self::{
     health::{Counters, Heartbeat},
 };
 use crate::{
-    ChatTokenizer, DatasetError, DatasetRow, ReconcilerConfig, RenderError, RenderOptions,
+    ChatTokenizer, DatasetError, DatasetRow, Message, ReconcilerConfig, RenderError, RenderOptions,
     RenderState, RolloutId, ToolCallParser,
     parse::{HermesParser, detect_parser},
     sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
@@ -88,6 +88,14 @@ pub struct RolloutConfig {
     /// the current one (see [`Engine::set_model_version`]); `None` never does. Match the
     /// trainer's own bound (TRL's `max_staleness`), past which it drops samples anyway.
     pub max_staleness: Option<u64>,
+    /// Stop the run (drain, and report why) once more than this fraction of the rollouts
+    /// that ended have failed, counted from [`FAILURE_RATE_MIN_ROLLOUTS`] rollouts on and
+    /// again at the end; rollouts that failed because no server could be reached do not
+    /// count (see `server_wait`). `None` never stops.
+    pub max_failure_rate: Option<f64>,
+    /// How long admission waits while the generator says no server can take requests
+    /// ([`Generator::unavailable`]) before the run stops with an error.
+    pub server_wait: Duration,
     /// Sampling.
     pub sampling: Sampling,
     /// How turns become training rows.
@@ -104,7 +112,8 @@ pub struct RolloutConfig {
 
 impl Default for RolloutConfig {
     /// 8 generations, 64 in flight, 8 turns of at most 512 tokens, 10 minutes per rollout,
-    /// groups of at least 2, one retry, TRL's advantages, a 100 ms heartbeat.
+    /// groups of at least 2, one retry, a run that stops past 50% failed rollouts or 10
+    /// minutes without a server, TRL's advantages, a 100 ms heartbeat.
     fn default() -> Self {
         Self {
             num_generations: 8,
@@ -119,6 +128,8 @@ impl Default for RolloutConfig {
             skip_bad_rows: false,
             max_groups: None,
             max_staleness: None,
+            max_failure_rate: Some(0.5),
+            server_wait: Duration::from_secs(600),
             sampling: Sampling::default(),
             reconciler: ReconcilerConfig::default(),
             advantages: AdvantageConfig::default(),
@@ -153,6 +164,16 @@ impl RolloutConfig {
         }
         if self.heartbeat.is_zero() {
             return fail("heartbeat must be longer than zero".to_owned());
+        }
+        if self.rollout_timeout.is_zero() {
+            return fail("rollout_timeout must be longer than zero".to_owned());
+        }
+        if let Some(rate) = self.max_failure_rate
+            && !(0.0..=1.0).contains(&rate)
+        {
+            return fail(format!(
+                "max_failure_rate must be a fraction between 0 and 1, got {rate}"
+            ));
         }
         self.advantages
             .validate()
@@ -190,7 +211,8 @@ pub struct DrainReport {
     pub stats: Stats,
     /// What the tool pool's shutdown did.
     pub tools: Option<ShutdownReport>,
-    /// Why admission stopped early, if it did (a bad dataset row, an unreadable file).
+    /// Why the run stopped early or failed, if it did: a bad dataset row, an unreadable
+    /// file, no server past `server_wait`, or more failed rollouts than `max_failure_rate`.
     pub error: Option<String>,
     /// The bad rows skipped (with `skip_bad_rows`), each with its file, line and reason;
     /// the first 100.
@@ -199,6 +221,13 @@ pub struct DrainReport {
     /// dropped groups included, which no [`ScoredGroup`] carries).
     pub failures: Vec<RolloutFailure>,
 }
+
+/// Rollouts that must have ended before [`RolloutConfig::max_failure_rate`] is judged during
+/// a run (at the end it is judged on however many there were).
+pub const FAILURE_RATE_MIN_ROLLOUTS: u64 = 16;
+
+/// A dataset row read ahead, its prompt rendered (or refused) on the reader thread.
+type ReadRow = Result<(DatasetRow, Result<RenderState, RenderError>), DatasetError>;
 
 /// State shared by the driver, the rollouts and the heartbeat.
 pub(crate) struct Shared<G> {
@@ -213,6 +242,9 @@ pub(crate) struct Shared<G> {
     /// The conversation with no message (the tools' system block, for most templates),
     /// rendered once: every group's prompt starts from it and tokenizes only what it adds.
     base: Option<RenderState>,
+    /// Bytes of the vocabulary's longest token: a text of `n` bytes is at least
+    /// `n / max_token_bytes` tokens.
+    max_token_bytes: usize,
     pub(crate) counters: Counters,
     pub(crate) cancel: CancellationToken,
     /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
@@ -242,6 +274,63 @@ impl<G> Shared<G> {
         render.push(&row.prompt);
         render.prompt()?;
         Ok(render.state())
+    }
+
+    /// Refuses a row whose prompt could not fit in the context whatever the tokenization:
+    /// its text alone needs more tokens than `max_model_len` at the longest token of the
+    /// vocabulary. Checked before tokenizing, which for a huge prompt costs gigabytes.
+    fn check_prompt_size(&self, row: &DatasetRow) -> Result<(), String> {
+        let Some(max_model_len) = self.max_model_len else {
+            return Ok(());
+        };
+        let bytes: usize = row.prompt.iter().map(Message::text_len).sum();
+        let fits = (max_model_len as usize).saturating_mul(self.max_token_bytes.max(1));
+        if bytes > fits {
+            return Err(format!(
+                "the prompt is {bytes} bytes of text: at least {} tokens, more than \
+                 max_model_len {max_model_len} (no token of this tokenizer is longer than {} \
+                 bytes)",
+                bytes.div_ceil(self.max_token_bytes.max(1)),
+                self.max_token_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why the run must stop for its failure rate, if it must. `at_end`: judge however few
+    /// rollouts ended.
+    fn failure_rate_exceeded(&self, at_end: bool) -> Option<String> {
+        let max = self.config.max_failure_rate?;
+        let stats = self.counters.snapshot();
+        let failed = stats.rollouts_failed - stats.rollouts_unavailable;
+        let ended = failed + stats.rollouts_completed;
+        if ended == 0 || (!at_end && ended < FAILURE_RATE_MIN_ROLLOUTS) {
+            return None;
+        }
+        let rate = failed as f64 / ended as f64;
+        if rate <= max {
+            return None;
+        }
+        let last = lock(&self.failures)
+            .iter()
+            .rev()
+            .find(|f| f.cause != FailureCause::Unavailable)
+            .map_or_else(String::new, |f| format!("; the last: {f}"));
+        Some(format!(
+            "{failed} of {ended} rollouts failed ({:.0}%, more than max_failure_rate {:.0}%){last}",
+            rate * 100.0,
+            max * 100.0
+        ))
+    }
+
+    /// Records why the run stops (the first reason wins) and stops admission.
+    fn stop_run(&self, reason: String) {
+        let mut error = lock(&self.error);
+        if error.is_none() {
+            tracing::error!(%reason, "stopping the run");
+            *error = Some(reason);
+        }
+        self.admission.cancel();
     }
 
     pub(crate) fn model_version(&self) -> u64 {
@@ -363,7 +452,14 @@ impl<G: Generator> EngineBuilder<G> {
                 render.conversation().ok()?;
                 Some(render.state())
             });
-        let rows = spawn_reader(rows.into_iter()).map_err(EngineError::Thread)?;
+        let max_token_bytes = self
+            .tokenizer
+            .tokenizer()
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1);
         let groups_in_flight = config.max_inflight.div_ceil(config.num_generations) + 1;
         let (output, groups) = mpsc::channel(groups_in_flight + config.output_buffer.max(1));
         let shared = Arc::new(Shared {
@@ -376,6 +472,7 @@ impl<G: Generator> EngineBuilder<G> {
             scorer: self.scorer,
             max_model_len,
             base,
+            max_token_bytes,
             counters: Counters::default(),
             cancel: CancellationToken::new(),
             cancelled_in_flight: AtomicU64::new(0),
@@ -392,6 +489,8 @@ impl<G: Generator> EngineBuilder<G> {
             failures: Mutex::new(Vec::new()),
             config,
         });
+        let rows =
+            spawn_reader(rows.into_iter(), Arc::clone(&shared)).map_err(EngineError::Thread)?;
         let heartbeat = Arc::clone(&shared);
         tokio::spawn(async move {
             let stop = heartbeat.stop_heartbeat.clone();
@@ -408,22 +507,71 @@ impl<G: Generator> EngineBuilder<G> {
     }
 }
 
-/// Reads rows on a thread of its own (files block), a few rows ahead of admission.
-fn spawn_reader<I>(rows: I) -> std::io::Result<mpsc::Receiver<Result<DatasetRow, DatasetError>>>
+/// Reads rows on a thread of its own (files block), a few rows ahead of admission, and
+/// renders each prompt there: tokenizing is CPU work that must not hold a runtime thread.
+fn spawn_reader<I, G>(rows: I, shared: Arc<Shared<G>>) -> std::io::Result<mpsc::Receiver<ReadRow>>
 where
     I: Iterator<Item = Result<DatasetRow, DatasetError>> + Send + 'static,
+    G: Generator,
 {
     let (sender, receiver) = mpsc::channel(64);
     std::thread::Builder::new()
         .name("rollout-dataset".to_owned())
         .spawn(move || {
             for row in rows {
-                if sender.blocking_send(row).is_err() {
+                let read = row.and_then(|row| {
+                    shared
+                        .check_prompt_size(&row)
+                        .map_err(|reason| DatasetError::Row {
+                            path: row.source.to_string(),
+                            line: row.line,
+                            reason,
+                        })?;
+                    let prompt = shared.render_prompt(&row);
+                    Ok((row, prompt))
+                });
+                if sender.blocking_send(read).is_err() {
                     break;
                 }
             }
         })?;
     Ok(receiver)
+}
+
+/// Waits while the generator says no server can take requests, saying so every few seconds.
+/// False when the run must stop: admission was cancelled, or the wait passed `server_wait`.
+async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool {
+    let Some(mut reason) = shared.generator.unavailable() else {
+        return true;
+    };
+    let wait = shared.config.server_wait;
+    let started = Instant::now();
+    let mut said = started;
+    tracing::warn!(%reason, ?wait, "no server can take requests: admission paused until one answers");
+    loop {
+        tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return false,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        match shared.generator.unavailable() {
+            None => {
+                tracing::info!(waited = ?started.elapsed(), "a server answers again: admission resumes");
+                return true;
+            }
+            Some(now) => reason = now,
+        }
+        if started.elapsed() >= wait {
+            shared.stop_run(format!(
+                "no server could take requests for {wait:?} (--server-wait); the last error: {reason}"
+            ));
+            return false;
+        }
+        if said.elapsed() >= Duration::from_secs(5) {
+            said = Instant::now();
+            tracing::warn!(%reason, waited = ?started.elapsed(), ?wait, "still no server: admission paused");
+        }
+    }
 }
 
 /// The loop's output: scored groups, in the order they complete. It ends when the dataset
@@ -572,6 +720,9 @@ impl<G: Generator> Engine<G> {
             }
             None => None,
         };
+        if let Some(reason) = shared.failure_rate_exceeded(true) {
+            shared.stop_run(reason);
+        }
         let threads_clean = tools.as_ref().is_none_or(|t| t.threads_detached == 0);
         // Rollouts that `cancel` ended did not finish either, however soon the wait was over.
         let cancelled_early = shared.cancelled_in_flight.load(Ordering::Relaxed);
@@ -599,7 +750,7 @@ impl<G: Generator> Drop for Engine<G> {
 /// Admission: one group per row while output slots, in-flight slots and rows last.
 async fn admit<G: Generator>(
     shared: Arc<Shared<G>>,
-    mut rows: mpsc::Receiver<Result<DatasetRow, DatasetError>>,
+    mut rows: mpsc::Receiver<ReadRow>,
     output: mpsc::Sender<ScoredGroup>,
 ) {
     let config = &shared.config;
@@ -607,6 +758,9 @@ async fn admit<G: Generator>(
     let mut group_id = 0u64;
     'admission: loop {
         if config.max_groups.is_some_and(|max| group_id >= max) {
+            break;
+        }
+        if !wait_for_generator(&shared).await {
             break;
         }
         // The group's output slot first: a consumer that falls behind holds admission here.
@@ -618,7 +772,7 @@ async fn admit<G: Generator>(
                 Err(_) => break,
             },
         };
-        let row = loop {
+        let (row, first) = loop {
             let next = tokio::select! {
                 biased;
                 () = shared.admission.cancelled() => break 'admission,
@@ -626,7 +780,7 @@ async fn admit<G: Generator>(
             };
             match next {
                 None => break 'admission,
-                Some(Ok(row)) => break row,
+                Some(Ok(read)) => break read,
                 Some(Err(error))
                     if config.skip_bad_rows && matches!(error, DatasetError::Row { .. }) =>
                 {
@@ -645,7 +799,6 @@ async fn admit<G: Generator>(
             }
         };
         Counters::add(&shared.counters.groups_admitted, 1);
-        let first = shared.render_prompt(&row);
         let group = Arc::new(GroupState::new(group_id, row, first, n, slot));
         let base = group_id * n as u64;
         shared.queued.fetch_add(n, Ordering::Relaxed);
@@ -698,10 +851,18 @@ async fn admit<G: Generator>(
                     }
                     Err(failure) => {
                         Counters::add(&shared.counters.rollouts_failed, 1);
+                        if failure.cause == FailureCause::Unavailable {
+                            Counters::add(&shared.counters.rollouts_unavailable, 1);
+                        }
                         tracing::warn!(%failure, "rollout failed");
-                        let mut failures = lock(&shared.failures);
-                        if failures.len() < 100 {
-                            failures.push(failure.clone());
+                        {
+                            let mut failures = lock(&shared.failures);
+                            if failures.len() < 100 {
+                                failures.push(failure.clone());
+                            }
+                        }
+                        if let Some(reason) = shared.failure_rate_exceeded(false) {
+                            shared.stop_run(reason);
                         }
                     }
                 }
