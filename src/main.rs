@@ -86,10 +86,20 @@ fn main() -> anyhow::Result<ExitCode> {
             let check = args.check;
             let settings = rollout::config::Settings::resolve(*args)?;
             if check {
+                let checked = rollout::preflight::check(&settings)?;
                 #[allow(clippy::print_stdout, reason = "--check prints the settings")]
                 {
-                    println!("{settings:?}");
+                    println!("{}", settings.to_toml()?.trim_end());
                 }
+                eprintln!(
+                    "async-grpo: the settings check out; {} dataset rows to roll out{}",
+                    checked.rows,
+                    if checked.bad_rows > 0 {
+                        format!(", {} bad rows set aside", checked.bad_rows)
+                    } else {
+                        String::new()
+                    }
+                );
                 return Ok(ExitCode::SUCCESS);
             }
             rollout::run::run(settings)

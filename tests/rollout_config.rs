@@ -1,5 +1,5 @@
-//! `async-grpo rollout`'s settings: a TOML file and flags, resolved (read back from what
-//! `--check` prints).
+//! `async-grpo rollout`'s settings: a TOML file and flags, resolved (read back from the TOML
+//! `--check` prints), and what `--check` refuses before any output is touched.
 
 use std::{
     path::{Path, PathBuf},
@@ -42,10 +42,23 @@ fn rollout(dir: &Path, args: &[&str]) -> String {
     }
 }
 
-/// The settings printed, when they resolved.
-fn resolved(output: &str) -> &str {
-    assert!(output.starts_with("Settings {"), "not resolved: {output}");
+/// The settings printed, when they resolved, as TOML.
+fn resolved(output: &str) -> toml::Table {
     output
+        .parse()
+        .unwrap_or_else(|e| panic!("not resolved settings ({e}): {output}"))
+}
+
+/// `settings[key]` as TOML writes it (`4`, `"rloo"`, `0.7`).
+fn value(settings: &toml::Table, key: &str) -> String {
+    settings
+        .get(key)
+        .map_or_else(|| format!("no {key}"), ToString::to_string)
+}
+
+/// A TOML string of `path`.
+fn quoted(path: &Path) -> String {
+    toml::Value::String(path.display().to_string()).to_string()
 }
 
 const CONFIG: &str = r#"
@@ -81,43 +94,65 @@ fn file_values_are_read_and_paths_resolve_against_the_file_s_directory() {
     std::fs::create_dir_all(dir.join("elsewhere")).expect("dir");
     std::fs::write(dir.join("run.toml"), CONFIG).expect("write");
     // Run from another directory: the file's paths still point next to the file.
-    let stderr = rollout(&dir.join("elsewhere"), &["--config", "../run.toml"]);
-    let settings = resolved(&stderr);
+    let output = rollout(&dir.join("elsewhere"), &["--config", "../run.toml"]);
+    let settings = resolved(&output);
     let data = dir.join("data");
-    assert!(
-        settings.contains(&format!("dataset: {:?}", data.join("rows.jsonl"))),
-        "{settings}"
+    assert_eq!(
+        value(&settings, "dataset"),
+        quoted(&data.join("rows.jsonl"))
     );
-    assert!(
-        settings.contains(&format!("tokenizer: {:?}", data.join("tok"))),
-        "{settings}"
+    assert_eq!(value(&settings, "tokenizer"), quoted(&data.join("tok")));
+    assert_eq!(
+        value(&settings, "out"),
+        quoted(&dir.join("elsewhere/rollouts.jsonl")),
+        "the default output is in the current directory"
     );
-    assert!(
-        settings.contains(&format!("out: {:?}", dir.join("elsewhere/rollouts.jsonl"))),
-        "the default output is in the current directory: {settings}"
-    );
-    for expected in [
-        "num_generations: 4,",
-        "temperature: Some(0.7)",
-        "estimator: \"rloo\"",
-        "estimator: Rloo",
-        "drain_timeout: 5s",
-        "name: \"numeric_answer\", weight: 1.0",
-        "name: \"length_penalty\", weight: 0.5",
-        "name: \"calculator\", kind: Calculator",
-        "tool_rounds: 1, answer_tokens: 32, correct_rate: 0.25, latency: 2ms",
-        "max_inflight: 64, max_turns: 8, max_tokens: 512",
+    for (key, expected) in [
+        ("num_generations", "4"),
+        ("temperature", "0.7"),
+        ("estimator", "\"rloo\""),
+        ("drain_timeout", "\"5s\""),
+        ("max_inflight", "64"),
+        ("max_turns", "8"),
+        ("max_tokens", "512"),
+        ("server_wait", "\"10m\""),
+        ("max_failure_rate", "0.5"),
     ] {
-        assert!(settings.contains(expected), "{expected} in {settings}");
+        assert_eq!(value(&settings, key), expected, "{key} in {output}");
     }
+    for expected in [
+        "spec = \"numeric:answer\"",
+        "kind = \"length\"\nmax = 100\nweight = 0.5",
+        "name = \"calculator\"\nkind = \"calculator\"",
+        "tool_rounds = 1\nanswer_tokens = 32\ncorrect_rate = 0.25\nlatency = \"2ms\"",
+    ] {
+        assert!(output.contains(expected), "{expected} in {output}");
+    }
+}
+
+#[test]
+fn what_check_prints_is_a_config_file_that_resolves_to_the_same_settings() {
+    let dir = workspace("roundtrip");
+    std::fs::write(dir.join("run.toml"), CONFIG).expect("write");
+    let first = rollout(&dir, &["--config", "run.toml", "--seed", "7"]);
+    resolved(&first);
+    std::fs::create_dir_all(dir.join("other")).expect("dir");
+    std::fs::write(dir.join("other/printed.toml"), &first).expect("write");
+    // Read back from elsewhere: every path in it is absolute.
+    let second = rollout(&dir.join("other"), &["--config", "printed.toml"]);
+    assert_eq!(second, first);
 }
 
 #[test]
 fn flags_override_the_file_and_their_paths_the_current_directory() {
     let dir = workspace("flags");
     std::fs::write(dir.join("run.toml"), CONFIG).expect("write");
-    std::fs::write(dir.join("other.jsonl"), "").expect("write");
-    let stderr = rollout(
+    std::fs::write(
+        dir.join("other.jsonl"),
+        "{\"prompt\": \"hi\", \"answer\": \"1\"}\n",
+    )
+    .expect("write");
+    let output = rollout(
         &dir,
         &[
             "--config",
@@ -138,23 +173,20 @@ fn flags_override_the_file_and_their_paths_the_current_directory() {
             "out/rows.jsonl",
         ],
     );
-    let settings = resolved(&stderr);
-    for expected in [
-        "num_generations: 6,".to_owned(),
-        format!("dataset: {:?}", dir.join("other.jsonl")),
-        format!("out: {:?}", dir.join("out/rows.jsonl")),
-        "temperature: Some(0.2)".to_owned(),
-        "estimator: DrGrpo".to_owned(),
-        "drain_timeout: 60s".to_owned(),
+    let settings = resolved(&output);
+    for (key, expected) in [
+        ("num_generations", "6".to_owned()),
+        ("dataset", quoted(&dir.join("other.jsonl"))),
+        ("out", quoted(&dir.join("out/rows.jsonl"))),
+        ("temperature", "0.2".to_owned()),
+        ("estimator", "\"dr_grpo\"".to_owned()),
+        ("drain_timeout", "\"1m\"".to_owned()),
     ] {
-        assert!(settings.contains(&expected), "{expected} in {settings}");
+        assert_eq!(value(&settings, key), expected, "{key} in {output}");
     }
     // --reward replaces the file's rewards.
-    assert!(
-        settings.contains("name: \"exact_answer\", weight: 2.0"),
-        "{settings}"
-    );
-    assert!(!settings.contains("numeric_answer"), "{settings}");
+    assert!(output.contains("spec = \"exact:answer@2\""), "{output}");
+    assert!(!output.contains("numeric:answer"), "{output}");
 }
 
 #[test]
@@ -254,9 +286,9 @@ fn no_reward_is_an_error_saying_how_to_add_one() {
 #[test]
 fn the_quickstart_config_resolves() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let stderr = rollout(root, &["--config", "examples/quickstart.toml"]);
-    let settings = resolved(&stderr);
-    assert!(settings.contains("servers: []"), "{settings}");
-    assert!(settings.contains("num_generations: 8,"), "{settings}");
-    assert!(settings.contains("tool_rounds: 1"), "{settings}");
+    let output = rollout(root, &["--config", "examples/quickstart.toml"]);
+    let settings = resolved(&output);
+    assert_eq!(value(&settings, "servers"), "[]");
+    assert_eq!(value(&settings, "num_generations"), "8");
+    assert!(output.contains("tool_rounds = 1"), "{output}");
 }

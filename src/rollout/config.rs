@@ -36,9 +36,12 @@ use rollout_core::{
     rollout::{RolloutConfig, Sampling},
 };
 use scoring::{AdvantageConfig, Reward, builtin::CommandReward};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
-use tool_dispatch::builtin::{ToolConfig, parse_duration};
+use tool_dispatch::{
+    Registry,
+    builtin::{ToolConfig, ToolKind, parse_duration},
+};
 use vllm_client::{SamplingParams, sim::SimConfig};
 
 /// Options of `async-grpo rollout`: dataset rows to multi-turn conversations with tools, to
@@ -136,6 +139,20 @@ pub(crate) struct RolloutArgs {
     /// How long one rollout may take, every turn and tool call together [default: 10m]
     #[arg(long, value_name = "DURATION")]
     rollout_timeout: Option<String>,
+    /// How long to wait for the servers: at start, and whenever every server is down
+    /// mid-run (admission pauses meanwhile); past it the run drains and exits 1
+    /// [default: 10m]
+    #[arg(long, value_name = "DURATION")]
+    server_wait: Option<String>,
+    /// Stop the run (drain, exit 1) once more than this fraction of the rollouts that ended
+    /// failed, judged from 16 rollouts on and at the end; failures because no server could be
+    /// reached do not count (see --server-wait) [default: 0.5]
+    #[arg(long, value_name = "FRACTION")]
+    max_failure_rate: Option<f64>,
+    /// A PEM file of certificates to trust besides the system's, for https:// servers with
+    /// a private CA or a self-signed certificate
+    #[arg(long, value_name = "FILE.pem")]
+    ca_cert: Option<PathBuf>,
     /// Completions a group needs to be scored and kept [default: 2]
     #[arg(long, value_name = "N")]
     min_group_size: Option<usize>,
@@ -149,7 +166,7 @@ pub(crate) struct RolloutArgs {
 }
 
 /// How progress shows.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Progress {
     /// A bar when stderr is a terminal, else log lines.
@@ -199,8 +216,8 @@ pub(crate) struct Settings {
     pub(crate) max_model_len: Option<u32>,
     /// Sampling: `temperature` always set; `top_p`, `top_k`, `min_p`, `seed` when given.
     pub(crate) sampling: SamplingParams,
-    /// The reward functions, built (at least one).
-    pub(crate) rewards: Vec<Reward>,
+    /// The reward functions (at least one), each built and as written.
+    pub(crate) rewards: Vec<RewardSetting>,
     /// The estimator preset's name.
     pub(crate) estimator: String,
     /// The estimator preset.
@@ -215,6 +232,12 @@ pub(crate) struct Settings {
     pub(crate) drain_timeout: Duration,
     /// Time limit of one rollout.
     pub(crate) rollout_timeout: Duration,
+    /// How long to wait for a server, at start and mid-run.
+    pub(crate) server_wait: Duration,
+    /// Failed fraction of rollouts past which the run stops.
+    pub(crate) max_failure_rate: f64,
+    /// Extra trusted certificates (PEM).
+    pub(crate) ca_cert: Option<PathBuf>,
     /// Smallest group kept (1 ..= num_generations).
     pub(crate) min_group_size: usize,
     /// Same-prompt retries of a failed rollout.
@@ -225,6 +248,35 @@ pub(crate) struct Settings {
     pub(crate) tools: Vec<ToolConfig>,
     /// The simulator's behaviour (used only without servers).
     pub(crate) simulator: SimSettings,
+}
+
+/// One reward function: built, as a table that writes it back, and where it was given.
+#[derive(Debug, Clone)]
+pub(crate) struct RewardSetting {
+    /// The function.
+    pub(crate) reward: Reward,
+    /// As a `[[rewards]]` table (a `--reward` as `spec`), paths absolute.
+    table: RewardTable,
+    /// `FILE:LINE rewards[i]` or `--reward`, for messages.
+    place: String,
+}
+
+impl RewardSetting {
+    /// Where it was given: `FILE:LINE: rewards[i]` or `--reward SPEC`.
+    pub(crate) fn place(&self) -> &str {
+        &self.place
+    }
+
+    /// The program a `command` reward runs.
+    fn program(&self) -> Option<&str> {
+        match (&self.table.program, &self.table.spec) {
+            (Some(argv), _) => argv.first().map(String::as_str),
+            (None, Some(spec)) => spec
+                .strip_prefix("command:")
+                .and_then(|rest| rest.split_whitespace().next()),
+            (None, None) => None,
+        }
+    }
 }
 
 /// The `[simulator]` table, resolved.
@@ -263,8 +315,8 @@ impl SimSettings {
     }
 }
 
-/// The TOML file, as written.
-#[derive(Debug, Default, Deserialize)]
+/// The TOML file, as written (and as `--check` prints the resolved settings back).
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct FileSettings {
     servers: Option<Vec<String>>,
@@ -293,6 +345,9 @@ struct FileSettings {
     fork_threshold_tokens: Option<usize>,
     drain_timeout: Option<Spanned<String>>,
     rollout_timeout: Option<Spanned<String>>,
+    server_wait: Option<Spanned<String>>,
+    max_failure_rate: Option<f64>,
+    ca_cert: Option<PathBuf>,
     min_group_size: Option<usize>,
     retries: Option<u32>,
     progress: Option<Progress>,
@@ -300,10 +355,12 @@ struct FileSettings {
     simulator: Option<SimTable>,
 }
 
-/// A `[[rewards]]` table: `spec = "KIND:ARG"`, or `kind` with its own field.
-#[derive(Debug, Default, Deserialize)]
+/// A `[[rewards]]` table: `spec = "KIND:ARG"`, or `kind` with its own field; `name` to tell
+/// apart two functions of one kind.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RewardTable {
+    name: Option<String>,
     spec: Option<String>,
     kind: Option<String>,
     column: Option<String>,
@@ -315,7 +372,7 @@ struct RewardTable {
 }
 
 /// The `[simulator]` table, as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct SimTable {
     tool_rounds: Option<usize>,
@@ -396,6 +453,8 @@ impl Settings {
         config.max_total_tokens = self.max_total_tokens;
         config.max_model_len = self.max_model_len;
         config.rollout_timeout = self.rollout_timeout;
+        config.server_wait = self.server_wait;
+        config.max_failure_rate = Some(self.max_failure_rate);
         config.min_group_size = self.min_group_size;
         config.retries = self.retries as usize;
         config.skip_bad_rows = self.skip_bad_rows;
@@ -412,6 +471,75 @@ impl Settings {
         };
         config.advantages = self.advantage;
         config
+    }
+
+    /// The reward functions, built.
+    pub(crate) fn reward_functions(&self) -> Vec<Reward> {
+        self.rewards.iter().map(|r| r.reward.clone()).collect()
+    }
+
+    /// The settings as a config file that resolves to them again: every key written, paths
+    /// absolute. What `--check` prints.
+    pub(crate) fn to_toml(&self) -> anyhow::Result<String> {
+        let text = |value: String| Spanned::new(0..0, value);
+        let duration = |value: Duration| Some(text(format_duration(value)));
+        let sim = &self.simulator;
+        let file = FileSettings {
+            servers: Some(self.servers.clone()),
+            model: self.model.clone(),
+            tokenizer: Some(self.tokenizer.clone()),
+            chat_template: self.chat_template.clone(),
+            tool_parser: self.tool_parser.clone().map(text),
+            dataset: Some(self.dataset.clone()),
+            skip_bad_rows: Some(self.skip_bad_rows),
+            overwrite: Some(self.overwrite),
+            num_generations: Some(self.num_generations),
+            max_inflight: Some(self.max_inflight),
+            max_turns: Some(self.max_turns),
+            max_tokens: Some(self.max_tokens),
+            max_total_tokens: self.max_total_tokens,
+            max_model_len: self.max_model_len,
+            temperature: self.sampling.temperature,
+            top_p: self.sampling.top_p,
+            top_k: self.sampling.top_k,
+            min_p: self.sampling.min_p,
+            seed: self.sampling.seed,
+            rewards: Some(
+                self.rewards
+                    .iter()
+                    .map(|r| Spanned::new(0..0, r.table.clone()))
+                    .collect(),
+            ),
+            estimator: Some(text(self.estimator.clone())),
+            groups: self.groups,
+            out: Some(self.out.clone()),
+            fork_threshold_tokens: Some(self.fork_threshold_tokens),
+            drain_timeout: duration(self.drain_timeout),
+            rollout_timeout: duration(self.rollout_timeout),
+            server_wait: duration(self.server_wait),
+            max_failure_rate: Some(self.max_failure_rate),
+            ca_cert: self.ca_cert.clone(),
+            min_group_size: Some(self.min_group_size),
+            retries: Some(self.retries),
+            progress: Some(self.progress),
+            tools: Some(
+                self.tools
+                    .iter()
+                    .map(|t| Spanned::new(0..0, t.clone()))
+                    .collect(),
+            ),
+            simulator: Some(SimTable {
+                tool_rounds: Some(sim.tool_rounds),
+                answer_tokens: Some(sim.answer_tokens),
+                correct_rate: Some(Spanned::new(0..0, sim.correct_rate)),
+                latency: duration(sim.latency),
+                per_token: duration(sim.per_token),
+                error_503: Some(Spanned::new(0..0, sim.error_503)),
+                max_model_len: Some(sim.max_model_len),
+                fault_seed: Some(sim.fault_seed),
+            }),
+        };
+        toml::to_string(&file).context("cannot write the settings as TOML")
     }
 
     /// Merges the flags, the file `--config` names and the defaults, and checks every value.
@@ -526,20 +654,47 @@ impl Settings {
             let mut rewards = Vec::new();
             for (i, table) in file.rewards.unwrap_or_default().into_iter().enumerate() {
                 let place = key_at(&format!("rewards[{i}]"), table.span());
-                rewards.push(
-                    reward_from_table(table.into_inner(), base)
-                        .map_err(|e| anyhow::anyhow!("{place}: {e}"))?,
-                );
+                let table = table.into_inner();
+                let (reward, table) =
+                    reward_from_table(table, base).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+                rewards.push(RewardSetting {
+                    reward,
+                    table,
+                    place,
+                });
             }
             rewards
         } else {
             args.rewards
                 .iter()
                 .map(|spec| {
-                    scoring::builtin::from_spec(spec).map_err(|e| anyhow::anyhow!("--reward: {e}"))
+                    let reward = scoring::builtin::from_spec(spec)
+                        .map_err(|e| anyhow::anyhow!("--reward: {e}"))?;
+                    Ok(RewardSetting {
+                        reward,
+                        table: RewardTable {
+                            spec: Some(spec.clone()),
+                            ..RewardTable::default()
+                        },
+                        place: format!("--reward {spec}"),
+                    })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?
         };
+        for (i, reward) in rewards.iter().enumerate() {
+            let name = reward.reward.name();
+            if rewards[..i].iter().any(|r| r.reward.name() == name) {
+                bail!(
+                    "{}: a second reward named '{name}'; give each its own `name = \"...\"` in \
+                     its [[rewards]] table{file_name} (rewards given with --reward cannot be \
+                     named: list them as [[rewards]] tables instead)",
+                    reward.place
+                );
+            }
+            if let Some(program) = reward.program() {
+                check_program(program).map_err(|e| anyhow::anyhow!("{}: {e}", reward.place))?;
+            }
+        }
         if rewards.is_empty() {
             bail!(
                 "no reward function: a run without rewards has nothing to train on; add \
@@ -590,17 +745,68 @@ impl Settings {
             "rollout_timeout",
             Duration::from_secs(600),
         )?;
+        let server_wait = duration(
+            args.server_wait,
+            file.server_wait,
+            "server_wait",
+            Duration::from_secs(600),
+        )?;
+        for (name, value) in [
+            ("rollout_timeout", rollout_timeout),
+            ("server_wait", server_wait),
+        ] {
+            if value.is_zero() {
+                bail!(
+                    "{name} must be longer than 0s (--{} or `{name}`)",
+                    name.replace('_', "-")
+                );
+            }
+        }
+        let max_failure_rate = args
+            .max_failure_rate
+            .or(file.max_failure_rate)
+            .unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&max_failure_rate) {
+            bail!(
+                "max_failure_rate must be a fraction between 0 and 1 (--max-failure-rate or \
+                 `max_failure_rate`), got {max_failure_rate}"
+            );
+        }
+        let ca_cert = path(args.ca_cert, file.ca_cert);
+        if let Some(pem) = &ca_cert {
+            let text = std::fs::read(pem)
+                .with_context(|| format!("--ca-cert {}: cannot read the file", pem.display()))?;
+            vllm_client::Client::new(
+                vllm_client::ClientConfig::new("https://localhost").root_certificates_pem(text),
+            )
+            .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
+        }
 
         let mut tools: Vec<ToolConfig> = Vec::new();
+        // Built as the run builds them, so that what the registry refuses (an empty name, a
+        // schema that is not an object, a name twice) is refused here too.
+        let mut registry = Registry::new();
         for (i, table) in file.tools.unwrap_or_default().into_iter().enumerate() {
             let place = key_at(&format!("tools[{i}]"), table.span());
             let mut tool = table.into_inner();
             if let Some(program) = tool.command.as_mut().and_then(|argv| argv.first_mut()) {
                 *program = program_path(base, program);
             }
-            tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-            if tools.iter().any(|t| t.name == tool.name) {
-                bail!("{place}: a second tool named '{}'", tool.name);
+            let built = tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+            registry
+                .add(built)
+                .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+            let program = match tool.kind {
+                ToolKind::Command => tool.command.as_ref().and_then(|argv| argv.first()).cloned(),
+                ToolKind::Python => Some(
+                    tool.interpreter
+                        .clone()
+                        .unwrap_or_else(|| "python3".to_owned()),
+                ),
+                ToolKind::Http | ToolKind::Calculator => None,
+            };
+            if let Some(program) = program {
+                check_program(&program).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
             }
             tools.push(tool);
         }
@@ -635,12 +841,31 @@ impl Settings {
                 .unwrap_or(16),
             drain_timeout,
             rollout_timeout,
+            server_wait,
+            max_failure_rate,
+            ca_cert,
             min_group_size,
             retries: args.retries.or(file.retries).unwrap_or(1),
             progress: args.progress.or(file.progress).unwrap_or_default(),
             tools,
             simulator,
         })
+    }
+}
+
+/// `500ms`, `30s`, `10m`, `2h`: the largest unit that says `value` exactly, as
+/// [`parse_duration`] reads it back.
+fn format_duration(value: Duration) -> String {
+    let millis = value.as_millis();
+    if millis % 1000 != 0 {
+        return format!("{millis}ms");
+    }
+    let secs = value.as_secs();
+    match secs {
+        0 => "0s".to_owned(),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -687,9 +912,12 @@ fn check_sampling(sampling: &SamplingParams) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A `[[rewards]]` table built: `spec`, or `kind` with the field that kind takes.
-fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<Reward> {
+/// A `[[rewards]]` table built: `spec`, or `kind` with the field that kind takes; and the
+/// table again, its program's path made absolute.
+fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<(Reward, RewardTable)> {
+    let written = table.clone();
     let RewardTable {
+        name,
         spec,
         kind,
         column,
@@ -706,7 +934,7 @@ fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<Reward> 
         ("max", max.is_some()),
         ("buffer", buffer.is_some()),
     ];
-    let reward = match (spec, kind) {
+    let (reward, absolute_spec) = match (spec, kind) {
         (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
         (None, None) => {
             bail!("expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field")
@@ -714,6 +942,16 @@ fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<Reward> 
         (Some(spec), None) => {
             if let Some((field, _)) = given.iter().find(|(_, present)| *present) {
                 bail!("`{field}` goes with `kind`, not with `spec`");
+            }
+            if weight.is_some()
+                && spec
+                    .rsplit_once('@')
+                    .is_some_and(|(_, w)| w.trim().parse::<f64>().is_ok())
+            {
+                bail!(
+                    "the weight is given twice, in `spec` (\"...@WEIGHT\") and as `weight`: \
+                     keep one"
+                );
             }
             let spec = match spec.strip_prefix("command:") {
                 Some(rest) => {
@@ -726,7 +964,8 @@ fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<Reward> 
                 }
                 None => spec,
             };
-            scoring::builtin::from_spec(&spec)?
+            let reward = scoring::builtin::from_spec(&spec)?;
+            (reward, Some(spec))
         }
         (None, Some(kind)) => {
             let wants: &[&str] = match kind.as_str() {
@@ -748,7 +987,7 @@ fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<Reward> 
                 );
             }
             let missing = || anyhow::anyhow!("kind \"{kind}\" needs `{}`", wants[0]);
-            match kind.as_str() {
+            let reward = match kind.as_str() {
                 "numeric" | "exact" => {
                     let column = column.ok_or_else(missing)?;
                     scoring::builtin::from_spec(&format!("{kind}:{column}"))?
@@ -778,14 +1017,50 @@ fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<Reward> 
                     };
                     scoring::builtin::from_spec(&spec)?
                 }
-            }
+            };
+            (reward, None)
         }
     };
-    Ok(match weight {
+    let reward = match weight {
         Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
         Some(weight) => reward.weight(weight),
         None => reward,
-    })
+    };
+    let reward = match name {
+        Some(name) if name.trim().is_empty() => bail!("`name` must not be empty"),
+        Some(name) => reward.named(name),
+        None => reward,
+    };
+    let mut written = written;
+    if absolute_spec.is_some() {
+        written.spec = absolute_spec;
+    }
+    if let Some(program) = written.program.as_mut().and_then(|argv| argv.first_mut()) {
+        *program = program_path(base, program);
+    }
+    Ok((reward, written))
+}
+
+/// Checks that `program` can be started: a path to a file, or a name found on PATH.
+fn check_program(program: &str) -> anyhow::Result<()> {
+    let path = Path::new(program);
+    let found = if path.components().count() > 1 {
+        path.is_file()
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|dirs| std::env::split_paths(&dirs).any(|dir| dir.join(path).is_file()))
+    };
+    if !found {
+        bail!(
+            "program '{program}' not found: {}",
+            if path.components().count() > 1 {
+                "no such file"
+            } else {
+                "not on PATH"
+            }
+        );
+    }
+    Ok(())
 }
 
 fn sim_settings(

@@ -2,7 +2,6 @@
 //! rewards and the loop; a writer thread for the JSONL file; progress; Ctrl-C and SIGTERM.
 
 use std::{
-    io::BufRead,
     path::Path,
     process::ExitCode,
     sync::{Arc, atomic::Ordering},
@@ -23,7 +22,8 @@ use vllm_client::{
 };
 
 use super::{
-    config::{self, Settings},
+    config::Settings,
+    preflight::{self, Checked},
     progress::{Progress, Totals},
 };
 
@@ -34,6 +34,7 @@ const EXIT_INTERRUPTED_AT_START: u8 = 130;
 
 /// Runs the settings to the end (or to a signal) and returns the exit code.
 pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
+    let checked = preflight::check(&settings)?;
     if settings.servers.is_empty() {
         eprintln!(
             "async-grpo: no --server given: rolling out against the built-in simulator (scripted answers, not a model)"
@@ -44,26 +45,19 @@ pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         .thread_name("rollout")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(rollout(settings))
+    runtime.block_on(rollout(settings, checked))
 }
 
-async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
+async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     // Listening from the start: a signal before the loop runs ends the start-up.
     let mut signals = Signals::new()?;
-    let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
-    if let Some(template) = &settings.chat_template {
-        tokenizer = tokenizer.with_template_file(template)?;
-    }
-    let sink = open_output(&settings.out, settings.overwrite)?;
-    let reader = DatasetReader::open(&settings.dataset)?;
-    // The progress display's total; counting the rows reads the dataset once more, so only
-    // when something shows it.
-    let total = match (settings.groups, settings.progress) {
-        (Some(groups), _) => Some(groups),
-        (None, config::Progress::Off) => None,
-        (None, _) => Some(count_rows(&settings.dataset)?),
-    };
+    let tokenizer = checked.tokenizer;
+    let total = Some(
+        settings
+            .groups
+            .map_or(checked.rows, |g| g.min(checked.rows)),
+    );
 
     let simulator = if settings.servers.is_empty() {
         Some(start_simulator(&settings, &tokenizer).await?)
@@ -78,11 +72,15 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     if let Some(model) = &settings.model {
         client_config = client_config.model(model.clone());
     }
+    if let Some(pem) = &settings.ca_cert {
+        let pem = std::fs::read(pem).with_context(|| format!("cannot read {}", pem.display()))?;
+        client_config = client_config.root_certificates_pem(pem);
+    }
     let client = Client::new(client_config)?;
-    tracing::info!(servers = ?servers, "waiting for the servers to be ready");
+    tracing::info!(servers = ?servers, wait = ?settings.server_wait, "waiting for the servers to be ready");
     let card = tokio::select! {
-        card = client.wait_until_ready(Duration::from_secs(600)) => {
-            card.context("the servers did not become ready")?
+        card = client.wait_until_ready(settings.server_wait) => {
+            card.context("the servers did not become ready (--server-wait sets how long to wait)")?
         }
         signal = signals.next() => {
             eprintln!("async-grpo: {signal} while waiting for the servers: nothing was rolled out");
@@ -90,15 +88,19 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
         }
     };
     tracing::info!(model = %card.id, max_model_len = ?client.max_model_len(), "servers ready");
-    let _health_checks =
-        (servers.len() > 1).then(|| client.spawn_health_checks(Duration::from_secs(5)));
+    // Probes servers that failed, so that a run paused for want of a server resumes as soon
+    // as one answers.
+    let health_checks = client.spawn_health_checks(Duration::from_secs(2));
+    // Only now is the output touched: every check that could fail has passed.
+    let sink = create_output(&settings.out)?;
+    let reader = DatasetReader::open(&settings.dataset)?;
 
     let mut registry = Registry::new();
     for tool in &settings.tools {
         registry.add(tool.build()?)?;
     }
     let tool_count = registry.len();
-    let scorer = Scorer::new(settings.rewards.clone(), ScorerConfig::default())?;
+    let scorer = Scorer::new(settings.reward_functions(), ScorerConfig::default())?;
     let config = settings.rollout_config();
     let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
     if tool_count > 0 {
@@ -180,6 +182,7 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
         .context("the writer thread was lost")?
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
     progress.finish(&engine.health()).await;
+    health_checks.abort();
     if let Some(simulator) = simulator {
         simulator.stop().await;
     }
@@ -195,6 +198,16 @@ async fn rollout(settings: Settings) -> anyhow::Result<ExitCode> {
     }
     if interrupted && !report.clean {
         return Ok(ExitCode::from(EXIT_UNCLEAN_DRAIN));
+    }
+    if samples_written == 0 {
+        bail!(
+            "no training row was written: {}",
+            if interrupted {
+                "the run was stopped before any group was complete"
+            } else {
+                "no group was complete and kept (see the failures above)"
+            }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -223,34 +236,14 @@ async fn start_simulator(
     Ok(simulator)
 }
 
-/// The output file, refusing to replace one that holds rows unless told to.
-fn open_output(path: &Path, overwrite: bool) -> anyhow::Result<JsonlSink<std::fs::File>> {
-    let holds_rows = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
-    if holds_rows && !overwrite {
-        bail!(
-            "{} exists and holds rows; pass --overwrite (or `overwrite = true`) to replace it, or --out to write elsewhere",
-            path.display()
-        );
-    }
+/// The output file, created or emptied ([`preflight::check`] has refused to replace one that
+/// holds rows unless told to).
+fn create_output(path: &Path) -> anyhow::Result<JsonlSink<std::fs::File>> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     JsonlSink::create(path).with_context(|| format!("cannot create {}", path.display()))
-}
-
-/// The non-blank lines of the dataset: the groups one pass makes.
-fn count_rows(path: &Path) -> anyhow::Result<u64> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut rows = 0;
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        if !line.trim().is_empty() {
-            rows += 1;
-        }
-    }
-    Ok(rows)
 }
 
 /// The writer thread: each group in one write and a flush, so a killed run leaves complete
@@ -370,11 +363,23 @@ fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: 
             t.completed, t.cancelled, t.threads_joined, t.threads_detached
         )
     });
+    // Rollouts cancelled by the drain either were running when it gave up on them (then the
+    // drain is not clean) or had been admitted but not yet started (a clean drain may have
+    // those: admission simply stopped).
+    let not_started = stats
+        .rollouts_cancelled
+        .saturating_sub(report.cancelled_at_deadline);
+    let drain = if report.clean {
+        "clean: every rollout in flight finished".to_owned()
+    } else {
+        format!(
+            "NOT clean: {} rollouts in flight cancelled",
+            report.cancelled_at_deadline
+        )
+    };
     eprintln!(
-        "async-grpo: drain {} in {:.0} ms ({} rollouts cancelled at the deadline{tools}); output {}",
-        if report.clean { "clean" } else { "NOT clean" },
+        "async-grpo: drain {drain} in {:.0} ms ({not_started} admitted but not started{tools}); output {}",
         report.elapsed.as_secs_f64() * 1e3,
-        report.cancelled_at_deadline,
         settings.out.display(),
     );
 }

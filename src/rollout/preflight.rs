@@ -1,0 +1,100 @@
+//! What a run checks before it touches its output or asks a server anything: the tokenizer
+//! and its template, every dataset row, the columns the rewards read, and whether the output
+//! may be replaced. `--check` runs exactly these checks.
+
+use std::{collections::BTreeSet, time::Instant};
+
+use anyhow::bail;
+use rollout_core::{ChatTokenizer, DatasetReader, RenderOptions};
+
+use super::config::Settings;
+
+/// What the checks found, for the run to use.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    /// The tokenizer, its chat template chosen.
+    pub(crate) tokenizer: ChatTokenizer,
+    /// Dataset rows that will be rolled out (bad rows skipped not counted).
+    pub(crate) rows: u64,
+    /// Bad rows set aside with `--skip-bad-rows`.
+    pub(crate) bad_rows: u64,
+}
+
+/// Runs every check that needs no server; the first failure is the error.
+pub(crate) fn check(settings: &Settings) -> anyhow::Result<Checked> {
+    let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
+    if let Some(template) = &settings.chat_template {
+        tokenizer = tokenizer.with_template_file(template)?;
+    }
+    tokenizer.template(&RenderOptions::generation())?;
+    let (rows, bad_rows) = scan_dataset(settings)?;
+    let holds_rows = std::fs::metadata(&settings.out).is_ok_and(|m| m.len() > 0);
+    if holds_rows && !settings.overwrite {
+        bail!(
+            "{} exists and holds rows; pass --overwrite (or `overwrite = true`) to replace it, or --out to write elsewhere",
+            settings.out.display()
+        );
+    }
+    Ok(Checked {
+        tokenizer,
+        rows,
+        bad_rows,
+    })
+}
+
+/// Reads every row once: each must parse (or, with `--skip-bad-rows`, is counted), there must
+/// be at least one, and each column a reward reads must be in some row. Returns the rows and
+/// the bad rows.
+fn scan_dataset(settings: &Settings) -> anyhow::Result<(u64, u64)> {
+    let path = &settings.dataset;
+    let mut reader = DatasetReader::open(path)?.skip_bad_rows(settings.skip_bad_rows);
+    let started = Instant::now();
+    let mut said = started;
+    let mut rows = 0u64;
+    let mut columns = BTreeSet::new();
+    for row in reader.by_ref() {
+        let row = row.map_err(|e| {
+            anyhow::anyhow!("{e} (--skip-bad-rows sets bad rows aside and goes on)")
+        })?;
+        rows += 1;
+        for column in row.columns.keys() {
+            if !columns.contains(column) {
+                columns.insert(column.clone());
+            }
+        }
+        if rows.is_multiple_of(4096) && said.elapsed().as_secs() >= 5 {
+            said = Instant::now();
+            tracing::info!(rows, elapsed = ?started.elapsed(), "checking the dataset");
+        }
+    }
+    let bad_rows = reader.skipped().len() as u64;
+    if rows == 0 {
+        bail!(
+            "dataset {}: no row to roll out{}",
+            path.display(),
+            if bad_rows > 0 {
+                format!(" ({bad_rows} bad rows set aside)")
+            } else {
+                " (the file is empty)".to_owned()
+            }
+        );
+    }
+    for reward in &settings.rewards {
+        if let Some(column) = reward.reward.column()
+            && !columns.contains(column)
+        {
+            let known: Vec<&str> = columns.iter().map(String::as_str).collect();
+            bail!(
+                "{}: no row of {} has a column '{column}'; its rows have: {}",
+                reward.place(),
+                path.display(),
+                if known.is_empty() {
+                    "no column but the prompt".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            );
+        }
+    }
+    Ok((rows, bad_rows))
+}
