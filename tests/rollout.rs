@@ -22,12 +22,12 @@ use tokio::{
 use vllm_client::sim::{Sampled, SimConfig, Simulator};
 
 /// The quickstart's tokenizer directory (tokenizer.json and its chat template).
-fn quickstart() -> PathBuf {
+pub(crate) fn quickstart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart")
 }
 
 /// A TOML string holding `path`.
-fn toml_path(path: &Path) -> String {
+pub(crate) fn toml_path(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
 
@@ -43,26 +43,26 @@ fn question(i: usize) -> (String, String) {
 }
 
 /// A dataset line for question `i`.
-fn dataset_line(i: usize) -> String {
+pub(crate) fn dataset_line(i: usize) -> String {
     let (prompt, answer) = question(i);
     json!({ "prompt": prompt, "answer": answer }).to_string()
 }
 
 /// A fresh directory for one test, with a dataset and a config file in it.
-struct Case {
-    dir: PathBuf,
+pub(crate) struct Case {
+    pub(crate) dir: PathBuf,
 }
 
 /// What a run left: its exit code, its stderr, and the rows of its output file.
 #[derive(Debug)]
-struct Outcome {
-    code: Option<i32>,
-    stderr: String,
-    rows: Vec<TrainingSample>,
+pub(crate) struct Outcome {
+    pub(crate) code: Option<i32>,
+    pub(crate) stderr: String,
+    pub(crate) rows: Vec<TrainingSample>,
 }
 
 impl Case {
-    fn new(name: &str) -> Case {
+    pub(crate) fn new(name: &str) -> Case {
         let dir =
             std::env::temp_dir().join(format!("async-grpo-rollout-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -70,27 +70,27 @@ impl Case {
         Case { dir }
     }
 
-    fn dataset(&self) -> PathBuf {
+    pub(crate) fn dataset(&self) -> PathBuf {
         self.dir.join("rows.jsonl")
     }
 
-    fn out(&self) -> PathBuf {
+    pub(crate) fn out(&self) -> PathBuf {
         self.dir.join("out.jsonl")
     }
 
-    fn config_file(&self) -> PathBuf {
+    pub(crate) fn config_file(&self) -> PathBuf {
         self.dir.join("run.toml")
     }
 
     /// Writes a dataset of `rows` questions.
-    fn write_dataset(&self, rows: usize) {
+    pub(crate) fn write_dataset(&self, rows: usize) {
         let text: String = (0..rows).map(|i| dataset_line(i) + "\n").collect();
         std::fs::write(self.dataset(), text).expect("write the dataset");
     }
 
     /// Writes run.toml: the dataset, the quickstart tokenizer, `rest` (top-level keys first), and
     /// a numeric reward.
-    fn write_config(&self, rest: &str) {
+    pub(crate) fn write_config(&self, rest: &str) {
         let text = format!(
             "dataset = {}\ntokenizer = {}\nestimator = \"trl\"\n{rest}\n\n[[rewards]]\nspec = \"numeric:answer\"\n",
             toml_path(&self.dataset()),
@@ -100,7 +100,7 @@ impl Case {
     }
 
     /// The command `async-grpo rollout --config run.toml --out out.jsonl --progress off ARGS`.
-    fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_async-grpo"));
         command
             .arg("rollout")
@@ -118,7 +118,7 @@ impl Case {
     }
 
     /// Runs the binary to the end; the rows are read back when it succeeded.
-    fn rollout(&self, args: &[&str]) -> Outcome {
+    pub(crate) fn rollout(&self, args: &[&str]) -> Outcome {
         let output = self
             .command(args)
             .stdin(Stdio::null())
@@ -137,7 +137,7 @@ impl Case {
     }
 
     /// Every line of the output file, each a complete training row.
-    fn rows(&self) -> Vec<TrainingSample> {
+    pub(crate) fn rows(&self) -> Vec<TrainingSample> {
         let Ok(text) = std::fs::read_to_string(self.out()) else {
             return Vec::new();
         };
@@ -156,7 +156,7 @@ impl Case {
 }
 
 /// A runtime for the simulator and the test's own servers, serving while the binary runs.
-fn runtime() -> Runtime {
+pub(crate) fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -166,7 +166,7 @@ fn runtime() -> Runtime {
 
 /// A recording simulator with the quickstart tokenizer, calling `tool_name` for
 /// `tool_rounds` turns.
-fn simulator(runtime: &Runtime, tool_rounds: usize, tool_name: &str) -> Simulator {
+pub(crate) fn simulator(runtime: &Runtime, tool_rounds: usize, tool_name: &str) -> Simulator {
     let mut config = SimConfig::from_tokenizer_file(&quickstart().join("tokenizer.json"))
         .expect("the quickstart tokenizer loads");
     config.record = true;
@@ -583,7 +583,7 @@ fn a_bad_dataset_row_stops_the_run_with_its_line_unless_skipped() {
 
 /// Waits for `child` to exit, killing it (and failing) if it is still running after a
 /// generous bound.
-fn wait(child: &mut Child) -> Option<i32> {
+pub(crate) fn wait(child: &mut Child) -> Option<i32> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
@@ -599,7 +599,7 @@ fn wait(child: &mut Child) -> Option<i32> {
 }
 
 /// Polls `path` until it holds `text`.
-fn wait_for_stderr(path: &Path, text: &str, child: &mut Child) {
+pub(crate) fn wait_for_stderr(path: &Path, text: &str, child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !std::fs::read_to_string(path).is_ok_and(|stderr| stderr.contains(text)) {
         if Instant::now() > deadline {

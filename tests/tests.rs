@@ -6,6 +6,13 @@ mod cache;
 mod cli;
 #[cfg(all(feature = "rollout-core", feature = "sim", feature = "tool-dispatch"))]
 mod quickstart;
+#[cfg(all(
+    feature = "rollout-core",
+    feature = "scoring",
+    feature = "tool-dispatch",
+    feature = "sim"
+))]
+mod reliability;
 #[cfg(feature = "rollout-core")]
 mod render;
 #[cfg(all(

@@ -857,14 +857,14 @@ impl Settings {
 /// [`parse_duration`] reads it back.
 fn format_duration(value: Duration) -> String {
     let millis = value.as_millis();
-    if millis % 1000 != 0 {
+    if !millis.is_multiple_of(1000) {
         return format!("{millis}ms");
     }
     let secs = value.as_secs();
     match secs {
         0 => "0s".to_owned(),
-        s if s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
+        s if s.is_multiple_of(3600) => format!("{}h", s / 3600),
+        s if s.is_multiple_of(60) => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
 }
