@@ -695,6 +695,19 @@ fn ctrl_c_drains_and_leaves_whole_groups_with_the_exit_code_of_the_drain() {
         "a drain report: {}",
         outcome.stderr
     );
+    // The wording agrees with itself: a clean drain cancelled no rollout in flight (only
+    // admitted ones not yet started), an unclean one says how many it cancelled.
+    assert!(
+        if clean {
+            outcome
+                .stderr
+                .contains("drain clean: every rollout in flight finished")
+        } else {
+            outcome.stderr.contains("rollouts in flight cancelled")
+        },
+        "{}",
+        outcome.stderr
+    );
     assert_eq!(
         outcome.code,
         Some(if clean { 0 } else { 2 }),
