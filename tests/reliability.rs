@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::json;
 
-use super::rollout::{Case, dataset_line, quickstart, runtime, wait};
+use super::rollout::{Case, dataset_line, exit_within, quickstart, runtime, stderr_within, wait};
 
 /// The environment variable every process of a run inherits in the process-tree tests.
 const MARKER: &str = "ASYNC_GRPO_TEST_MARKER";
@@ -204,39 +204,6 @@ fn a_run_that_writes_no_row_is_not_a_success() {
         "{}",
         outcome.stderr
     );
-}
-
-/// Waits for `child` to exit, for `bound` at most: past it the child is killed and the test
-/// fails, saying what it waited for.
-fn exit_within(child: &mut Child, bound: Duration, what: &str) -> Option<i32> {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            return status.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the run did not end within {bound:?}: {what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Polls `path` until it holds `text`, for `bound` at most.
-fn stderr_within(path: &Path, text: &str, child: &mut Child, bound: Duration) {
-    let deadline = Instant::now() + bound;
-    while !std::fs::read_to_string(path).is_ok_and(|stderr| stderr.contains(text)) {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "no {text:?} on stderr within {bound:?}: {}",
-                std::fs::read_to_string(path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A free port on 127.0.0.1.

@@ -584,7 +584,22 @@ fn a_bad_dataset_row_stops_the_run_with_its_line_unless_skipped() {
 /// Waits for `child` to exit, killing it (and failing) if it is still running after a
 /// generous bound.
 pub(crate) fn wait(child: &mut Child) -> Option<i32> {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    exit_within(
+        child,
+        Duration::from_secs(120),
+        "two minutes after the signal",
+    )
+}
+
+/// Polls `path` until it holds `text`.
+pub(crate) fn wait_for_stderr(path: &Path, text: &str, child: &mut Child) {
+    stderr_within(path, text, child, Duration::from_secs(120));
+}
+
+/// Waits for `child` to exit, for `bound` at most: past it the child is killed and the test
+/// fails, saying what it waited for.
+pub(crate) fn exit_within(child: &mut Child, bound: Duration, what: &str) -> Option<i32> {
+    let deadline = Instant::now() + bound;
     loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
             return status.code();
@@ -592,20 +607,23 @@ pub(crate) fn wait(child: &mut Child) -> Option<i32> {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the run did not end within two minutes of the signal");
+            panic!("the run did not end within {bound:?}: {what}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// Polls `path` until it holds `text`.
-pub(crate) fn wait_for_stderr(path: &Path, text: &str, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(120);
+/// Polls `path` until it holds `text`, for `bound` at most.
+pub(crate) fn stderr_within(path: &Path, text: &str, child: &mut Child, bound: Duration) {
+    let deadline = Instant::now() + bound;
     while !std::fs::read_to_string(path).is_ok_and(|stderr| stderr.contains(text)) {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("no {text:?} on stderr within two minutes");
+            panic!(
+                "no {text:?} on stderr within {bound:?}: {}",
+                std::fs::read_to_string(path).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }

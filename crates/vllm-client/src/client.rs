@@ -841,50 +841,39 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<Bytes, Error> {
         let server = &self.inner.servers[index];
-        let outcome = self
-            .attempt_once(server, method, path, body, endpoint, timeout)
-            .await;
+        let outcome = async {
+            server.inflight.fetch_add(1, Ordering::Relaxed);
+            let _in_flight = InFlight(server);
+            self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+            let mut request = self
+                .inner
+                .http
+                .request(method.clone(), format!("{}{path}", server.base));
+            if let Some(body) = body {
+                request = request
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(body.clone());
+            }
+            if let Some(timeout) = timeout {
+                request = request.timeout(timeout);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| Error::transport(endpoint, e))?;
+            let status = response.status();
+            let bytes = response
+                .bytes()
+                .await
+                .map_err(|e| Error::transport(endpoint, e))?;
+            if !status.is_success() {
+                return Err(Error::from_status(endpoint, status.as_u16(), &bytes));
+            }
+            Ok(bytes)
+        }
+        .await;
         server.note(&outcome);
         outcome
-    }
-
-    async fn attempt_once(
-        &self,
-        server: &Server,
-        method: &Method,
-        path: &str,
-        body: Option<&Bytes>,
-        endpoint: &str,
-        timeout: Option<Duration>,
-    ) -> Result<Bytes, Error> {
-        server.inflight.fetch_add(1, Ordering::Relaxed);
-        let _in_flight = InFlight(server);
-        self.inner.attempts.fetch_add(1, Ordering::Relaxed);
-        let mut request = self
-            .inner
-            .http
-            .request(method.clone(), format!("{}{path}", server.base));
-        if let Some(body) = body {
-            request = request
-                .header(CONTENT_TYPE, "application/json")
-                .body(body.clone());
-        }
-        if let Some(timeout) = timeout {
-            request = request.timeout(timeout);
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| Error::transport(endpoint, e))?;
-        let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| Error::transport(endpoint, e))?;
-        if !status.is_success() {
-            return Err(Error::from_status(endpoint, status.as_u16(), &bytes));
-        }
-        Ok(bytes)
     }
 
     /// One request to one given server, no retry, body decoded.
