@@ -302,7 +302,9 @@ impl<G> Shared<G> {
     fn failure_rate_exceeded(&self, at_end: bool) -> Option<String> {
         let max = self.config.max_failure_rate?;
         let stats = self.counters.snapshot();
-        let failed = stats.rollouts_failed - stats.rollouts_unavailable;
+        let failed = stats
+            .rollouts_failed
+            .saturating_sub(stats.rollouts_unavailable);
         let ended = failed + stats.rollouts_completed;
         if ended == 0 || (!at_end && ended < FAILURE_RATE_MIN_ROLLOUTS) {
             return None;
@@ -315,7 +317,7 @@ impl<G> Shared<G> {
             .iter()
             .rev()
             .find(|f| f.cause != FailureCause::Unavailable)
-            .map_or_else(String::new, |f| format!("; the last: {f}"));
+            .map_or_else(String::new, |f| format!("; one of them: {f}"));
         Some(format!(
             "{failed} of {ended} rollouts failed ({:.0}%, more than max_failure_rate {:.0}%){last}",
             rate * 100.0,
