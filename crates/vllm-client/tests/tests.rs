@@ -2,6 +2,7 @@
 //! per area. (The suite against a real vLLM server is `e2e`, run by `cargo xtask e2e`.)
 
 mod arithmetic;
+mod availability;
 mod chat;
 mod generate;
 mod pause;
