@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::OnceCell;
 use tokio_util::{
     sync::{CancellationToken, PollSemaphore},
     task::TaskTracker,
@@ -20,7 +20,7 @@ use crate::{
     metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
     pool::{Pool, PoolConfig, PoolReport},
     registry::Registry,
-    sync::{Arc, Ordering},
+    sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore, oneshot},
     tool::{ToolCall, ToolResult},
 };
 
