@@ -44,6 +44,8 @@ struct Ended {
     outcome: Outcome,
     content: String,
     queue_wait: Option<Duration>,
+    /// Cancelled while running, by the shutdown deadline (counted apart in the report).
+    aborted: bool,
 }
 
 impl Ended {
@@ -52,11 +54,20 @@ impl Ended {
             outcome,
             content,
             queue_wait: None,
+            aborted: false,
         }
     }
 
     fn error(outcome: Outcome, message: &str) -> Ended {
         Ended::new(outcome, error_content(message))
+    }
+
+    /// Cancelled while running because the shutdown deadline passed.
+    fn aborted(message: &str) -> Ended {
+        Ended {
+            aborted: true,
+            ..Ended::error(Outcome::Cancelled, message)
+        }
     }
 }
 
@@ -142,8 +153,7 @@ impl Engine {
                     &format!("tool '{name}' timed out after {}", human(timeout)),
                 ),
             },
-            () = self.abort.cancelled() => Ended::error(
-                Outcome::Cancelled,
+            () = self.abort.cancelled() => Ended::aborted(
                 "cancelled: the tool dispatcher shut down while the tool was running",
             ),
         }
@@ -203,8 +213,11 @@ impl Engine {
             reply = &mut replied => reply,
             () = self.abort.cancelled() => match waiting.abandon() {
                 Abandoned::AlreadyDone => replied.await,
-                Abandoned::Queued | Abandoned::Running => return Ended::error(
-                    Outcome::Cancelled,
+                // Shutdown cancels queued jobs as it begins; one still queued never ran.
+                Abandoned::Queued => {
+                    return Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string());
+                }
+                Abandoned::Running => return Ended::aborted(
                     "cancelled: the tool dispatcher shut down while the tool was running \
                      (its thread finishes on its own)",
                 ),
@@ -273,7 +286,9 @@ impl Engine {
         if let Some(index) = index {
             self.metrics[index].record(ended.outcome, latency, ended.queue_wait);
         }
-        let counter = if ended.outcome == Outcome::Cancelled {
+        let counter = if ended.aborted {
+            &self.gauges.aborted
+        } else if ended.outcome == Outcome::Cancelled {
             &self.gauges.cancelled
         } else {
             &self.gauges.finished

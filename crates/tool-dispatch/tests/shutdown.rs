@@ -214,6 +214,49 @@ async fn a_call_still_running_at_the_deadline_is_reported_and_its_thread_detache
     .await;
 }
 
+/// A turn `[block, quick]` whose first call is still running at the deadline: both calls
+/// resolve as cancelled, and the report counts both, `block` as still running and `quick`
+/// as cancelled, although `quick` is cancelled only once the deadline abandoned `block`.
+#[tokio::test(start_paused = true)]
+async fn the_report_counts_every_call_of_a_turn_cut_by_the_deadline_as_it_resolved() {
+    let gate = Gate::default();
+    let config = DispatcherConfig::new(1).thread_name("td-cut");
+    let dispatcher = dispatcher(vec![gated("block", &gate), quick("quick")], config);
+    let turn = spawn_turn(
+        &dispatcher,
+        vec![
+            ToolCall::new("block", json!({})),
+            ToolCall::new("quick", json!({})),
+        ],
+    );
+    wait_for("the blocking call runs", || {
+        dispatcher.metrics().pool.busy == 1
+    })
+    .await;
+
+    // The paused clock reaches the deadline as soon as nothing else can happen.
+    let report = within("shutdown", dispatcher.shutdown(Duration::from_millis(100))).await;
+    let results = within("the turn", turn).await.expect("no panic");
+    let outcomes: Vec<Outcome> = results.iter().map(|result| result.outcome).collect();
+    assert_eq!(outcomes, [Outcome::Cancelled, Outcome::Cancelled]);
+    assert_eq!(
+        (report.completed, report.cancelled, report.still_running),
+        (0, 1, 1),
+        "{report}"
+    );
+    assert_eq!(
+        report.cancelled + report.still_running as u64,
+        outcomes.len() as u64,
+        "every cancelled call is counted once"
+    );
+
+    gate.open();
+    wait_for("the detached thread exited", || {
+        threads_named("td-cut") == 0
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_turn_abandons_its_queued_sync_call_which_then_never_runs() {
     let gate = Gate::default();
