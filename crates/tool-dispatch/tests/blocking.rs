@@ -11,7 +11,7 @@ use std::{
 use serde_json::json;
 use tool_dispatch::{Arguments, DispatcherConfig, Outcome, SyncTool, Tool, ToolCall, ToolSpec};
 
-use crate::{Gate, PATIENCE, dispatcher, quick, within};
+use crate::{PATIENCE, dispatcher, quick, within};
 
 fn sleeper() -> impl SyncTool + Clone {
     |_: Arguments| {
@@ -97,12 +97,12 @@ fn a_sync_tool_runs_while_tokios_blocking_pool_is_full() {
         .max_blocking_threads(1)
         .build()
         .expect("a runtime");
-    let busy = Gate::default();
+    // The occupant holds the blocking pool's only thread until told to go, and in any case
+    // longer than the test waits for the tool.
+    let (release, released) = std::sync::mpsc::channel::<()>();
     runtime.block_on(async {
-        let occupant = {
-            let busy = busy.clone();
-            tokio::task::spawn_blocking(move || busy.wait())
-        };
+        let occupant =
+            tokio::task::spawn_blocking(move || released.recv_timeout(PATIENCE * 3).is_ok());
         let dispatcher = dispatcher(vec![quick("quick")], DispatcherConfig::new(1));
         let results = tokio::time::timeout(
             PATIENCE,
@@ -110,14 +110,20 @@ fn a_sync_tool_runs_while_tokios_blocking_pool_is_full() {
         )
         .await
         .unwrap_or_else(|_| {
-            panic!("the sync tool waited for tokio's blocking pool, which is full: it must run on the dispatcher's own threads")
+            panic!(
+                "the sync tool waited for tokio's blocking pool, which is full: it must run on \
+                 the dispatcher's own threads"
+            )
         })
         .expect("open");
         assert_eq!(results[0].content, "quick");
 
-        busy.open();
-        within("the blocking pool's task", occupant)
-            .await
-            .expect("no panic");
+        let _ = release.send(());
+        assert!(
+            within("the blocking pool's task", occupant)
+                .await
+                .expect("no panic"),
+            "the occupant was released by the test"
+        );
     });
 }

@@ -11,7 +11,7 @@ use std::{
 use serde_json::json;
 use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 
-use crate::{Rendezvous, dispatcher, within};
+use crate::{Rendezvous, dispatcher, quick, wait_for, within};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -171,6 +171,32 @@ async fn turns_of_different_rollouts_run_concurrently_up_to_the_pool_bound() {
         "sync tools run on the dispatcher's own threads, not the runtime's: {thread_names:?}"
     );
     assert_eq!(dispatcher.metrics().pool.threads, 2);
+}
+
+#[tokio::test]
+async fn an_idle_pool_thread_wakes_for_the_next_call() {
+    let dispatcher = dispatcher(vec![quick("quick")], DispatcherConfig::new(1));
+    let first = within(
+        "the first call",
+        dispatcher.run(vec![ToolCall::new("quick", json!({}))]),
+    )
+    .await
+    .expect("open");
+    assert_eq!(first[0].content, "quick");
+    // The pool's only thread has gone back to waiting for work.
+    wait_for("the pool thread is idle", || {
+        let pool = dispatcher.metrics().pool;
+        (pool.threads, pool.busy, pool.completed) == (1, 0, 1)
+    })
+    .await;
+
+    let second = within(
+        "a call handed to the idle thread (a lost wake-up leaves it queued)",
+        dispatcher.run(vec![ToolCall::new("quick", json!({}))]),
+    )
+    .await
+    .expect("open");
+    assert_eq!(second[0].content, "quick");
 }
 
 /// A tool with an environment behind it: a struct, not a closure.

@@ -23,11 +23,16 @@ use tool_dispatch::{
 pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Blocks the calling thread until `condition` holds on the value behind `mutex`, or
-/// [`PATIENCE`] passes; returns whether it holds.
-fn wait_on<T>(mutex: &Mutex<T>, changed: &Condvar, condition: impl Fn(&T) -> bool) -> bool {
+/// `patience` passes; returns whether it holds.
+fn wait_on<T>(
+    mutex: &Mutex<T>,
+    changed: &Condvar,
+    patience: Duration,
+    condition: impl Fn(&T) -> bool,
+) -> bool {
     let guard = mutex.lock().unwrap_or_else(|e| e.into_inner());
     let (guard, _) = changed
-        .wait_timeout_while(guard, PATIENCE, |value| !condition(value))
+        .wait_timeout_while(guard, patience, |value| !condition(value))
         .unwrap_or_else(|e| e.into_inner());
     condition(&guard)
 }
@@ -47,7 +52,7 @@ impl Gate {
     /// [`PATIENCE`] (a broken test, which then fails instead of hanging).
     pub(crate) fn wait(&self) -> bool {
         let (open, changed) = &*self.0;
-        wait_on(open, changed, |open| *open)
+        wait_on(open, changed, PATIENCE, |open| *open)
     }
 }
 
@@ -60,13 +65,14 @@ impl Rendezvous {
         Rendezvous(Arc::default(), expected)
     }
 
-    /// Arrives and waits for the others; `false` if they were not all there within
-    /// [`PATIENCE`].
+    /// Arrives and waits for the others; `false` if they were not all there within half of
+    /// [`PATIENCE`] (so that the call can still fail, saying so, before the test stops
+    /// waiting for it).
     pub(crate) fn meet(&self) -> bool {
         let (arrived, changed) = &*self.0;
         *arrived.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         changed.notify_all();
-        wait_on(arrived, changed, |arrived| *arrived >= self.1)
+        wait_on(arrived, changed, PATIENCE / 2, |arrived| *arrived >= self.1)
     }
 }
 
