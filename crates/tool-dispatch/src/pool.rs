@@ -8,7 +8,9 @@
 //! once. Every job handed to
 //! [`Pool::submit`] is resolved exactly once: either [`Job::run`] on a pool thread or
 //! [`Job::cancel`] with the reason. That is the property the loom models in `pool/models.rs`
-//! check, together with the thread bound and freedom from deadlock.
+//! check, together with the thread bound, liveness (a job submitted to an idle pool runs, the
+//! pool grows to run blocked jobs side by side, closing wakes every idle thread) and real
+//! joins at shutdown.
 //!
 //! This pool is deliberately not tokio's blocking pool: that one is shared with everything
 //! else in the process that calls `spawn_blocking` (reward scoring among them) and caps out
