@@ -1,44 +1,109 @@
 //! `cargo xtask loom`: the loom models of the tool pool, then each with its planted bug.
 //!
 //! The models live in `crates/tool-dispatch/src/pool/models.rs` (the pool) and
-//! `crates/tool-dispatch/src/call_state.rs` (a call's waiter against its job). They are compiled with the
-//! crate-specific `--cfg tool_dispatch_loom` (a global `--cfg loom` would change tokio and
-//! break the async layer), in release with debug assertions, in their own target directory
-//! so that the changed flags do not invalidate the main build.
+//! `crates/tool-dispatch/src/call_state/models.rs` (a call's waiter against its job, and the
+//! call's slot). They are compiled with the crate-specific `--cfg tool_dispatch_loom` (a
+//! global `--cfg loom` would change tokio and break the async layer), in release with debug
+//! assertions, in their own target directory so that the changed flags do not invalidate the
+//! main build.
+//!
+//! A model that cannot fail proves nothing. So after the models pass, each planted bug (a
+//! `Faults` flag of the crate, `TOOL_DISPATCH_LOOM_FAULTS=name`) is run against the model
+//! that must catch it, in a process of its own, and the check demands that the model fails
+//! *with the assertion it names*: a crash, a loom deadlock report or a panic about the fault
+//! itself is not a catch. The crate's list of faults and this one must match: a fault this
+//! check plants but the crate does not know, or one the crate has but nobody plants, is an
+//! error of the check.
 
-use std::process::{Command, Stdio};
+use std::{
+    collections::BTreeSet,
+    process::{Command, Output, Stdio},
+    time::Instant,
+};
 
 use anyhow::{Context, bail};
 
 use crate::{cargo, root, run_checked};
 
-/// Each planted bug (a `Faults` flag of the pool) and the model that must catch it.
-const PLANTED: &[(&str, &str)] = &[
-    (
-        "spawn_past_max",
-        "pool::models::loom_running_jobs_never_exceed_max_threads",
-    ),
-    (
-        "submit_ignores_shutdown",
-        "pool::models::loom_job_racing_shutdown_is_run_or_cancelled",
-    ),
-    (
-        "close_drops_queued",
-        "pool::models::loom_shutdown_cancels_or_runs_every_queued_job",
-    ),
-    (
-        "close_skips_wakeup",
-        "pool::models::loom_shutdown_wakes_idle_threads",
-    ),
-    (
-        "run_abandoned_job",
-        "call_state::models::loom_waiter_and_job_agree",
-    ),
-    (
-        "count_stuck_after_cas",
-        "call_state::models::loom_waiter_and_job_agree",
-    ),
+/// One planted bug: the fault, the model that must catch it, and the text of the assertion
+/// that must fail.
+struct Planted {
+    fault: &'static str,
+    model: &'static str,
+    assertion: &'static str,
+}
+
+const PLANTED: &[Planted] = &[
+    Planted {
+        fault: "spawn_past_max",
+        model: "pool::models::loom_running_jobs_never_exceed_max_threads",
+        assertion: "more jobs ran at once than the pool has threads",
+    },
+    Planted {
+        fault: "pool_never_grows",
+        model: "pool::models::loom_two_blocked_jobs_run_at_once_on_two_threads",
+        assertion: "never came true: two blocked jobs ran at once",
+    },
+    Planted {
+        fault: "running_not_counted",
+        model: "pool::models::loom_two_blocked_jobs_run_at_once_on_two_threads",
+        assertion: "the pool counts every running job",
+    },
+    Planted {
+        fault: "submit_skips_wakeup",
+        model: "pool::models::loom_a_submitted_job_runs_before_shutdown_is_asked_for",
+        assertion: "never came true: a job submitted to an idle pool ran",
+    },
+    Planted {
+        fault: "submit_ignores_shutdown",
+        model: "pool::models::loom_job_racing_shutdown_is_run_or_cancelled",
+        assertion: "a job racing shutdown was lost",
+    },
+    Planted {
+        fault: "close_drops_queued",
+        model: "pool::models::loom_shutdown_cancels_or_runs_every_queued_job",
+        assertion: "a queued job was lost at shutdown",
+    },
+    Planted {
+        fault: "shutdown_skips_join",
+        model: "pool::models::loom_shutdown_cancels_or_runs_every_queued_job",
+        assertion: "a thread counted as joined had not exited",
+    },
+    Planted {
+        fault: "close_skips_wakeup",
+        model: "pool::models::loom_shutdown_wakes_idle_threads",
+        assertion: "never came true: every pool thread exited",
+    },
+    Planted {
+        fault: "run_abandoned_job",
+        model: "call_state::models::loom_waiter_and_job_agree",
+        assertion: "the stuck-thread gauge went below zero",
+    },
+    Planted {
+        fault: "count_stuck_after_cas",
+        model: "call_state::models::loom_waiter_and_job_agree",
+        assertion: "the stuck-thread gauge went below zero",
+    },
+    Planted {
+        fault: "skipped_job_keeps_slot",
+        model: "call_state::models::loom_a_slot_comes_back_once_whether_its_waiter_waits_or_gives_up",
+        assertion: "a slot was never returned",
+    },
+    Planted {
+        fault: "finished_job_releases_slot_twice",
+        model: "call_state::models::loom_a_slot_comes_back_once_whether_its_waiter_waits_or_gives_up",
+        assertion: "a slot was released twice",
+    },
+    Planted {
+        fault: "waiting_drop_keeps_call",
+        model: "call_state::models::loom_a_call_whose_waiter_is_dropped_while_queued_never_runs",
+        assertion: "a call whose waiter was dropped while it was queued ran anyway",
+    },
 ];
+
+/// What the crate says when `TOOL_DISPATCH_LOOM_FAULTS` names a fault it does not know; the
+/// list of the ones it knows follows.
+const UNKNOWN_FAULT: &str = "in TOOL_DISPATCH_LOOM_FAULTS; known faults: ";
 
 fn loom_test(extra: &[&str]) -> Command {
     let mut args = vec!["test", "--package", "tool-dispatch", "--release", "--lib"];
@@ -60,29 +125,188 @@ fn loom_test(extra: &[&str]) -> Command {
     command
 }
 
-pub(crate) fn run() -> anyhow::Result<()> {
-    run_checked(&mut loom_test(&["--", "models::"]))?;
+/// Runs one model with `faults` planted; captures its output.
+fn run_with_faults(model: &str, faults: &str) -> anyhow::Result<Output> {
+    loom_test(&["--quiet", "--", "--exact", model])
+        .env("TOOL_DISPATCH_LOOM_FAULTS", faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("could not run {model} with TOOL_DISPATCH_LOOM_FAULTS={faults}"))
+}
 
-    for (fault, model) in PLANTED {
-        let test = (*model).to_owned();
-        let output = loom_test(&["--quiet", "--", "--exact", &test])
-            .env("TOOL_DISPATCH_LOOM_FAULTS", fault)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .with_context(|| format!("could not run {test} with the planted fault {fault}"))?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        if output.status.success() {
-            bail!("the planted bug {fault} was not caught: {model} passed with it\n{stdout}");
+/// How a model run with a planted fault went.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// It failed with the expected assertion.
+    Caught,
+    /// It passed: the model does not catch the fault.
+    Missed,
+    /// No test ran: the model's name is wrong.
+    NoSuchModel,
+    /// The crate does not know the fault: the check is wrong.
+    UnknownFault,
+    /// It failed, but not with the expected assertion (another assertion, a crash, a loom
+    /// deadlock report): the model does not show that it catches this fault.
+    FailedOtherwise,
+}
+
+fn judge(success: bool, output: &str, assertion: &str) -> Verdict {
+    if output.contains(UNKNOWN_FAULT) {
+        Verdict::UnknownFault
+    } else if output.contains("running 0 tests") {
+        Verdict::NoSuchModel
+    } else if success {
+        Verdict::Missed
+    } else if output.contains(assertion) {
+        Verdict::Caught
+    } else {
+        Verdict::FailedOtherwise
+    }
+}
+
+/// The first panic message in a test's output, for the error that shows it.
+fn panic_message(output: &str) -> String {
+    let mut lines = output.lines();
+    while let Some(line) = lines.next() {
+        if line.contains("panicked at") {
+            return lines.next().unwrap_or_default().trim().to_owned();
         }
-        if stdout.contains("running 0 tests") {
-            bail!("no loom model named {model}: the planted bug {fault} was never tried");
+    }
+    "no panic message".to_owned()
+}
+
+/// The faults the crate knows, as its `Faults::from_env` lists them when given a name it does
+/// not know.
+fn known_faults() -> anyhow::Result<BTreeSet<String>> {
+    let model = PLANTED[0].model;
+    let output = run_with_faults(model, "no_such_fault")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let Some(start) = text.find(UNKNOWN_FAULT) else {
+        bail!(
+            "{model} ran with the unknown fault `no_such_fault` without refusing it; \
+             the crate must panic on a fault it does not know\n{text}"
+        );
+    };
+    let list = text[start + UNKNOWN_FAULT.len()..]
+        .lines()
+        .next()
+        .unwrap_or_default();
+    Ok(list.split(',').map(|name| name.trim().to_owned()).collect())
+}
+
+pub(crate) fn run() -> anyhow::Result<()> {
+    let started = Instant::now();
+    run_checked(&mut loom_test(&["--", "models::"]))?;
+    eprintln!("loom: every model passes ({:.0?})", started.elapsed());
+
+    let known = known_faults()?;
+    let planted: BTreeSet<String> = PLANTED.iter().map(|p| p.fault.to_owned()).collect();
+    if let Some(fault) = planted.difference(&known).next() {
+        bail!(
+            "this check plants `{fault}`, which the crate does not know (it knows: {})",
+            known.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    if let Some(fault) = known.difference(&planted).next() {
+        bail!("the crate's fault `{fault}` is never planted: add it to PLANTED with its model");
+    }
+
+    for Planted {
+        fault,
+        model,
+        assertion,
+    } in PLANTED
+    {
+        let output = run_with_faults(model, fault)?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        match judge(output.status.success(), &text, assertion) {
+            Verdict::Caught => {
+                eprintln!("loom: planted bug {fault:<32} caught by {model}: {assertion}");
+            }
+            Verdict::Missed => {
+                bail!("the planted bug {fault} was not caught: {model} passed with it\n{text}")
+            }
+            Verdict::NoSuchModel => {
+                bail!("no loom model named {model}: the planted bug {fault} was never tried")
+            }
+            Verdict::UnknownFault => {
+                bail!("the crate does not know the fault {fault}: the check is wrong\n{text}")
+            }
+            Verdict::FailedOtherwise => bail!(
+                "{model} failed with the planted bug {fault}, but not with the assertion \
+                 {assertion:?} (first panic: {:?}; status {})\n{text}",
+                panic_message(&text),
+                output.status
+            ),
         }
-        eprintln!("loom: planted bug {fault:<24} caught by {model}");
     }
     eprintln!(
-        "loom: every model passes; {} planted bugs caught",
-        PLANTED.len()
+        "loom: every model passes; {} planted bugs caught, each by its assertion ({:.0?} in all)",
+        PLANTED.len(),
+        started.elapsed()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Verdict, judge, panic_message};
+
+    const ASSERTION: &str = "a slot was never returned";
+
+    #[test]
+    fn the_expected_assertion_is_a_catch() {
+        let output = "thread 'm' panicked at src/x.rs:1:1:\na slot was never returned: 1 free\n";
+        assert_eq!(judge(false, output, ASSERTION), Verdict::Caught);
+        assert_eq!(panic_message(output), "a slot was never returned: 1 free");
+    }
+
+    #[test]
+    fn a_passing_model_misses_the_fault() {
+        assert_eq!(
+            judge(true, "test result: ok. 1 passed", ASSERTION),
+            Verdict::Missed
+        );
+    }
+
+    #[test]
+    fn a_panic_about_an_unknown_fault_is_an_error_of_the_check() {
+        let output = "panicked at src/pool.rs:1:1:\nunknown fault \"typo\" in \
+                      TOOL_DISPATCH_LOOM_FAULTS; known faults: a, b\n";
+        assert_eq!(judge(false, output, ASSERTION), Verdict::UnknownFault);
+    }
+
+    #[test]
+    fn a_loom_deadlock_report_or_abort_is_not_a_catch() {
+        let output = "panicked at loom/src/rt/execution.rs:215:13:\ndeadlock; threads = []\n\
+                      thread caused non-unwinding panic. aborting.\n";
+        assert_eq!(judge(false, output, ASSERTION), Verdict::FailedOtherwise);
+    }
+
+    #[test]
+    fn another_assertion_is_not_a_catch() {
+        let output = "panicked at src/x.rs:1:1:\na slot was released twice\n";
+        assert_eq!(judge(false, output, ASSERTION), Verdict::FailedOtherwise);
+    }
+
+    #[test]
+    fn a_model_name_that_matches_nothing_is_an_error() {
+        assert_eq!(
+            judge(
+                true,
+                "running 0 tests\ntest result: ok. 0 passed",
+                ASSERTION
+            ),
+            Verdict::NoSuchModel
+        );
+    }
 }

@@ -9,15 +9,14 @@ use std::{
 
 use futures::FutureExt;
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    call_state::{Abandoned, CallState},
+    call_state::{Abandoned, CallJob, Reply, Run, Waiting, handshake},
     metrics::{Gauges, ToolMetrics},
     pool::{Job, Pool, Rejected},
     registry::{Registry, validate_arguments},
-    sync::{Arc, Ordering},
+    sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore},
     tool::{
         Arguments, AsyncTool, BoxError, Outcome, Runner, SyncTool, ToolCall, ToolResult,
         error_content, value_content,
@@ -45,6 +44,8 @@ struct Ended {
     outcome: Outcome,
     content: String,
     queue_wait: Option<Duration>,
+    /// Cancelled while running, by the shutdown deadline (counted apart in the report).
+    aborted: bool,
 }
 
 impl Ended {
@@ -53,11 +54,20 @@ impl Ended {
             outcome,
             content,
             queue_wait: None,
+            aborted: false,
         }
     }
 
     fn error(outcome: Outcome, message: &str) -> Ended {
         Ended::new(outcome, error_content(message))
+    }
+
+    /// Cancelled while running because the shutdown deadline passed.
+    fn aborted(message: &str) -> Ended {
+        Ended {
+            aborted: true,
+            ..Ended::error(Outcome::Cancelled, message)
+        }
     }
 }
 
@@ -143,8 +153,7 @@ impl Engine {
                     &format!("tool '{name}' timed out after {}", human(timeout)),
                 ),
             },
-            () = self.abort.cancelled() => Ended::error(
-                Outcome::Cancelled,
+            () = self.abort.cancelled() => Ended::aborted(
                 "cancelled: the tool dispatcher shut down while the tool was running",
             ),
         }
@@ -186,32 +195,29 @@ impl Engine {
             },
         };
 
-        let (reply, mut replied) = oneshot::channel();
-        let state = Arc::new(CallState::new());
+        let (call, state, mut replied) = handshake(permit);
         let job = SyncJob {
             tool: Arc::clone(tool),
             args,
-            reply,
-            state: Arc::clone(&state),
-            permit,
+            call,
             enqueued: Instant::now(),
             gauges: Arc::clone(&self.gauges),
         };
         // On rejection the job has already replied `Cancelled` with the reason.
         let _ = self.pool.submit(Box::new(job));
-        let mut waiting = Waiting {
-            state,
-            gauges: &self.gauges,
-            armed: true,
-        };
+        // Dropped with this future while still armed, it abandons the call.
+        let mut waiting = Waiting::new(state, &self.gauges.stuck_threads);
 
         let reply = tokio::select! {
             biased;
             reply = &mut replied => reply,
             () = self.abort.cancelled() => match waiting.abandon() {
                 Abandoned::AlreadyDone => replied.await,
-                Abandoned::Queued | Abandoned::Running => return Ended::error(
-                    Outcome::Cancelled,
+                // Shutdown cancels queued jobs as it begins; one still queued never ran.
+                Abandoned::Queued => {
+                    return Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string());
+                }
+                Abandoned::Running => return Ended::aborted(
                     "cancelled: the tool dispatcher shut down while the tool was running \
                      (its thread finishes on its own)",
                 ),
@@ -228,13 +234,12 @@ impl Engine {
                 ),
             },
         };
-        waiting.armed = false;
+        waiting.disarm();
 
         match reply {
             Ok(Reply::Finished {
-                result,
-                queue_wait,
-                permit,
+                outcome: Finished { result, queue_wait },
+                slot: permit,
             }) => {
                 *slot = Some(permit);
                 let mut ended = match result {
@@ -247,7 +252,10 @@ impl Engine {
                 ended.queue_wait = Some(queue_wait);
                 ended
             }
-            Ok(Reply::Cancelled { reason, permit }) => {
+            Ok(Reply::Cancelled {
+                reason,
+                slot: permit,
+            }) => {
                 *slot = Some(permit);
                 match reason {
                     Rejected::ShuttingDown => Ended::error(Outcome::Cancelled, &reason.to_string()),
@@ -278,7 +286,9 @@ impl Engine {
         if let Some(index) = index {
             self.metrics[index].record(ended.outcome, latency, ended.queue_wait);
         }
-        let counter = if ended.outcome == Outcome::Cancelled {
+        let counter = if ended.aborted {
+            &self.gauges.aborted
+        } else if ended.outcome == Outcome::Cancelled {
             &self.gauges.cancelled
         } else {
             &self.gauges.finished
@@ -366,51 +376,19 @@ impl Drop for Running<'_> {
     }
 }
 
-/// The waiter's side of a sync call; if dropped while armed (the turn's future was dropped),
-/// it abandons the call so a queued job is skipped and a running one is counted as stuck.
-struct Waiting<'a> {
-    state: Arc<CallState>,
-    gauges: &'a Gauges,
-    armed: bool,
+/// What a sync tool's pool job sends back, besides the slot.
+struct Finished {
+    /// The tool's result, or the message of its panic.
+    result: Result<Result<Value, BoxError>, String>,
+    queue_wait: Duration,
 }
 
-impl Waiting<'_> {
-    fn abandon(&mut self) -> Abandoned {
-        self.armed = false;
-        self.state.abandon(&self.gauges.stuck_threads)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.abandon();
-        }
-    }
-}
-
-/// What a pool job sends back, with the slot it held.
-enum Reply {
-    Finished {
-        /// The tool's result, or the message of its panic.
-        result: Result<Result<Value, BoxError>, String>,
-        queue_wait: Duration,
-        permit: OwnedSemaphorePermit,
-    },
-    Cancelled {
-        reason: Rejected,
-        permit: OwnedSemaphorePermit,
-    },
-}
-
-/// A sync tool call on its way through the pool. It owns the turn's slot until it replies:
-/// a call whose waiter gave up keeps the slot until its thread is free again.
+/// A sync tool call on its way through the pool. Its [`CallJob`] owns the turn's slot until it
+/// replies: a call whose waiter gave up keeps the slot until its thread is free again.
 struct SyncJob {
     tool: Arc<dyn SyncTool>,
     args: Arguments,
-    reply: oneshot::Sender<Reply>,
-    state: Arc<CallState>,
-    permit: OwnedSemaphorePermit,
+    call: CallJob<Finished>,
     enqueued: Instant,
     gauges: Arc<Gauges>,
 }
@@ -420,35 +398,28 @@ impl Job for SyncJob {
         let SyncJob {
             tool,
             args,
-            reply,
-            state,
-            permit,
+            call,
             enqueued,
             gauges,
         } = *self;
-        if !state.start() {
-            // Abandoned while queued: nobody waits for it, so it does not run.
-            return;
-        }
-        let queue_wait = enqueued.elapsed();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(args)))
-            .map_err(|panic| panic_message(panic.as_ref()));
-        if state.finish(&gauges.stuck_threads) {
+        let mut began = None;
+        let ran = call.run(&gauges.stuck_threads, || {
+            began = Some(Instant::now());
+            let queue_wait = enqueued.elapsed();
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(args)))
+                .map_err(|panic| panic_message(panic.as_ref()));
+            Finished { result, queue_wait }
+        });
+        if let (Run::Unawaited, Some(began)) = (ran, began) {
             tracing::info!(
                 target: "tool_dispatch",
-                ran_for_ms = (enqueued.elapsed() - queue_wait).as_millis() as u64,
+                ran_for_ms = began.elapsed().as_millis() as u64,
                 "a sync tool returned after its caller stopped waiting; its thread is free again"
             );
         }
-        let _ = reply.send(Reply::Finished {
-            result,
-            queue_wait,
-            permit,
-        });
     }
 
     fn cancel(self: Box<Self>, reason: Rejected) {
-        let SyncJob { reply, permit, .. } = *self;
-        let _ = reply.send(Reply::Cancelled { reason, permit });
+        self.call.cancel(reason);
     }
 }

@@ -1,15 +1,25 @@
-//! The handshake between a sync call's waiter and its pool job: who gives up, who runs, and
-//! the gauge of threads stuck in calls nobody waits for any more. Loom-checked below.
+//! The handshake between a sync call's waiter and its pool job: who gives up, who runs, where
+//! the call's slot goes, and the gauge of threads stuck in calls nobody waits for any more.
+//! Loom-checked in `call_state/models.rs`.
 //!
-//! A waiter gives up (timeout, shutdown deadline, dropped future) with [`CallState::abandon`];
-//! the job calls [`CallState::start`] when a thread takes it and [`CallState::finish`] when
-//! the tool returns. Whatever the interleaving: a job abandoned while queued never runs; a job
+//! [`handshake`] starts a call: a [`CallJob`] for the pool carrying the turn's slot, and the
+//! receiver its waiter awaits, wrapped in [`Waiting`]. A waiter gives up (timeout, shutdown
+//! deadline, dropped future) with [`Waiting::abandon`], or by being dropped; the job calls
+//! [`CallState::start`] when a thread takes it and [`CallState::finish`] when the work
+//! returns. Whatever the interleaving: a job abandoned while queued never runs; a job
 //! abandoned while running is counted as a stuck thread exactly until it returns; the gauge
-//! never goes below zero.
+//! never goes below zero; and the call's slot is released exactly once, by whoever holds it
+//! last (the waiter that got it back with the answer, or the job whose waiter is gone).
 
 #[cfg(tool_dispatch_loom)]
 use crate::pool::Faults;
-use crate::sync::{AtomicU8, AtomicUsize, Ordering};
+use crate::{
+    pool::Rejected,
+    sync::{Arc, AtomicU8, AtomicUsize, Ordering, OwnedSemaphorePermit, oneshot},
+};
+
+#[cfg(all(test, tool_dispatch_loom))]
+mod models;
 
 const QUEUED: u8 = 0;
 const RUNNING: u8 = 1;
@@ -102,51 +112,138 @@ impl CallState {
     }
 }
 
-#[cfg(all(test, tool_dispatch_loom))]
-mod models {
-    //! Loom models of the handshake; `cargo xtask loom` also runs each with a planted bug.
+/// The waiter's side of a sync call. Dropped while armed (the turn's future was dropped), it
+/// abandons the call, so that a queued job is skipped and a running one is counted as stuck.
+#[derive(Debug)]
+pub(crate) struct Waiting<'a> {
+    state: Arc<CallState>,
+    stuck: &'a AtomicUsize,
+    armed: bool,
+}
 
-    use super::{Abandoned, CallState};
-    use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering::SeqCst, thread};
+impl<'a> Waiting<'a> {
+    pub(crate) fn new(state: Arc<CallState>, stuck: &'a AtomicUsize) -> Waiting<'a> {
+        Waiting {
+            state,
+            stuck,
+            armed: true,
+        }
+    }
 
-    /// A waiter giving up races the job starting and finishing: a job abandoned while queued
-    /// never runs, any other job does, and the stuck gauge ends at zero without ever going
-    /// below it.
-    ///
-    /// Breaking it (`cargo xtask loom` does): with `run_abandoned_job` a job given up while
-    /// queued runs anyway, and on finishing uncounts a stuck thread nobody counted (the gauge
-    /// underflows); with `count_stuck_after_cas` the waiter counts the stuck thread after
-    /// marking it abandoned, so the job can uncount it first, with the same underflow.
-    #[test]
-    fn loom_waiter_and_job_agree() {
-        loom::model(|| {
-            let state = Arc::new(CallState::new());
-            let stuck = Arc::new(AtomicUsize::new(0));
-            let ran = Arc::new(AtomicBool::new(false));
-            let job = {
-                let (state, stuck, ran) =
-                    (Arc::clone(&state), Arc::clone(&stuck), Arc::clone(&ran));
-                thread::spawn(move || {
-                    if state.start() {
-                        ran.store(true, SeqCst);
-                        thread::yield_now();
-                        state.finish(&stuck);
-                    }
-                })
-            };
-            let outcome = state.abandon(&stuck);
-            job.join().expect("the job thread does not panic");
+    /// Gives up on the call; says where it was.
+    pub(crate) fn abandon(&mut self) -> Abandoned {
+        self.armed = false;
+        self.state.abandon(self.stuck)
+    }
 
-            assert_eq!(
-                stuck.load(SeqCst),
-                0,
-                "every stuck thread was uncounted once"
-            );
-            assert_eq!(
-                ran.load(SeqCst),
-                outcome != Abandoned::Queued,
-                "ran iff not given up while queued"
-            );
-        });
+    /// The answer arrived: nothing is left to give up.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        #[cfg(tool_dispatch_loom)]
+        if self.state.faults.waiting_drop_keeps_call {
+            return;
+        }
+        if self.armed {
+            self.abandon();
+        }
+    }
+}
+
+/// What a sync call's job sends its waiter, with the slot the call carried.
+#[derive(Debug)]
+pub(crate) enum Reply<T> {
+    /// The work ran; `outcome` is what it returned (a caught panic included).
+    Finished {
+        outcome: T,
+        slot: OwnedSemaphorePermit,
+    },
+    /// The pool did not run the job.
+    Cancelled {
+        reason: Rejected,
+        slot: OwnedSemaphorePermit,
+    },
+}
+
+/// The pool job of a sync call, without the tool: it runs the work unless the waiter gave up
+/// while the call was queued, and hands the call's slot back exactly once. The slot goes back
+/// to the waiter with the answer; when the waiter is gone (or gave up while the call was
+/// queued) it is released here, so a slot stays taken exactly as long as a thread is busy
+/// with a call that holds it.
+#[derive(Debug)]
+pub(crate) struct CallJob<T> {
+    state: Arc<CallState>,
+    slot: OwnedSemaphorePermit,
+    reply: oneshot::Sender<Reply<T>>,
+}
+
+/// How [`CallJob::run`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Run {
+    /// The waiter gave up while the call was queued: the work did not run.
+    Skipped,
+    /// The work ran with its waiter waiting.
+    Awaited,
+    /// The work ran, and the waiter gave up while it did: its thread was counted as stuck
+    /// until now.
+    Unawaited,
+}
+
+/// Starts one sync call carrying `slot`: the job to submit to the pool, the state its waiter
+/// shares (see [`Waiting::new`]), and the receiver of the job's [`Reply`].
+pub(crate) fn handshake<T>(
+    slot: OwnedSemaphorePermit,
+) -> (CallJob<T>, Arc<CallState>, oneshot::Receiver<Reply<T>>) {
+    let state = Arc::new(CallState::new());
+    let (reply, replied) = oneshot::channel();
+    let job = CallJob {
+        state: Arc::clone(&state),
+        slot,
+        reply,
+    };
+    (job, state, replied)
+}
+
+impl<T> CallJob<T> {
+    /// On a pool thread: runs `work` unless the waiter gave up while the call was queued, and
+    /// sends what it returned, with the slot, to the waiter. `stuck` is the gauge of threads
+    /// running calls nobody waits for.
+    pub(crate) fn run(self, stuck: &AtomicUsize, work: impl FnOnce() -> T) -> Run {
+        let CallJob { state, slot, reply } = self;
+        if !state.start() {
+            // Abandoned while queued: nobody waits for it, so it does not run, and its slot
+            // is free again.
+            #[cfg(tool_dispatch_loom)]
+            if state.faults.skipped_job_keeps_slot {
+                slot.forget();
+                return Run::Skipped;
+            }
+            drop(slot);
+            return Run::Skipped;
+        }
+        let outcome = work();
+        let unobserved = state.finish(stuck);
+        #[cfg(tool_dispatch_loom)]
+        if state.faults.finished_job_releases_slot_twice {
+            slot.semaphore().add_permits(1);
+        }
+        // A waiter that is gone dropped its receiver: the reply comes back and drops here,
+        // and the slot with it.
+        let _ = reply.send(Reply::Finished { outcome, slot });
+        if unobserved {
+            Run::Unawaited
+        } else {
+            Run::Awaited
+        }
+    }
+
+    /// Resolves the call without running it; the slot goes back with the reason.
+    pub(crate) fn cancel(self, reason: Rejected) {
+        let CallJob { slot, reply, .. } = self;
+        let _ = reply.send(Reply::Cancelled { reason, slot });
     }
 }

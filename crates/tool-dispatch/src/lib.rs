@@ -22,9 +22,11 @@
 //!   panic and a timeout each become a `{"error": ...}` message the model can read, counted
 //!   apart in [`MetricsSnapshot`].
 //! - **Shutdown** ([`ToolDispatcher::shutdown`]) cancels what has not started, awaits what
-//!   runs up to a deadline, joins the pool's threads and reports what happened. The pool core
-//!   and the handshake between a sync call and its waiter are model-checked with loom
-//!   (`cargo xtask loom`); the async layer above them is tested with tokio and tower-test.
+//!   runs up to a deadline, joins the pool's threads and reports what happened. The pool core,
+//!   the handshake between a sync call and its waiter, and the way a call's slot moves
+//!   through the pool are model-checked with loom (`cargo xtask loom`); the async layer above
+//!   them is tested with tokio and tower-test. [`proofs`] lists the bugs each model and test
+//!   was shown to catch.
 //!
 //! ```
 //! use std::time::Duration;
@@ -86,6 +88,8 @@ mod future;
 #[cfg(not(tool_dispatch_loom))]
 mod metrics;
 mod pool;
+#[doc = include_str!("proofs.md")]
+pub mod proofs {}
 #[cfg(not(tool_dispatch_loom))]
 mod registry;
 #[cfg(not(tool_dispatch_loom))]

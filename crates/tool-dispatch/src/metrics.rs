@@ -105,8 +105,11 @@ pub(crate) struct Gauges {
     pub(crate) stuck_threads: AtomicUsize,
     /// Calls finished with any outcome but `Cancelled`.
     pub(crate) finished: AtomicU64,
-    /// Calls finished as `Cancelled`.
+    /// Calls cancelled before they ran: refused or taken off the queue by shutdown, or not
+    /// yet started in their turn when it began.
     pub(crate) cancelled: AtomicU64,
+    /// Calls cancelled while they ran, when the shutdown deadline passed (also `Cancelled`).
+    pub(crate) aborted: AtomicU64,
 }
 
 /// Latency percentiles of one histogram.

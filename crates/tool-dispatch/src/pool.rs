@@ -8,7 +8,9 @@
 //! once. Every job handed to
 //! [`Pool::submit`] is resolved exactly once: either [`Job::run`] on a pool thread or
 //! [`Job::cancel`] with the reason. That is the property the loom models in `pool/models.rs`
-//! check, together with the thread bound and freedom from deadlock.
+//! check, together with the thread bound, liveness (a job submitted to an idle pool runs, the
+//! pool grows to run blocked jobs side by side, closing wakes every idle thread) and real
+//! joins at shutdown.
 //!
 //! This pool is deliberately not tokio's blocking pool: that one is shared with everything
 //! else in the process that calls `spawn_blocking` (reward scoring among them) and caps out
@@ -61,26 +63,65 @@ pub(crate) struct PoolConfig {
 }
 
 /// Deliberate bugs, compiled only for the loom models, to show that each model can fail.
+///
+/// `cargo xtask loom` plants each one alone (`TOOL_DISPATCH_LOOM_FAULTS=name`) and checks that
+/// the model it names fails with the assertion it names.
 #[cfg(tool_dispatch_loom)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Faults {
     /// `submit` starts a new thread even when `max_threads` already run.
     pub(crate) spawn_past_max: bool,
+    /// `submit` never starts a second thread: the pool stays at one.
+    pub(crate) pool_never_grows: bool,
+    /// `submit` hands a job to an idle thread without waking it (a lost wake-up).
+    pub(crate) submit_skips_wakeup: bool,
     /// `submit` queues a job without checking that shutdown has begun.
     pub(crate) submit_ignores_shutdown: bool,
+    /// A pool thread runs a job without counting it in `running`.
+    pub(crate) running_not_counted: bool,
     /// `close` empties the queue without cancelling the jobs it held.
     pub(crate) close_drops_queued: bool,
     /// `close` does not wake idle threads.
     pub(crate) close_skips_wakeup: bool,
+    /// `shutdown` counts its threads as joined without joining them.
+    pub(crate) shutdown_skips_join: bool,
     /// A call's job runs although its waiter gave up while it was queued (`call_state.rs`).
     pub(crate) run_abandoned_job: bool,
     /// A waiter counts a stuck thread after marking the call abandoned (`call_state.rs`).
     pub(crate) count_stuck_after_cas: bool,
+    /// A dropped waiter leaves its call as it was instead of abandoning it (`call_state.rs`).
+    pub(crate) waiting_drop_keeps_call: bool,
+    /// A job skipped because its waiter gave up never releases its slot (`call_state.rs`).
+    pub(crate) skipped_job_keeps_slot: bool,
+    /// A job that ran releases its slot, then sends it back to be released again
+    /// (`call_state.rs`).
+    pub(crate) finished_job_releases_slot_twice: bool,
 }
 
 #[cfg(tool_dispatch_loom)]
 impl Faults {
+    /// Every fault's name, as `TOOL_DISPATCH_LOOM_FAULTS` spells it.
+    pub(crate) const NAMES: [&'static str; 13] = [
+        "spawn_past_max",
+        "pool_never_grows",
+        "submit_skips_wakeup",
+        "submit_ignores_shutdown",
+        "running_not_counted",
+        "close_drops_queued",
+        "close_skips_wakeup",
+        "shutdown_skips_join",
+        "run_abandoned_job",
+        "count_stuck_after_cas",
+        "waiting_drop_keeps_call",
+        "skipped_job_keeps_slot",
+        "finished_job_releases_slot_twice",
+    ];
+
     /// The faults named, comma-separated, in `TOOL_DISPATCH_LOOM_FAULTS` (none when unset).
+    ///
+    /// # Panics
+    /// On a name that is not in [`Faults::NAMES`], with a message that lists them: a check
+    /// that plants a fault the crate does not know must fail as such, never pass as "caught".
     pub(crate) fn from_env() -> Faults {
         let mut faults = Faults::default();
         let names = std::env::var("TOOL_DISPATCH_LOOM_FAULTS").unwrap_or_default();
@@ -89,19 +130,26 @@ impl Faults {
             .map(str::trim)
             .filter(|name| !name.is_empty())
         {
-            match name {
-                "spawn_past_max" => faults.spawn_past_max = true,
-                "submit_ignores_shutdown" => faults.submit_ignores_shutdown = true,
-                "close_drops_queued" => faults.close_drops_queued = true,
-                "close_skips_wakeup" => faults.close_skips_wakeup = true,
-                "run_abandoned_job" => faults.run_abandoned_job = true,
-                "count_stuck_after_cas" => faults.count_stuck_after_cas = true,
+            let flag = match name {
+                "spawn_past_max" => &mut faults.spawn_past_max,
+                "pool_never_grows" => &mut faults.pool_never_grows,
+                "submit_skips_wakeup" => &mut faults.submit_skips_wakeup,
+                "submit_ignores_shutdown" => &mut faults.submit_ignores_shutdown,
+                "running_not_counted" => &mut faults.running_not_counted,
+                "close_drops_queued" => &mut faults.close_drops_queued,
+                "close_skips_wakeup" => &mut faults.close_skips_wakeup,
+                "shutdown_skips_join" => &mut faults.shutdown_skips_join,
+                "run_abandoned_job" => &mut faults.run_abandoned_job,
+                "count_stuck_after_cas" => &mut faults.count_stuck_after_cas,
+                "waiting_drop_keeps_call" => &mut faults.waiting_drop_keeps_call,
+                "skipped_job_keeps_slot" => &mut faults.skipped_job_keeps_slot,
+                "finished_job_releases_slot_twice" => &mut faults.finished_job_releases_slot_twice,
                 other => panic!(
-                    "unknown fault {other:?} in TOOL_DISPATCH_LOOM_FAULTS; known: spawn_past_max, \
-                     submit_ignores_shutdown, close_drops_queued, close_skips_wakeup, \
-                     run_abandoned_job, count_stuck_after_cas"
+                    "unknown fault {other:?} in TOOL_DISPATCH_LOOM_FAULTS; known faults: {}",
+                    Faults::NAMES.join(", ")
                 ),
-            }
+            };
+            *flag = true;
         }
         faults
     }
@@ -198,6 +246,7 @@ impl Pool {
         }
     }
 
+    #[cfg_attr(tool_dispatch_loom, allow(dead_code))]
     pub(crate) fn max_threads(&self) -> usize {
         self.shared.config.max_threads
     }
@@ -213,11 +262,18 @@ impl Pool {
         }
 
         state.queue.push_back(job);
-        let can_grow = state.threads < shared.config.max_threads || fault!(shared, spawn_past_max);
+        let max_threads = if fault!(shared, pool_never_grows) {
+            1
+        } else {
+            shared.config.max_threads
+        };
+        let can_grow = state.threads < max_threads || fault!(shared, spawn_past_max);
         if state.idle > 0 {
             state.idle -= 1;
             state.notified += 1;
-            shared.work.notify_one();
+            if !fault!(shared, submit_skips_wakeup) {
+                shared.work.notify_one();
+            }
         } else if can_grow && let Err(error) = spawn_thread(shared, &mut state) {
             if state.threads == 0 {
                 let job = state.queue.pop_back();
@@ -296,7 +352,9 @@ impl Pool {
             if all_exited || is_finished(&handle) {
                 // A thread's job cannot unwind into it (the worker catches panics), so a join
                 // error would only repeat a panic that was already reported.
-                let _ = handle.join();
+                if !fault!(self.shared, shutdown_skips_join) {
+                    let _ = handle.join();
+                }
                 report.threads_joined += 1;
             } else {
                 report.threads_detached += 1;
@@ -363,7 +421,9 @@ fn run_thread(shared: &Shared) {
     let mut state = sync::lock(&shared.state);
     loop {
         while let Some(job) = state.queue.pop_front() {
-            state.running += 1;
+            if !fault!(shared, running_not_counted) {
+                state.running += 1;
+            }
             drop(state);
             // A job catches its own panics; this guard keeps the thread alive if one does not.
             if std::panic::catch_unwind(AssertUnwindSafe(|| job.run())).is_err() {

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::OnceCell;
 use tokio_util::{
     sync::{CancellationToken, PollSemaphore},
     task::TaskTracker,
@@ -20,7 +20,7 @@ use crate::{
     metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
     pool::{Pool, PoolConfig, PoolReport},
     registry::Registry,
-    sync::{Arc, Ordering},
+    sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore, oneshot},
     tool::{ToolCall, ToolResult},
 };
 
@@ -83,15 +83,20 @@ impl DispatcherConfig {
 }
 
 /// What [`ToolDispatcher::shutdown`] did.
+///
+/// Each call of the turns in flight that resolves during the shutdown is counted once, by
+/// what its [`ToolResult`] says: `completed` ones with an outcome of their own, `cancelled`
+/// and `still_running` ones as [`Outcome::Cancelled`](crate::Outcome::Cancelled).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Calls that were running when shutdown began and finished before the deadline, with any
-    /// outcome.
+    /// outcome but cancelled.
     pub completed: u64,
-    /// Calls cancelled: queued for a thread, or not yet started in a turn in flight.
+    /// Calls cancelled before they ran: queued for a thread, or not yet started in a turn in
+    /// flight (also those after a call that was still running at the deadline).
     pub cancelled: u64,
-    /// Calls still running at the deadline. Their turns resolve them as cancelled; a sync
-    /// tool's thread cannot be killed and finishes on its own.
+    /// Calls still running at the deadline, resolved as cancelled there. A sync tool's thread
+    /// cannot be killed and finishes on its own.
     pub still_running: usize,
     /// Pool threads joined.
     pub threads_joined: usize,
@@ -232,6 +237,10 @@ impl ToolDispatcher {
     /// (queued for a thread, or later in a turn in flight), awaits the running calls until
     /// `timeout`, then abandons the rest and joins every pool thread that is free by then.
     /// Concurrent and repeated calls all get the first shutdown's report.
+    ///
+    /// After the deadline it waits for the turns to resolve the calls it abandoned, so that
+    /// the report counts what they resolved to; they do so at once, unless a turn's future is
+    /// not being polled, which it waits for 100 ms at most.
     pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let engine = Arc::clone(&self.engine);
         let shared = Arc::clone(&self.shared);
@@ -243,12 +252,34 @@ impl ToolDispatcher {
     }
 }
 
+/// How long a shutdown waits past its deadline for the turns to resolve the calls it
+/// abandoned. They resolve as soon as they are polled; this bounds only a turn whose future
+/// nobody polls, whose calls the report then counts as far as they got.
+const ABORT_GRACE: Duration = Duration::from_millis(100);
+
+/// The dispatcher's call counters at one moment.
+#[derive(Clone, Copy)]
+struct Counts {
+    finished: u64,
+    cancelled: u64,
+    aborted: u64,
+}
+
+impl Counts {
+    fn read(gauges: &Gauges) -> Counts {
+        Counts {
+            finished: gauges.finished.load(Ordering::Relaxed),
+            cancelled: gauges.cancelled.load(Ordering::Relaxed),
+            aborted: gauges.aborted.load(Ordering::Relaxed),
+        }
+    }
+}
+
 async fn drain(engine: Arc<Engine>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
     let started = Instant::now();
     let deadline = crate::call::far(tokio::time::Instant::now(), timeout);
     let gauges = &engine.gauges;
-    let finished_before = gauges.finished.load(Ordering::Relaxed);
-    let cancelled_before = gauges.cancelled.load(Ordering::Relaxed);
+    let before = Counts::read(gauges);
 
     engine.slots.close();
     engine.closing.cancel();
@@ -258,21 +289,27 @@ async fn drain(engine: Arc<Engine>, shared: Arc<Shared>, timeout: Duration) -> S
     let drained = tokio::time::timeout_at(deadline, shared.tracker.wait())
         .await
         .is_ok();
-    let still_running = if drained {
+    // Calls still running are abandoned: each resolves as cancelled at once, and so does
+    // every call after it in its turn (`closing`). Counting before they do would miss them.
+    engine.abort.cancel();
+    let resolved = drained
+        || tokio::time::timeout(ABORT_GRACE, shared.tracker.wait())
+            .await
+            .is_ok();
+    let after = Counts::read(gauges);
+    // Calls of turns nobody polls are still running, as far as anyone can tell.
+    let unresolved = if resolved {
         0
     } else {
         gauges.running_calls.load(Ordering::Relaxed)
     };
-    let completed = gauges.finished.load(Ordering::Relaxed) - finished_before;
-    let cancelled = gauges.cancelled.load(Ordering::Relaxed) - cancelled_before;
-    engine.abort.cancel();
 
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
     let pool = join_pool(Arc::clone(&engine.pool), remaining).await;
     let report = ShutdownReport {
-        completed,
-        cancelled,
-        still_running,
+        completed: after.finished - before.finished,
+        cancelled: after.cancelled - before.cancelled,
+        still_running: (after.aborted - before.aborted) as usize + unresolved,
         threads_joined: pool.threads_joined,
         threads_detached: pool.threads_detached,
         elapsed: started.elapsed(),

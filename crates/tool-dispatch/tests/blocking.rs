@@ -1,4 +1,4 @@
-//! A blocking sync tool must not stall the async runtime.
+//! A blocking sync tool must not stall the async runtime, nor wait for tokio's blocking pool.
 
 use std::{
     sync::{
@@ -11,7 +11,7 @@ use std::{
 use serde_json::json;
 use tool_dispatch::{Arguments, DispatcherConfig, Outcome, SyncTool, Tool, ToolCall, ToolSpec};
 
-use crate::dispatcher;
+use crate::{PATIENCE, dispatcher, quick, within};
 
 fn sleeper() -> impl SyncTool + Clone {
     |_: Arguments| {
@@ -55,10 +55,12 @@ async fn the_runtime_keeps_ticking_while_a_sync_tool_blocks() {
     let ticks = start_ticker().await;
 
     let before = ticks.load(Ordering::SeqCst);
-    let results = dispatcher
-        .run(vec![ToolCall::new("sleep", json!({}))])
-        .await
-        .expect("open");
+    let results = within(
+        "the sleeping turn",
+        dispatcher.run(vec![ToolCall::new("sleep", json!({}))]),
+    )
+    .await
+    .expect("open");
     let during = ticks.load(Ordering::SeqCst) - before;
 
     assert_eq!(results[0].outcome, Outcome::Ok);
@@ -83,4 +85,45 @@ async fn the_ticker_test_catches_a_sync_tool_run_inline() {
         during <= 1,
         "an inline sync tool stalls the runtime, yet the ticker advanced {during} times"
     );
+}
+
+/// Tools run on the dispatcher's own threads, so they do not queue behind whatever else holds
+/// tokio's blocking pool (reward scoring, file IO). Here that pool has one thread, and it is
+/// busy until the test ends.
+#[test]
+fn a_sync_tool_runs_while_tokios_blocking_pool_is_full() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .max_blocking_threads(1)
+        .build()
+        .expect("a runtime");
+    // The occupant holds the blocking pool's only thread until told to go, and in any case
+    // longer than the test waits for the tool.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    runtime.block_on(async {
+        let occupant =
+            tokio::task::spawn_blocking(move || released.recv_timeout(PATIENCE * 3).is_ok());
+        let dispatcher = dispatcher(vec![quick("quick")], DispatcherConfig::new(1));
+        let results = tokio::time::timeout(
+            PATIENCE,
+            dispatcher.run(vec![ToolCall::new("quick", json!({}))]),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the sync tool waited for tokio's blocking pool, which is full: it must run on \
+                 the dispatcher's own threads"
+            )
+        })
+        .expect("open");
+        assert_eq!(results[0].content, "quick");
+
+        let _ = release.send(());
+        assert!(
+            within("the blocking pool's task", occupant)
+                .await
+                .expect("no panic"),
+            "the occupant was released by the test"
+        );
+    });
 }

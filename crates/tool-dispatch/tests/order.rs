@@ -2,7 +2,7 @@
 
 use std::{
     sync::{
-        Arc, Barrier, Mutex,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -11,7 +11,7 @@ use std::{
 use serde_json::json;
 use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 
-use crate::dispatcher;
+use crate::{Rendezvous, dispatcher, quick, wait_for, within};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -74,7 +74,9 @@ async fn mixed_sync_and_async_calls_keep_the_models_order_and_their_counts() {
     .map(|(name, n)| ToolCall::new(name, json!({ "n": n })).with_id(format!("call_{n}")))
     .collect();
 
-    let results = dispatcher.run(calls).await.expect("the dispatcher is open");
+    let results = within("the turn", dispatcher.run(calls))
+        .await
+        .expect("the dispatcher is open");
 
     let expected_log = [
         "slow_sync:1",
@@ -119,22 +121,22 @@ async fn mixed_sync_and_async_calls_keep_the_models_order_and_their_counts() {
 async fn turns_of_different_rollouts_run_concurrently_up_to_the_pool_bound() {
     let running = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
-    // Two calls must be inside the tool at once to pass the barrier: with fewer threads than
-    // that the test would time out in the barrier's partner wait instead.
-    let barrier = Arc::new(Barrier::new(2));
+    // The first two calls must be inside the tool at once to meet: with fewer threads than
+    // that, the first one's wait runs out and its call fails, saying so.
+    let rendezvous = Rendezvous::new(2);
     let tool = {
-        let (running, peak, barrier) = (
-            Arc::clone(&running),
-            Arc::clone(&peak),
-            Arc::clone(&barrier),
-        );
+        let (running, peak) = (Arc::clone(&running), Arc::clone(&peak));
         Tool::new_sync(ToolSpec::new("work", "Works"), move |_: Arguments| {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(now, Ordering::SeqCst);
-            barrier.wait();
+            let met = rendezvous.meet();
             std::thread::sleep(Duration::from_millis(20));
             running.fetch_sub(1, Ordering::SeqCst);
-            Ok(json!(std::thread::current().name().unwrap_or_default()))
+            if met {
+                Ok(json!(std::thread::current().name().unwrap_or_default()))
+            } else {
+                Err("no second call came to run beside this one".into())
+            }
         })
     };
     let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(2).thread_name("td-order"));
@@ -149,7 +151,7 @@ async fn turns_of_different_rollouts_run_concurrently_up_to_the_pool_bound() {
         .collect();
     let mut thread_names = Vec::new();
     for turn in turns {
-        let results = turn
+        let results = within("a turn", turn)
             .await
             .expect("the turn task does not panic")
             .expect("open");
@@ -169,6 +171,32 @@ async fn turns_of_different_rollouts_run_concurrently_up_to_the_pool_bound() {
         "sync tools run on the dispatcher's own threads, not the runtime's: {thread_names:?}"
     );
     assert_eq!(dispatcher.metrics().pool.threads, 2);
+}
+
+#[tokio::test]
+async fn an_idle_pool_thread_wakes_for_the_next_call() {
+    let dispatcher = dispatcher(vec![quick("quick")], DispatcherConfig::new(1));
+    let first = within(
+        "the first call",
+        dispatcher.run(vec![ToolCall::new("quick", json!({}))]),
+    )
+    .await
+    .expect("open");
+    assert_eq!(first[0].content, "quick");
+    // The pool's only thread has gone back to waiting for work.
+    wait_for("the pool thread is idle", || {
+        let pool = dispatcher.metrics().pool;
+        (pool.threads, pool.busy, pool.completed) == (1, 0, 1)
+    })
+    .await;
+
+    let second = within(
+        "a call handed to the idle thread (a lost wake-up leaves it queued)",
+        dispatcher.run(vec![ToolCall::new("quick", json!({}))]),
+    )
+    .await
+    .expect("open");
+    assert_eq!(second[0].content, "quick");
 }
 
 /// A tool with an environment behind it: a struct, not a closure.
@@ -219,14 +247,16 @@ async fn structs_implementing_the_tool_traits_are_tools_too() {
         ],
         DispatcherConfig::new(1),
     );
-    let results = dispatcher
-        .run(vec![
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![
             ToolCall::new("count", json!({})),
             ToolCall::new("echo", json!({ "text": "hi" })),
             ToolCall::new("count", json!({})),
-        ])
-        .await
-        .expect("open");
+        ]),
+    )
+    .await
+    .expect("open");
     let contents: Vec<&str> = results.iter().map(|r| r.content.as_str()).collect();
     assert_eq!(contents, ["1", "> hi", "2"]);
 }

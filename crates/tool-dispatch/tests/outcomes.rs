@@ -11,7 +11,7 @@ use std::{
 use serde_json::{Value, json};
 use tool_dispatch::{Arguments, BoxError, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 
-use crate::{Gate, dispatcher, error_of, eventually, gated, ok_value, quick};
+use crate::{Gate, dispatcher, error_of, gated, ok_value, quick, wait_for, within};
 
 #[tokio::test]
 async fn an_unknown_name_lists_the_known_tools_and_is_counted_apart() {
@@ -19,10 +19,12 @@ async fn an_unknown_name_lists_the_known_tools_and_is_counted_apart() {
         vec![quick("alpha"), quick("beta")],
         DispatcherConfig::new(1),
     );
-    let results = dispatcher
-        .run(vec![ToolCall::new("gamma", json!({})).with_id("c1")])
-        .await
-        .expect("open");
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![ToolCall::new("gamma", json!({})).with_id("c1")]),
+    )
+    .await
+    .expect("open");
 
     assert_eq!(results[0].outcome, Outcome::UnknownTool);
     assert_eq!(
@@ -54,14 +56,16 @@ async fn bad_arguments_are_refused_before_the_tool_runs() {
         })
     };
     let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
-    let results = dispatcher
-        .run(vec![
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![
             ToolCall::new("add", json!({ "a": 1 })),
             ToolCall::new("add", json!("[1, 2]")),
             ToolCall::new("add", json!({ "a": 1, "b": "2" })),
-        ])
-        .await
-        .expect("open");
+        ]),
+    )
+    .await
+    .expect("open");
 
     let errors: Vec<String> = results.iter().map(|r| error_of(&r.content)).collect();
     assert_eq!(
@@ -94,10 +98,12 @@ async fn a_tool_error_becomes_an_error_message() {
         |_: Arguments| -> Result<Value, BoxError> { Err("no such file: notes.txt".into()) },
     );
     let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
-    let results = dispatcher
-        .run(vec![ToolCall::new("open", json!({}))])
-        .await
-        .expect("open");
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![ToolCall::new("open", json!({}))]),
+    )
+    .await
+    .expect("open");
 
     assert_eq!(results[0].outcome, Outcome::Failed);
     assert_eq!(
@@ -114,13 +120,15 @@ async fn a_panicking_sync_tool_is_reported_and_its_thread_survives() {
         |_: Arguments| -> Result<Value, BoxError> { panic!("index out of bounds: the len is 0") },
     );
     let dispatcher = dispatcher(vec![boom, quick("after")], DispatcherConfig::new(1));
-    let results = dispatcher
-        .run(vec![
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![
             ToolCall::new("boom", json!({})),
             ToolCall::new("after", json!({})),
-        ])
-        .await
-        .expect("open");
+        ]),
+    )
+    .await
+    .expect("open");
 
     assert_eq!(results[0].outcome, Outcome::Panicked);
     assert_eq!(
@@ -143,10 +151,12 @@ async fn a_panicking_async_tool_is_reported() {
         panic!("async boom")
     });
     let dispatcher = dispatcher(vec![boom], DispatcherConfig::new(1));
-    let results = dispatcher
-        .run(vec![ToolCall::new("boom", json!({}))])
-        .await
-        .expect("open");
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![ToolCall::new("boom", json!({}))]),
+    )
+    .await
+    .expect("open");
 
     assert_eq!(results[0].outcome, Outcome::Panicked);
     assert_eq!(
@@ -155,18 +165,39 @@ async fn a_panicking_async_tool_is_reported() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_sync_timeout_answers_at_once_and_counts_the_thread_as_stuck_until_it_returns() {
-    // A 1 s timeout, not a few ms: the pool thread must have started the call before it fires,
-    // even on a loaded machine, or the call times out while queued (another test).
     let gate = Gate::default();
-    let dispatcher = dispatcher(
-        vec![gated("slow", &gate).timeout(Duration::from_secs(1))],
-        DispatcherConfig::new(1),
-    );
-    let results = dispatcher
-        .run(vec![ToolCall::new("slow", json!({}))])
+    let entered = Arc::new(AtomicBool::new(false));
+    let slow = {
+        let (gate, entered) = (gate.clone(), Arc::clone(&entered));
+        Tool::new_sync(
+            ToolSpec::new("slow", "Waits for the test"),
+            move |_: Arguments| {
+                entered.store(true, Ordering::SeqCst);
+                if gate.wait() {
+                    ok_value(json!("opened"))
+                } else {
+                    Err("the test never opened the gate".into())
+                }
+            },
+        )
+        .timeout(Duration::from_secs(1))
+    };
+    let dispatcher = dispatcher(vec![slow], DispatcherConfig::new(1));
+    let turn = {
+        let dispatcher = dispatcher.clone();
+        tokio::spawn(async move { dispatcher.run(vec![ToolCall::new("slow", json!({}))]).await })
+    };
+    // The paused clock stands still until the pool thread is inside the tool: the call times
+    // out while running (what this test is about), never while queued (another test).
+    wait_for("the pool thread starts the call", || {
+        entered.load(Ordering::SeqCst)
+    })
+    .await;
+    let results = within("the timed-out turn", turn)
         .await
+        .expect("no panic")
         .expect("open");
 
     assert_eq!(results[0].outcome, Outcome::TimedOut);
@@ -181,13 +212,11 @@ async fn a_sync_timeout_answers_at_once_and_counts_the_thread_as_stuck_until_it_
     gate.open();
     // The returning thread clears `stuck` (the call's handshake), then `busy` (the pool's
     // bookkeeping), one after the other: wait for both.
-    assert!(
-        eventually(|| {
-            let pool = dispatcher.metrics().pool;
-            (pool.stuck, pool.busy) == (0, 0)
-        })
-        .await
-    );
+    wait_for("the stuck thread came back", || {
+        let pool = dispatcher.metrics().pool;
+        (pool.stuck, pool.busy) == (0, 0)
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -212,10 +241,12 @@ async fn an_async_timeout_cancels_the_tools_future() {
         .timeout(Duration::from_secs(2))
     };
     let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
-    let results = dispatcher
-        .run(vec![ToolCall::new("hang", json!({}))])
-        .await
-        .expect("open");
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![ToolCall::new("hang", json!({}))]),
+    )
+    .await
+    .expect("open");
 
     assert_eq!(results[0].outcome, Outcome::TimedOut);
     assert_eq!(
@@ -254,11 +285,16 @@ async fn a_call_that_times_out_while_queued_never_runs() {
                 .await
         })
     };
-    assert!(eventually(|| dispatcher.metrics().pool.busy == 1).await);
-    let results = dispatcher
-        .run(vec![ToolCall::new("queued", json!({}))])
-        .await
-        .expect("open");
+    wait_for("the blocking call runs", || {
+        dispatcher.metrics().pool.busy == 1
+    })
+    .await;
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![ToolCall::new("queued", json!({}))]),
+    )
+    .await
+    .expect("open");
     assert_eq!(results[0].outcome, Outcome::TimedOut);
     assert_eq!(
         error_of(&results[0].content),
@@ -266,8 +302,14 @@ async fn a_call_that_times_out_while_queued_never_runs() {
     );
 
     gate.open();
-    blocker.await.expect("no panic").expect("open");
-    assert!(eventually(|| dispatcher.metrics().pool.completed == 2).await);
+    within("the blocking turn", blocker)
+        .await
+        .expect("no panic")
+        .expect("open");
+    wait_for("both jobs left the pool", || {
+        dispatcher.metrics().pool.completed == 2
+    })
+    .await;
     assert!(
         !ran.load(Ordering::SeqCst),
         "an abandoned queued call is skipped"
@@ -281,11 +323,13 @@ async fn a_timeout_of_duration_max_means_no_limit_rather_than_a_panic() {
         vec![quick("sync").timeout(Duration::MAX)],
         DispatcherConfig::new(1).default_timeout(Duration::MAX),
     );
-    let results = dispatcher
-        .run(vec![ToolCall::new("sync", json!({}))])
-        .await
-        .expect("open");
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![ToolCall::new("sync", json!({}))]),
+    )
+    .await
+    .expect("open");
     assert_eq!(results[0].content, "sync");
-    let report = dispatcher.shutdown(Duration::MAX).await;
+    let report = within("shutdown", dispatcher.shutdown(Duration::MAX)).await;
     assert_eq!((report.threads_joined, report.threads_detached), (1, 0));
 }

@@ -8,6 +8,7 @@ mod outcomes;
 mod shutdown;
 
 use std::{
+    future::Future,
     sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
 };
@@ -16,6 +17,25 @@ use serde_json::{Value, json};
 use tool_dispatch::{
     Arguments, BoxError, DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec,
 };
+
+/// How long a test waits for anything before it fails, in real time. Nothing here takes
+/// more than a fraction of it; it only turns a hang into a failure that says what hung.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Blocks the calling thread until `condition` holds on the value behind `mutex`, or
+/// `patience` passes; returns whether it holds.
+fn wait_on<T>(
+    mutex: &Mutex<T>,
+    changed: &Condvar,
+    patience: Duration,
+    condition: impl Fn(&T) -> bool,
+) -> bool {
+    let guard = mutex.lock().unwrap_or_else(|e| e.into_inner());
+    let (guard, _) = changed
+        .wait_timeout_while(guard, patience, |value| !condition(value))
+        .unwrap_or_else(|e| e.into_inner());
+    condition(&guard)
+}
 
 /// A door that sync tools wait behind until the test opens it.
 #[derive(Clone, Default)]
@@ -28,25 +48,46 @@ impl Gate {
         changed.notify_all();
     }
 
-    /// Blocks the calling thread until the gate opens (or ten seconds pass, so that a broken
-    /// test fails instead of hanging).
-    pub(crate) fn wait(&self) {
+    /// Blocks the calling thread until the gate opens; `false` if it was still closed after
+    /// [`PATIENCE`] (a broken test, which then fails instead of hanging).
+    pub(crate) fn wait(&self) -> bool {
         let (open, changed) = &*self.0;
-        let guard = open.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = changed
-            .wait_timeout_while(guard, Duration::from_secs(10), |open| !*open)
-            .unwrap_or_else(|e| e.into_inner());
+        wait_on(open, changed, PATIENCE, |open| *open)
     }
 }
 
-/// A sync tool that blocks until `gate` opens, then answers "opened".
+/// A meeting point: each arrival blocks until `expected` calls are there at once.
+#[derive(Clone)]
+pub(crate) struct Rendezvous(Arc<(Mutex<usize>, Condvar)>, usize);
+
+impl Rendezvous {
+    pub(crate) fn new(expected: usize) -> Rendezvous {
+        Rendezvous(Arc::default(), expected)
+    }
+
+    /// Arrives and waits for the others; `false` if they were not all there within half of
+    /// [`PATIENCE`] (so that the call can still fail, saying so, before the test stops
+    /// waiting for it).
+    pub(crate) fn meet(&self) -> bool {
+        let (arrived, changed) = &*self.0;
+        *arrived.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        changed.notify_all();
+        wait_on(arrived, changed, PATIENCE / 2, |arrived| *arrived >= self.1)
+    }
+}
+
+/// A sync tool that blocks until `gate` opens, then answers "opened" (or fails, saying so,
+/// if the test never opens it).
 pub(crate) fn gated(name: &str, gate: &Gate) -> Tool {
     let gate = gate.clone();
     Tool::new_sync(
         ToolSpec::new(name, "Waits for the test"),
         move |_: Arguments| {
-            gate.wait();
-            Ok(json!("opened"))
+            if gate.wait() {
+                Ok(json!("opened"))
+            } else {
+                Err("the test never opened the gate".into())
+            }
         },
     )
 }
@@ -93,14 +134,36 @@ pub(crate) fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
-/// Polls `condition` every 5 ms for up to ten seconds; returns whether it became true.
-pub(crate) async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if condition() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+/// Awaits `future`; fails the test, naming `what`, if it is not done within [`PATIENCE`] of
+/// real time. Real time, because sync tools run on real threads: a paused test clock would
+/// jump to the deadline whenever the runtime waits for them.
+pub(crate) async fn within<F: Future>(what: &str, future: F) -> F::Output {
+    let (expire, expired) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("test-watchdog".to_owned())
+        .spawn(move || {
+            std::thread::sleep(PATIENCE);
+            let _ = expire.send(());
+        })
+        .expect("a watchdog thread starts");
+    tokio::select! {
+        biased;
+        output = future => output,
+        _ = expired => panic!("{what}: not done after {PATIENCE:?}"),
     }
-    condition()
+}
+
+/// Waits until `condition` holds, checking every millisecond of real time while letting the
+/// runtime's other tasks run; fails the test, naming `what`, after [`PATIENCE`]. It never
+/// sleeps on the runtime's clock, so a paused clock does not move while it waits.
+pub(crate) async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not so after {PATIENCE:?}"
+        );
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
