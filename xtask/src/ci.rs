@@ -45,6 +45,8 @@ const STEPS: &[Step] = &[
             run_checked(&mut cargo(&[
                 "nextest",
                 "run",
+                "--profile",
+                "ci",
                 "--workspace",
                 "--all-features",
                 // The real-vLLM suite needs its server: the e2e step starts one and runs it.
