@@ -76,8 +76,8 @@ pub use crate::{
         Transition, reconcile,
     },
     render::{
-        ChatTemplate, ChatTokenizer, IncrementalRender, RenderError, RenderOptions, RenderState,
-        Rendered,
+        ChatTemplate, ChatTokenizer, IncrementalRender, NoExactDelta, RenderError, RenderOptions,
+        RenderState, Rendered,
     },
     sample::{JsonlSink, TrainingSample},
     turn::TurnRecord,
