@@ -7,6 +7,7 @@ mod append;
 mod cache;
 mod parity;
 mod parse;
+mod prompt_modes;
 mod reconcile;
 mod render;
 mod rollout;
