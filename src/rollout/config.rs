@@ -33,7 +33,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use rollout_core::{
     ReconcilerConfig,
-    rollout::{RolloutConfig, Sampling},
+    rollout::{PromptMode, RolloutConfig, Sampling},
 };
 use scoring::{AdvantageConfig, Reward, builtin::CommandReward};
 use serde::Deserialize;
@@ -126,6 +126,12 @@ pub(crate) struct RolloutArgs {
     /// Where the training rows go (JSON Lines) [default: rollouts.jsonl]
     #[arg(long, value_name = "FILE.jsonl")]
     out: Option<PathBuf>,
+    /// How the prompts of later turns are built: append (the previous prompt, the ids the
+    /// model sampled, and the chat template's ids for what follows: one exact row per
+    /// rollout) or rerender (the whole conversation rendered each turn, as TRL does)
+    /// [default: append]
+    #[arg(long, value_name = "MODE")]
+    prompt_mode: Option<PromptMode>,
     /// Re-rendered prompts drifting from the sampled ids by more than this many tokens start
     /// a new training row [default: 16]
     #[arg(long, value_name = "N")]
@@ -209,6 +215,8 @@ pub(crate) struct Settings {
     pub(crate) groups: Option<u64>,
     /// The output file.
     pub(crate) out: PathBuf,
+    /// How later turns' prompts are built.
+    pub(crate) prompt_mode: PromptMode,
     /// Drift, in tokens, past which a row forks.
     pub(crate) fork_threshold_tokens: usize,
     /// Grace period on Ctrl-C.
@@ -290,6 +298,7 @@ struct FileSettings {
     estimator: Option<Spanned<String>>,
     groups: Option<u64>,
     out: Option<PathBuf>,
+    prompt_mode: Option<PromptMode>,
     fork_threshold_tokens: Option<usize>,
     drain_timeout: Option<Spanned<String>>,
     rollout_timeout: Option<Spanned<String>>,
@@ -407,6 +416,7 @@ impl Settings {
             min_p: self.sampling.min_p,
             seed: self.sampling.seed,
         };
+        config.prompt_mode = self.prompt_mode;
         config.reconciler = ReconcilerConfig {
             fork_threshold_tokens: self.fork_threshold_tokens,
         };
@@ -629,6 +639,7 @@ impl Settings {
             advantage,
             groups: args.groups.or(file.groups),
             out: path(args.out, file.out).unwrap_or_else(|| cwd.join("rollouts.jsonl")),
+            prompt_mode: args.prompt_mode.or(file.prompt_mode).unwrap_or_default(),
             fork_threshold_tokens: args
                 .fork_threshold_tokens
                 .or(file.fork_threshold_tokens)
