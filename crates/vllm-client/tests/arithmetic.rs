@@ -253,3 +253,43 @@ async fn each_call_format_is_written_after_the_preamble_and_counted_as_its_templ
         );
     }
 }
+
+#[tokio::test]
+async fn a_spelled_call_reads_the_same_in_more_tokens_than_its_text_encodes_to() {
+    let sim = simulator(|c| {
+        c.tool_rounds = 1;
+        c.spell_calls = true;
+    })
+    .await;
+    let client = client(&[&sim], fast_retry());
+    let tokenizer = training_tokenizer();
+    let prompt = tokenizer
+        .encode(
+            "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
+            false,
+        )
+        .expect("encodes")
+        .get_ids()
+        .to_vec();
+    let params = GenerateParams {
+        max_tokens: 256,
+        ..GenerateParams::default()
+    };
+    let turn = client
+        .generate(&prompt, &params)
+        .await
+        .expect("a completion");
+    let text = tokenizer.decode(&turn.token_ids, false).expect("decodes");
+    let call = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}\n</tool_call>";
+    assert_eq!(text, format!("{call}<|im_end|>"));
+    let encoded = tokenizer
+        .encode(call, false)
+        .expect("encodes")
+        .get_ids()
+        .len();
+    assert!(
+        turn.token_ids.len() > encoded + 1,
+        "{} spelled ids, {encoded} encoded",
+        turn.token_ids.len()
+    );
+}

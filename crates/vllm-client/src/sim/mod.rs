@@ -86,6 +86,10 @@ pub struct SimConfig {
     /// Text every answer starts with, call or final answer: empty by default; a reasoning
     /// block (`<think>\n...\n</think>\n\n`) plays a thinking model.
     pub preamble: String,
+    /// Sample each call one character per token (special tokens kept whole) instead of its
+    /// text's own encoding, as a real model may sample a text in other tokens (vLLM with
+    /// structured output does): a client that re-encodes the text gets other ids.
+    pub spell_calls: bool,
     /// The chance, drawn from each request's seed, that a final answer after a tool call
     /// repeats the tool's result (the last number of the prompt) instead of a random one.
     pub correct_rate: f64,
@@ -117,6 +121,7 @@ impl SimConfig {
             tool_name: "calculator".to_owned(),
             call_format: CallFormat::Hermes,
             preamble: String::new(),
+            spell_calls: false,
             correct_rate: 0.5,
             eos_token: "<|im_end|>".to_owned(),
             latency: Duration::ZERO,
@@ -145,6 +150,7 @@ impl std::fmt::Debug for SimConfig {
             .field("tool_name", &self.tool_name)
             .field("call_format", &self.call_format)
             .field("preamble", &self.preamble)
+            .field("spell_calls", &self.spell_calls)
             .field("correct_rate", &self.correct_rate)
             .field("latency", &self.latency)
             .field("per_token", &self.per_token)

@@ -117,14 +117,16 @@ impl State {
         let mut arguments = None;
         let mut ids = if calling {
             let args = tool_arguments(reading.question, seed);
-            // The preamble and the call encoded together, as one text (a model's own tokens
-            // need not follow the text's boundaries).
-            let text = format!(
-                "{}{}",
-                self.config.preamble,
-                tool_call_text(self.config.call_format, &self.config.tool_name, &args)
-            );
-            let ids = self.encode(&text, false).unwrap_or_default();
+            let call = tool_call_text(self.config.call_format, &self.config.tool_name, &args);
+            let ids = if self.config.spell_calls {
+                let mut ids = self.preamble.clone();
+                ids.extend(self.spell(&call));
+                ids
+            } else {
+                // The preamble and the call encoded together, as one text.
+                let text = format!("{}{call}", self.config.preamble);
+                self.encode(&text, false).unwrap_or_default()
+            };
             arguments = Some(args);
             ids
         } else {
@@ -161,6 +163,32 @@ impl State {
             ids,
             arguments,
         }
+    }
+
+    /// The ids of `text` with every ordinary token longer than a character spelled one
+    /// character per token; added tokens (the special ones templates write) stay whole.
+    fn spell(&self, text: &str) -> Vec<u32> {
+        let tokenizer = &self.config.tokenizer;
+        let Ok(encoding) = tokenizer.encode(text, false) else {
+            return Vec::new();
+        };
+        let added = tokenizer.get_added_tokens_decoder();
+        let mut ids = Vec::new();
+        for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            let piece = text.get(start..end).unwrap_or_default();
+            if added.contains_key(&id) || piece.chars().count() < 2 {
+                ids.push(id);
+                continue;
+            }
+            let mut buffer = [0u8; 4];
+            for c in piece.chars() {
+                ids.extend(
+                    self.encode(c.encode_utf8(&mut buffer), false)
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        ids
     }
 
     /// What the policy reads in a prompt's text: the tool calls made so far (counted by
