@@ -38,6 +38,8 @@ struct Model {
     preamble: &'static str,
     /// Whether the prompt has a system message.
     system: bool,
+    /// Whether calls are sampled one character per token, not as their text encodes.
+    spell: bool,
 }
 
 /// A family's model with no reasoning, hermes calls and no system message.
@@ -48,6 +50,7 @@ fn model(tokenizer: fn() -> ChatTokenizer) -> Model {
         call_format: CallFormat::Hermes,
         preamble: "",
         system: false,
+        spell: false,
     }
 }
 
@@ -88,6 +91,7 @@ async fn run(model: &Model, mode: PromptMode, max_turns: usize) -> Run {
     sim.correct_rate = 1.0;
     sim.call_format = model.call_format;
     sim.preamble = model.preamble.to_owned();
+    sim.spell_calls = model.spell;
     sim.record = true;
     sim.eos_token = tokenizer
         .special_tokens()
@@ -423,6 +427,18 @@ async fn qwen3_with_reasoning_gives_one_row_per_rollout_in_both_modes() {
     };
     let rerender = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
     assert!(forks(&rerender).iter().all(|&f| f == 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sampled_in_other_tokens_than_their_text_encodes_to_are_trained_on_as_sampled() {
+    let model = Model {
+        preamble: "<think>\nThe calculator does arithmetic exactly.\n</think>\n\n",
+        spell: true,
+        ..model(qwen3)
+    };
+    let rerender = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
+    // Re-rendering writes the calls in their text's own tokens: the sampled ones are lost.
+    assert!(forks(&rerender).iter().all(|&f| f == 2.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
