@@ -432,3 +432,40 @@ fn a_template_numbering_tool_results_over_the_conversation_gets_its_delta_from_a
     assert_eq!(render.stats().wide_deltas, 2);
     assert_eq!(render.stats().deltas, 3);
 }
+
+/// ChatML that writes an assistant's reasoning as a turn of its own before its answer: the
+/// stop token appears twice in one assistant message.
+const REASONING_TURN: &str = r#"{%- for m in messages %}
+{%- if m.role == "assistant" and m.reasoning_content %}<|im_start|>assistant
+{{ m.reasoning_content }}<|im_end|>
+{% endif %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+#[test]
+fn a_template_writing_the_stop_token_twice_in_an_assistant_turn_has_no_exact_delta() {
+    let qwen = qwen3();
+    let tokenizer = ChatTokenizer::new(
+        qwen.tokenizer().clone(),
+        ChatTemplate::new("reasoning-turn", REASONING_TURN).expect("compiles"),
+        qwen.special_tokens().clone(),
+    );
+    let stop = tokenizer.eos_token_id().expect("an EOS");
+    let mut render = tokenizer.incremental(RenderOptions::generation()).expect("a template");
+    render.push(&[Message::user("Count.")]);
+    render.prompt().expect("renders");
+    let start = render.state();
+    render.push(&[
+        Message::assistant("Two.").with("reasoning_content", Value::from("One, two.")),
+        Message::user("Again."),
+    ]);
+    assert_eq!(
+        render.delta(&start, 1, stop),
+        Err(NoExactDelta::StopAmbiguous {
+            token: "<|im_end|>".into(),
+            count: 2
+        })
+    );
+}

@@ -224,9 +224,59 @@ fn turns_by_rollout(run: &Run, realign: bool) -> BTreeMap<RolloutId, Vec<&Sample
     turns
 }
 
-/// Append mode: one row per rollout, built from the turns as sampled, nothing re-rendered.
-fn assert_append(run: &Run, turns: usize, fallback_turns: usize) {
+/// The conversation of a sample: its prompt and completion messages.
+fn conversation(sample: &TrainingSample) -> (Vec<Message>, Vec<Message>) {
+    let messages = |values: &[Value]| -> Vec<Message> {
+        values
+            .iter()
+            .map(|m| serde_json::from_value(m.clone()).expect("a message"))
+            .collect()
+    };
+    (messages(&sample.prompt), messages(&sample.completion))
+}
+
+/// The prompt's messages followed by those of the completion before its `turn`-th answer.
+fn before_turn(prompt: &[Message], completion: &[Message], turn: usize) -> Vec<Message> {
+    let end = completion
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role() == "assistant")
+        .nth(turn)
+        .map_or(completion.len(), |(i, _)| i);
+    prompt.iter().chain(&completion[..end]).cloned().collect()
+}
+
+fn options() -> RenderOptions {
+    RenderOptions::generation().with_tools(vec![calculator_spec()])
+}
+
+/// Append mode: one row per rollout, built from the turns as sampled, nothing re-rendered;
+/// each later prompt is the previous one, the sampled ids and a delta that is, token for
+/// token, how the template's rendering of the conversation so far ends after the answer.
+fn assert_append(run: &Run, tokenizer: &ChatTokenizer, turns: usize, fallback_turns: usize) {
     let by_rollout = turns_by_rollout(run, fallback_turns > 0);
+    if fallback_turns == 0 {
+        for sample in samples(run) {
+            let (prompt, completion) = conversation(sample);
+            let sampled = &by_rollout[&sample.rollout_id];
+            for (k, pair) in sampled.windows(2).enumerate() {
+                let held = [pair[0].prompt_ids.as_slice(), &pair[0].token_ids].concat();
+                assert!(pair[1].prompt_ids.starts_with(&held), "turn {}", k + 1);
+                // The answer's stop token and the delta after it.
+                let tail = &pair[1].prompt_ids[held.len() - 1..];
+                let rendered = tokenizer
+                    .apply_chat_template(&before_turn(&prompt, &completion, k + 1), &options())
+                    .expect("the conversation renders");
+                assert!(
+                    rendered.ids.ends_with(tail),
+                    "rollout {:?}, turn {}: the delta {:?} is not how the template's rendering ends",
+                    sample.rollout_id,
+                    k + 1,
+                    tokenizer.tokenizer().decode(tail, false)
+                );
+            }
+        }
+    }
     assert_eq!(by_rollout.len(), GROUPS * GENERATIONS);
     let mut rollouts = Vec::new();
     for sample in samples(run) {
@@ -251,36 +301,18 @@ fn assert_append(run: &Run, turns: usize, fallback_turns: usize) {
 /// and the rows are what the reconciler makes of the turns.
 fn assert_rerender(run: &Run, tokenizer: &ChatTokenizer, turns: usize) {
     let by_rollout = turns_by_rollout(run, true);
-    let options = RenderOptions::generation().with_tools(vec![calculator_spec()]);
     for (rollout, sampled) in &by_rollout {
         let rows: Vec<&TrainingSample> =
             samples(run).filter(|s| s.rollout_id == *rollout).collect();
         assert_eq!(sampled.len(), turns);
         assert_eq!(metric(rows[0], "prompt_mode_append"), 0.0);
         assert_eq!(metric(rows[0], "fallback_turns"), 0.0);
-        let mut conversation: Vec<Message> = rows[0]
-            .prompt
-            .iter()
-            .map(|m| serde_json::from_value(m.clone()).expect("a message"))
-            .collect();
-        let completion: Vec<Message> = rows[0]
-            .completion
-            .iter()
-            .map(|m| serde_json::from_value(m.clone()).expect("a message"))
-            .collect();
-        let mut next = 0;
-        for turn in sampled {
+        let (prompt, completion) = conversation(rows[0]);
+        for (k, turn) in sampled.iter().enumerate() {
             let rendered = tokenizer
-                .apply_chat_template(&conversation, &options)
+                .apply_chat_template(&before_turn(&prompt, &completion, k), &options())
                 .expect("the conversation renders");
             assert_eq!(turn.prompt_ids, rendered.ids, "rollout {rollout:?}");
-            // The turn's answer and what followed it, up to the next answer.
-            conversation.push(completion[next].clone());
-            next += 1;
-            while next < completion.len() && completion[next].role() != "assistant" {
-                conversation.push(completion[next].clone());
-                next += 1;
-            }
         }
         let records: Vec<TurnRecord> = sampled
             .iter()
@@ -391,15 +423,31 @@ fn gpt_oss() -> ChatTokenizer {
     qwen3_with_template("openai-gpt-oss-120b.jinja").with_frozen_clock(1_750_000_000)
 }
 
-/// Runs `model` in both modes and checks what each mode promises; returns the rerender run.
-async fn both_modes(model: &Model, reasoning: Option<&str>) -> Run {
+/// Runs `model` in both modes and checks what each mode promises.
+async fn both_modes(model: &Model, reasoning: Option<&str>) -> (Run, Run) {
+    let tokenizer = (model.tokenizer)();
     let append = run(model, PromptMode::Append, 4).await;
-    assert_append(&append, 3, 0);
+    assert_append(&append, &tokenizer, 3, 0);
     assert_completions(&append, reasoning);
     assert_eq!(append.fallbacks, 0);
     let rerender = run(model, PromptMode::Rerender, 4).await;
-    assert_rerender(&rerender, &(model.tokenizer)(), 3);
-    rerender
+    assert_rerender(&rerender, &tokenizer, 3);
+    (append, rerender)
+}
+
+/// The rows of a run by rollout: ids, mask and log-probs.
+fn rows(run: &Run) -> Vec<(Vec<u32>, Vec<u8>, Vec<f32>)> {
+    let mut rows: Vec<&TrainingSample> = samples(run).collect();
+    rows.sort_by_key(|s| s.rollout_id);
+    rows.iter()
+        .map(|s| {
+            (
+                s.input_ids.clone(),
+                s.completion_mask.clone(),
+                s.old_log_probs.clone(),
+            )
+        })
+        .collect()
 }
 
 fn forks(run: &Run) -> Vec<f64> {
@@ -412,7 +460,7 @@ async fn qwen3_with_empty_think_blocks_gives_one_row_per_rollout_where_rerenderi
         preamble: "<think>\n\n</think>\n\n",
         ..model(qwen3)
     };
-    let rerender = both_modes(&model, Some("")).await;
+    let (_, rerender) = both_modes(&model, Some("")).await;
     // What the issue saw: Qwen3 drops the empty think block of earlier turns, so every
     // re-rendered turn forks: three rows per rollout.
     assert_eq!(samples(&rerender).count(), 3 * GROUPS * GENERATIONS);
@@ -425,8 +473,11 @@ async fn qwen3_with_reasoning_gives_one_row_per_rollout_in_both_modes() {
         preamble: "<think>\nThe calculator does arithmetic exactly.\n</think>\n\n",
         ..model(qwen3)
     };
-    let rerender = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
+    let (append, rerender) =
+        both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
+    // The template keeps history: both modes build the same rows.
     assert!(forks(&rerender).iter().all(|&f| f == 0.0));
+    assert_eq!(rows(&append), rows(&rerender));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,7 +487,7 @@ async fn calls_sampled_in_other_tokens_than_their_text_encodes_to_are_trained_on
         spell: true,
         ..model(qwen3)
     };
-    let rerender = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
+    let (_, rerender) = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
     // Re-rendering writes the calls in their text's own tokens: the sampled ones are lost.
     assert!(forks(&rerender).iter().all(|&f| f == 2.0));
 }
@@ -448,8 +499,10 @@ async fn qwen3_coder_gives_one_row_per_rollout_in_both_modes() {
         call_format: CallFormat::Qwen3Coder,
         ..model(qwen3_coder)
     };
-    let rerender = both_modes(&model, None).await;
+    let (append, rerender) = both_modes(&model, None).await;
+    // The template keeps history: both modes build the same rows.
     assert!(forks(&rerender).iter().all(|&f| f == 0.0));
+    assert_eq!(rows(&append), rows(&rerender));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,8 +512,10 @@ async fn llama31_gives_one_row_per_rollout_in_both_modes() {
         call_format: CallFormat::Llama3Json,
         ..model(llama31_tools)
     };
-    let rerender = both_modes(&model, None).await;
+    let (append, rerender) = both_modes(&model, None).await;
+    // The template keeps history: both modes build the same rows.
     assert!(forks(&rerender).iter().all(|&f| f == 0.0));
+    assert_eq!(rows(&append), rows(&rerender));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,7 +526,7 @@ async fn mistral_moving_its_system_message_gives_one_row_per_rollout_where_reren
         system: true,
         ..model(mistral_nemo)
     };
-    let rerender = both_modes(&model, None).await;
+    let (_, rerender) = both_modes(&model, None).await;
     // Mistral's template writes the system message into the last user turn only while that
     // turn is the last message: the first prompt's history is rewritten at the next turn.
     assert!(forks(&rerender).iter().all(|&f| f >= 1.0));
@@ -484,14 +539,16 @@ async fn qwq_dropping_every_answer_s_reasoning_gives_one_row_per_rollout_where_r
         preamble: "The calculator does arithmetic exactly.\n</think>\n\n",
         ..model(qwq)
     };
-    let rerender = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
+    let (_, rerender) = both_modes(&model, Some("The calculator does arithmetic exactly.")).await;
     assert!(forks(&rerender).iter().all(|&f| f == 2.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quickstart_gives_one_row_per_rollout_in_both_modes() {
-    let rerender = both_modes(&model(quickstart), None).await;
+    let (append, rerender) = both_modes(&model(quickstart), None).await;
+    // The template keeps history: both modes build the same rows.
     assert!(forks(&rerender).iter().all(|&f| f == 0.0));
+    assert_eq!(rows(&append), rows(&rerender));
 }
 
 // A runtime on the test's thread, so that the recorder sees what the loop logs.
@@ -507,7 +564,7 @@ async fn a_template_without_the_model_s_stop_token_falls_back_to_rerendering_cou
     let recording = tracing::subscriber::set_default(recorder.clone());
     let append = run(&model, PromptMode::Append, 3).await;
     drop(recording);
-    assert_append(&append, 3, 2);
+    assert_append(&append, &gpt_oss(), 3, 2);
     assert_eq!(append.fallbacks, (2 * GROUPS * GENERATIONS) as u64);
     let warnings: Vec<String> = recorder
         .events()
@@ -525,19 +582,6 @@ async fn a_template_without_the_model_s_stop_token_falls_back_to_rerendering_cou
     let rerender = run(&model, PromptMode::Rerender, 3).await;
     assert_rerender(&rerender, &tokenizer, 3);
     // The fallback turns are rendered as rerender mode renders them: the same rows.
-    let rows = |run: &Run| {
-        let mut rows: Vec<&TrainingSample> = samples(run).collect();
-        rows.sort_by_key(|s| s.rollout_id);
-        rows.iter()
-            .map(|s| {
-                (
-                    s.input_ids.clone(),
-                    s.completion_mask.clone(),
-                    s.old_log_probs.clone(),
-                )
-            })
-            .collect::<Vec<_>>()
-    };
     assert_eq!(rows(&append), rows(&rerender));
     assert!(forks(&append).iter().all(|&f| f == 2.0));
 }
