@@ -453,7 +453,9 @@ fn a_template_writing_the_stop_token_twice_in_an_assistant_turn_has_no_exact_del
         qwen.special_tokens().clone(),
     );
     let stop = tokenizer.eos_token_id().expect("an EOS");
-    let mut render = tokenizer.incremental(RenderOptions::generation()).expect("a template");
+    let mut render = tokenizer
+        .incremental(RenderOptions::generation())
+        .expect("a template");
     render.push(&[Message::user("Count.")]);
     render.prompt().expect("renders");
     let start = render.state();
