@@ -125,9 +125,15 @@ impl IncrementalRender<'_> {
     /// the model was given first). The next prompt in append mode is the previous prompt, the
     /// sampled ids and these.
     ///
-    /// Renders a window of the conversation, not all of it (see the [module
-    /// docs](self)); tokenizes only the delta. The conversation's own render state (what
-    /// [`IncrementalRender::prompt`] compares with) is not changed.
+    /// How: the window of the prompt's messages, the assistant message and the messages after
+    /// it is rendered with the generation prompt, and again with those messages' contents
+    /// probed. The turn runs from where the window leaves the prompt's own render to where
+    /// the two renders part; there the template must write `stop` exactly once, and the
+    /// window is tokenized from that special token on (added tokens split the input, so the
+    /// ids after it are those of a full tokenization). A render one turn wider must end the
+    /// same way, else the delta comes from the whole conversation. So the cost does not grow
+    /// with the conversation, and only the delta is tokenized. The conversation's own render
+    /// state (what [`IncrementalRender::prompt`] compares with) is not changed.
     pub fn delta(
         &mut self,
         prompt: &RenderState,
