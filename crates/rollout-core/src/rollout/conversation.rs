@@ -1,11 +1,12 @@
 //! One rollout: the multi-turn loop prompt -> generate -> parse -> tools -> next prompt,
 //! feeding each sampled turn to the reconciler as it arrives.
 //!
-//! Where the prompt mode is decided: after a turn's tools ran, append mode asks the template
-//! for the ids that follow the answer ([`IncrementalRender::delta`](crate::IncrementalRender::delta))
-//! and sends the previous prompt + the sampled ids + those; when the template has no exact
-//! delta, or in rerender mode, the whole conversation is rendered (incrementally) instead and
-//! the reconciler compares it with the sampled ids.
+//! Where the prompt mode is decided: before each turn after the first, append mode asks the
+//! template for the ids that follow the last answer
+//! ([`IncrementalRender::delta`](crate::IncrementalRender::delta)) and sends the previous
+//! prompt + the sampled ids + those; when the template has no exact delta, or in rerender
+//! mode, the whole conversation is rendered (incrementally) instead and the reconciler
+//! compares it with the sampled ids.
 
 use std::{fmt, panic::AssertUnwindSafe, slice};
 
