@@ -190,6 +190,50 @@ fn flags_override_the_file_and_their_paths_the_current_directory() {
 }
 
 #[test]
+fn the_prompt_mode_is_append_unless_the_file_or_a_flag_says_rerender() {
+    let dir = workspace("prompt-mode");
+    std::fs::write(dir.join("run.toml"), CONFIG).expect("write");
+    let settings = rollout(&dir, &["--config", "run.toml"]);
+    assert!(
+        value(&resolved(&settings), "prompt_mode") == "\"append\"",
+        "{settings}"
+    );
+    let rerender = format!("prompt_mode = \"rerender\"\n{CONFIG}");
+    std::fs::write(dir.join("rerender.toml"), rerender).expect("write");
+    let settings = rollout(&dir, &["--config", "rerender.toml"]);
+    assert!(
+        value(&resolved(&settings), "prompt_mode") == "\"rerender\"",
+        "{settings}"
+    );
+    let settings = rollout(
+        &dir,
+        &["--config", "rerender.toml", "--prompt-mode", "append"],
+    );
+    assert!(
+        value(&resolved(&settings), "prompt_mode") == "\"append\"",
+        "{settings}"
+    );
+    let stderr = rollout(
+        &dir,
+        &["--config", "run.toml", "--prompt-mode", "retokenize"],
+    );
+    assert!(
+        stderr.contains("unknown prompt mode 'retokenize'; expected append"),
+        "{stderr}"
+    );
+    std::fs::write(
+        dir.join("bad.toml"),
+        format!("prompt_mode = \"both\"\n{CONFIG}"),
+    )
+    .expect("write");
+    let stderr = rollout(&dir, &["--config", "bad.toml"]);
+    assert!(
+        stderr.contains("bad.toml:1:") && stderr.contains("expected `append` or `rerender`"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn an_unknown_key_is_named_with_the_file_and_its_line() {
     let dir = workspace("unknown");
     let config = CONFIG.replace("[simulator]\n", "[simulator]\ntool_round = 2\n");

@@ -33,7 +33,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use rollout_core::{
     ReconcilerConfig,
-    rollout::{RolloutConfig, Sampling},
+    rollout::{PromptMode, RolloutConfig, Sampling},
 };
 use scoring::{AdvantageConfig, Reward, builtin::CommandReward};
 use serde::{Deserialize, Serialize};
@@ -129,6 +129,12 @@ pub(crate) struct RolloutArgs {
     /// Where the training rows go (JSON Lines) [default: rollouts.jsonl]
     #[arg(long, value_name = "FILE.jsonl")]
     out: Option<PathBuf>,
+    /// How the prompts of later turns are built: append (the previous prompt, the ids the
+    /// model sampled, and the chat template's ids for what follows: one exact row per
+    /// rollout) or rerender (the whole conversation rendered each turn, as TRL does)
+    /// [default: append]
+    #[arg(long, value_name = "MODE")]
+    prompt_mode: Option<PromptMode>,
     /// Re-rendered prompts drifting from the sampled ids by more than this many tokens start
     /// a new training row [default: 16]
     #[arg(long, value_name = "N")]
@@ -226,6 +232,8 @@ pub(crate) struct Settings {
     pub(crate) groups: Option<u64>,
     /// The output file.
     pub(crate) out: PathBuf,
+    /// How later turns' prompts are built.
+    pub(crate) prompt_mode: PromptMode,
     /// Drift, in tokens, past which a row forks.
     pub(crate) fork_threshold_tokens: usize,
     /// Grace period on Ctrl-C.
@@ -342,6 +350,7 @@ struct FileSettings {
     estimator: Option<Spanned<String>>,
     groups: Option<u64>,
     out: Option<PathBuf>,
+    prompt_mode: Option<PromptMode>,
     fork_threshold_tokens: Option<usize>,
     drain_timeout: Option<Spanned<String>>,
     rollout_timeout: Option<Spanned<String>>,
@@ -466,6 +475,7 @@ impl Settings {
             min_p: self.sampling.min_p,
             seed: self.sampling.seed,
         };
+        config.prompt_mode = self.prompt_mode;
         config.reconciler = ReconcilerConfig {
             fork_threshold_tokens: self.fork_threshold_tokens,
         };
@@ -514,6 +524,7 @@ impl Settings {
             groups: self.groups,
             out: Some(self.out.clone()),
             fork_threshold_tokens: Some(self.fork_threshold_tokens),
+            prompt_mode: Some(self.prompt_mode),
             drain_timeout: duration(self.drain_timeout),
             rollout_timeout: duration(self.rollout_timeout),
             server_wait: duration(self.server_wait),
@@ -835,6 +846,7 @@ impl Settings {
             advantage,
             groups: args.groups.or(file.groups),
             out: path(args.out, file.out).unwrap_or_else(|| cwd.join("rollouts.jsonl")),
+            prompt_mode: args.prompt_mode.or(file.prompt_mode).unwrap_or_default(),
             fork_threshold_tokens: args
                 .fork_threshold_tokens
                 .or(file.fork_threshold_tokens)

@@ -5,9 +5,11 @@
 //! turns (each: reasoning, a tool call, a tool result) grows to about 64k tokens. Each turn
 //! does what the rollout loop does between two generations: parse the sampled text into an
 //! assistant message, append it and the tool result, build the next prompt's ids, and
-//! reconcile the turn record. Two ways to build the prompt are compared: incremental
-//! (`IncrementalRender`) and a full `apply_chat_template` every turn. Prints a markdown
-//! table and, when `BENCH_OUT` names a folder, writes `rollout-core.json` there.
+//! reconcile the turn record. Three ways to build the prompt are compared: append mode (the
+//! previous prompt, the sampled ids and the template's delta, `IncrementalRender::delta`),
+//! incremental (`IncrementalRender::prompt`) and a full `apply_chat_template` every turn.
+//! Prints a markdown table and, when `BENCH_OUT` names a folder, writes `rollout-core.json`
+//! there.
 
 #![allow(clippy::print_stdout, reason = "the report is this program's output")]
 
@@ -144,6 +146,48 @@ fn run_incremental(tokenizer: &ChatTokenizer, turns: &[Turn]) -> (Vec<Duration>,
     (durations, lengths)
 }
 
+/// Per-turn durations of one conversation in append mode: the next prompt is the previous
+/// one, the sampled ids and the template's delta after them.
+fn run_append(tokenizer: &ChatTokenizer, turns: &[Turn]) -> (Vec<Duration>, Vec<usize>) {
+    let (history, options) = start();
+    let mut conversation = tokenizer.incremental(options).expect("the template");
+    conversation.push(&history);
+    let mut prompt_ids = conversation.prompt().expect("renders").ids.to_vec();
+    let prompt = conversation.state();
+    let eos = tokenizer.eos_token_id().expect("Qwen3 names its EOS");
+    let mut reconciler = Reconciler::new(RolloutId(1), ReconcilerConfig::default());
+    let mut durations = Vec::with_capacity(turns.len());
+    let mut lengths = Vec::with_capacity(turns.len());
+    for turn in turns {
+        let started = Instant::now();
+        let record = TurnRecord::new(
+            prompt_ids,
+            turn.sampled_ids.clone(),
+            turn.logprobs.clone(),
+            0,
+        );
+        reconciler.push(&record).expect("a valid turn");
+        let message = assistant_message(&turn.sampled_text);
+        let at = conversation.len();
+        conversation.push(&[message, turn.tool_result.clone()]);
+        let delta = conversation
+            .delta(&prompt, at, eos)
+            .expect("an exact delta");
+        prompt_ids = record.prompt_ids;
+        prompt_ids.extend_from_slice(&record.sampled_ids);
+        prompt_ids.extend_from_slice(&delta);
+        durations.push(started.elapsed());
+        lengths.push(prompt_ids.len());
+    }
+    let tally = reconciler.tally();
+    assert_eq!((tally.realign, tally.fork), (0, 0), "{tally:?}");
+    let stats = conversation.stats();
+    assert_eq!(stats.deltas, turns.len() as u64);
+    assert_eq!(stats.wide_deltas, 0, "the window was exact at every turn");
+    black_box(reconciler.finish());
+    (durations, lengths)
+}
+
 /// Per-turn durations of one conversation, rendering and tokenizing everything each turn.
 fn run_full(tokenizer: &ChatTokenizer, turns: &[Turn]) -> (Vec<Duration>, Vec<usize>) {
     let (mut history, options) = start();
@@ -213,7 +257,10 @@ fn main() {
         }
         return;
     }
+    run_append(&tokenizer, &turns);
     run_incremental(&tokenizer, &turns);
+    let append: Vec<(Vec<Duration>, Vec<usize>)> =
+        (0..7).map(|_| run_append(&tokenizer, &turns)).collect();
     let incremental: Vec<(Vec<Duration>, Vec<usize>)> = (0..7)
         .map(|_| run_incremental(&tokenizer, &turns))
         .collect();
@@ -223,26 +270,32 @@ fn main() {
         incremental[0].1, full[0].1,
         "both ways build the same prompts"
     );
+    assert_eq!(
+        append[0].1, incremental[0].1,
+        "append mode builds prompts of the same lengths (the template keeps this history)"
+    );
 
     println!(
-        "| turn | prompt tokens | incremental (median of 7) | full re-render (median of 3) | speed-up |"
+        "| turn | prompt tokens | append (median of 7) | incremental (median of 7) | full re-render (median of 3) |"
     );
     println!("|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for turn in REPORTED {
         let index = turn - 1;
+        let app = median(append.iter().map(|(d, _)| d[index]).collect());
         let inc = median(incremental.iter().map(|(d, _)| d[index]).collect());
         let ful = median(full.iter().map(|(d, _)| d[index]).collect());
         let tokens = incremental[0].1[index];
         println!(
-            "| {turn} | {tokens} | {:.3} ms | {:.3} ms | {:.0}x |",
+            "| {turn} | {tokens} | {:.3} ms | {:.3} ms | {:.3} ms |",
+            app.as_secs_f64() * 1e3,
             inc.as_secs_f64() * 1e3,
             ful.as_secs_f64() * 1e3,
-            ful.as_secs_f64() / inc.as_secs_f64()
         );
         rows.push(json!({
             "turn": turn,
             "prompt_tokens": tokens,
+            "append_ms": app.as_secs_f64() * 1e3,
             "incremental_ms": inc.as_secs_f64() * 1e3,
             "full_ms": ful.as_secs_f64() * 1e3,
         }));
@@ -250,9 +303,10 @@ fn main() {
     let total = |runs: &[(Vec<Duration>, Vec<usize>)]| {
         median(runs.iter().map(|(d, _)| d.iter().sum()).collect())
     };
-    let (inc_total, full_total) = (total(&incremental), total(&full));
+    let (app_total, inc_total, full_total) = (total(&append), total(&incremental), total(&full));
     println!(
-        "\nwhole conversation ({TURNS} turns): incremental {:.1} ms, full re-render {:.1} ms",
+        "\nwhole conversation ({TURNS} turns): append {:.1} ms, incremental {:.1} ms, full re-render {:.1} ms",
+        app_total.as_secs_f64() * 1e3,
         inc_total.as_secs_f64() * 1e3,
         full_total.as_secs_f64() * 1e3
     );
@@ -293,7 +347,7 @@ fn main() {
         let report = json!({
             "bench": "rollout-core turns",
             "turns": rows,
-            "conversation_ms": {"incremental": inc_total.as_secs_f64() * 1e3, "full": full_total.as_secs_f64() * 1e3},
+            "conversation_ms": {"append": app_total.as_secs_f64() * 1e3, "incremental": inc_total.as_secs_f64() * 1e3, "full": full_total.as_secs_f64() * 1e3},
         });
         let path = PathBuf::from(out).join("rollout-core.json");
         std::fs::write(

@@ -9,6 +9,11 @@
 //!   to the same text as transformers' `apply_chat_template`, tokenized with `tokenizers`
 //!   ([`ChatTokenizer`]), and incrementally: appending messages tokenizes only what they
 //!   add ([`IncrementalRender`]).
+//! - **Token-in/token-out prompts** ([`IncrementalRender::delta`]): the ids a template
+//!   writes after an assistant turn up to the next generation, derived from the template,
+//!   so that the next prompt can be the previous one + the ids sampled as sampled + these
+//!   (the rollout loop's default, [`rollout::PromptMode::Append`]); [`NoExactDelta`] says
+//!   why a turn has none.
 //! - **Output** ([`TrainingSample`], [`JsonlSink`]): one JSON line per training row, written
 //!   a group at a time with one write and a flush.
 //! - **Datasets** ([`DatasetReader`]): JSON Lines of `{"prompt": text | messages, ...}`, read
@@ -76,8 +81,8 @@ pub use crate::{
         Transition, reconcile,
     },
     render::{
-        ChatTemplate, ChatTokenizer, IncrementalRender, RenderError, RenderOptions, RenderState,
-        Rendered,
+        ChatTemplate, ChatTokenizer, IncrementalRender, NoExactDelta, RenderError, RenderOptions,
+        RenderState, Rendered,
     },
     sample::{JsonlSink, TrainingSample},
     turn::TurnRecord,

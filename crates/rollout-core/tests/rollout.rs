@@ -750,7 +750,14 @@ async fn max_tokens_is_clipped_to_the_room_left_in_the_context() {
 
 /// Records the events logged on its thread, each as the text of its fields.
 #[derive(Debug, Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<String>>>);
+pub(crate) struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl Recorder {
+    /// The events recorded so far.
+    pub(crate) fn events(&self) -> Vec<String> {
+        lock(&self.0).clone()
+    }
+}
 
 struct Fields<'a>(&'a mut String);
 
@@ -809,7 +816,7 @@ async fn a_prompt_longer_than_the_context_fails_naming_both_lengths_without_a_re
         "a prompt too long is final"
     );
     assert_eq!(report.stats.groups_too_small, 1);
-    let events = lock(&recorder.0).clone();
+    let events = recorder.events();
     let failures: Vec<&String> = events
         .iter()
         .filter(|e| e.contains("rollout failed"))

@@ -3,16 +3,18 @@
 //! The rendering tests use real tokenizers and templates that `cargo xtask fixtures`
 //! fetches into `${XDG_CACHE_HOME:-~/.cache}/async-grpo` (`cargo xtask ci` does it first).
 
+mod append;
 mod cache;
 mod parity;
 mod parse;
+mod prompt_modes;
 mod reconcile;
 mod render;
 mod rollout;
 
 use std::{path::PathBuf, sync::LazyLock};
 
-use rollout_core::ChatTokenizer;
+use rollout_core::{ChatTemplate, ChatTokenizer};
 
 pub(crate) use crate::cache::cache_dir;
 
@@ -54,6 +56,41 @@ pub(crate) fn qwen3_with_template(name: &str) -> ChatTokenizer {
     qwen3()
         .with_template_file(fixture(&format!("templates/{name}")))
         .expect("the template compiles")
+}
+
+/// Mistral's control tokens, special in its own tokenizers (v3, tekken).
+const MISTRAL_CONTROL: [&str; 15] = [
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_CALLS]",
+    "[CALL_ID]",
+    "[ARGS]",
+    "[TOOL_RESULTS]",
+    "[TOOL_CONTENT]",
+    "[/TOOL_RESULTS]",
+    "[IMG]",
+];
+
+/// A stand-in for a Mistral tokenizer, which the fixtures lack: the real Qwen3 tokenizer with
+/// Mistral's control tokens added as special tokens (`<s>` and `</s>` as BOS and EOS), and
+/// one of Mistral's templates from llama.cpp's collection.
+pub(crate) fn qwen3_as_mistral(template: &str) -> ChatTokenizer {
+    let mut tokenizer = qwen3().tokenizer().clone();
+    tokenizer.add_special_tokens(&MISTRAL_CONTROL.map(|t| tokenizers::AddedToken::from(t, true)));
+    let path = fixture(&format!("templates/{template}"));
+    let source = std::fs::read_to_string(&path).expect("the template reads");
+    let template = ChatTemplate::new(template, source).expect("the template compiles");
+    let special = serde_json::json!({"bos_token": "<s>", "eos_token": "</s>"})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    ChatTokenizer::new(tokenizer, template, special)
 }
 
 /// [`qwen3_with_template`] with Qwen2.5's template, loaded once for the property tests.

@@ -3,7 +3,8 @@
 
 use serde_json::json;
 use vllm_client::{
-    Client, FinishReason, GenerateParams, SamplingParams, sim::training_tokenizer,
+    Client, FinishReason, GenerateParams, SamplingParams,
+    sim::{CallFormat, training_tokenizer},
     types::ChatRequest,
 };
 
@@ -44,7 +45,7 @@ async fn complete(client: &Client, text: &str, seed: u64) -> String {
         .get_ids()
         .to_vec();
     let params = GenerateParams {
-        max_tokens: 64,
+        max_tokens: 256,
         sampling: SamplingParams {
             seed: Some(seed),
             ..Default::default()
@@ -205,4 +206,90 @@ async fn a_completion_never_correct_answers_at_random() {
         assert!(answer.starts_with("The answer is "), "{answer}");
         assert!(!answer.contains("391"), "{answer}");
     }
+}
+
+#[tokio::test]
+async fn each_call_format_is_written_after_the_preamble_and_counted_as_its_templates_render_it() {
+    let preamble = "<think>\nThe calculator knows.\n</think>\n\n";
+    let cases = [
+        (
+            CallFormat::Hermes,
+            "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}\n</tool_call>",
+        ),
+        (
+            CallFormat::Qwen3Coder,
+            "<tool_call>\n<function=calculator>\n<parameter=expression>\n17 * 23\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
+            CallFormat::Llama3Json,
+            "{\"name\": \"calculator\", \"parameters\": {\"expression\": \"17 * 23\"}}",
+        ),
+        (
+            CallFormat::Mistral,
+            "[TOOL_CALLS][{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}]",
+        ),
+    ];
+    for (format, call) in cases {
+        let sim = simulator(|c| {
+            c.tool_rounds = 1;
+            c.correct_rate = 1.0;
+            c.call_format = format;
+            c.preamble = preamble.to_owned();
+        })
+        .await;
+        let client = client(&[&sim], fast_retry());
+        let question = "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n";
+        let first = complete(&client, question, 1).await;
+        assert_eq!(first, format!("{preamble}{call}<|im_end|>"), "{format:?}");
+
+        // The call, as the format's templates write it back, counts as made: the answer follows.
+        let after = format!(
+            "{question}{call}<|im_end|>\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
+        let second = complete(&client, &after, 1).await;
+        assert!(
+            second.starts_with(&format!("{preamble}The answer is 391.")),
+            "{format:?}: {second}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_spelled_call_reads_the_same_in_more_tokens_than_its_text_encodes_to() {
+    let sim = simulator(|c| {
+        c.tool_rounds = 1;
+        c.spell_calls = true;
+    })
+    .await;
+    let client = client(&[&sim], fast_retry());
+    let tokenizer = training_tokenizer();
+    let prompt = tokenizer
+        .encode(
+            "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
+            false,
+        )
+        .expect("encodes")
+        .get_ids()
+        .to_vec();
+    let params = GenerateParams {
+        max_tokens: 256,
+        ..GenerateParams::default()
+    };
+    let turn = client
+        .generate(&prompt, &params)
+        .await
+        .expect("a completion");
+    let text = tokenizer.decode(&turn.token_ids, false).expect("decodes");
+    let call = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}\n</tool_call>";
+    assert_eq!(text, format!("{call}<|im_end|>"));
+    let encoded = tokenizer
+        .encode(call, false)
+        .expect("encodes")
+        .get_ids()
+        .len();
+    assert!(
+        turn.token_ids.len() > encoded + 1,
+        "{} spelled ids, {encoded} encoded",
+        turn.token_ids.len()
+    );
 }

@@ -111,6 +111,34 @@ pub trait ToolCallParser: Send + Sync + std::fmt::Debug {
     fn parse(&self, text: &str) -> ParsedOutput;
 }
 
+/// Splits a reasoning model's output at its first `</think>`: the reasoning (what precedes
+/// it, a leading `<think>` and surrounding newlines removed) and the rest (leading newlines
+/// removed), as vLLM's `deepseek_r1` and `qwen3` reasoning parsers and Qwen3's chat template
+/// split it. Without `</think>` there is no reasoning and the text is returned whole.
+///
+/// ```
+/// use rollout_core::parse::split_reasoning;
+///
+/// assert_eq!(
+///     split_reasoning("<think>\nAdd them.\n</think>\n\n5"),
+///     (Some("Add them."), "5")
+/// );
+/// assert_eq!(split_reasoning("Add them.\n</think>\n5"), (Some("Add them."), "5"));
+/// assert_eq!(split_reasoning("5"), (None, "5"));
+/// ```
+pub fn split_reasoning(text: &str) -> (Option<&str>, &str) {
+    const END: &str = "</think>";
+    let Some(at) = text.find(END) else {
+        return (None, text);
+    };
+    let reasoning = text[..at].trim_start_matches('\n');
+    let reasoning = reasoning.strip_prefix("<think>").unwrap_or(reasoning);
+    (
+        Some(reasoning.trim_matches('\n')),
+        text[at + END.len()..].trim_start_matches('\n'),
+    )
+}
+
 /// Counts of parsed outputs, calls and failures, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ParseTally {

@@ -31,19 +31,24 @@ use crate::{Message, reconcile::common_prefix};
 pub struct RenderState {
     /// Shared between a conversation and the states taken of it (tool specs can be large);
     /// copied only when a render changes `add_generation_prompt`.
-    options: Arc<RenderOptions>,
-    messages: Vec<Value>,
-    text: String,
+    pub(super) options: Arc<RenderOptions>,
+    pub(super) messages: Vec<Value>,
+    pub(super) text: String,
     ids: Vec<u32>,
     /// Every special token of `text`, in order.
     anchors: Vec<Anchor>,
-    stats: IncrementalStats,
+    pub(super) stats: IncrementalStats,
 }
 
 impl RenderState {
     /// The ids of the last render.
     pub fn ids(&self) -> &[u32] {
         &self.ids
+    }
+
+    /// The text of the last render.
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// The messages so far.
@@ -83,8 +88,16 @@ pub struct IncrementalStats {
     pub rewrites: u64,
     /// Whole-text tokenizations (the first render, or no special token before a change).
     pub full_encodes: u64,
-    /// Bytes of text given to the tokenizer, over all renders.
+    /// Bytes of text given to the tokenizer, over all renders and deltas.
     pub encoded_bytes: u64,
+    /// Token deltas after an assistant turn built for append mode
+    /// ([`IncrementalRender::delta`]).
+    pub deltas: u64,
+    /// Template renders those deltas took (windows of the conversation).
+    pub delta_renders: u64,
+    /// Deltas taken from the whole conversation because the template's text after an
+    /// assistant turn depended on earlier turns.
+    pub wide_deltas: u64,
 }
 
 /// The ids of a render: the conversation, plus the assistant header for a prompt.
@@ -99,9 +112,9 @@ pub struct Prompt<'a> {
 /// A conversation rendered with a template, its text and ids kept between turns.
 #[derive(Debug)]
 pub struct IncrementalRender<'t> {
-    tokenizer: &'t ChatTokenizer,
-    template: &'t ChatTemplate,
-    state: RenderState,
+    pub(super) tokenizer: &'t ChatTokenizer,
+    pub(super) template: &'t ChatTemplate,
+    pub(super) state: RenderState,
 }
 
 impl<'t> IncrementalRender<'t> {

@@ -8,7 +8,12 @@
 //! - [`IncrementalRender`]: a conversation whose token buffer grows with the suffix that
 //!   new messages add; history rewritten by the template is detected and re-rendered whole,
 //!   counted.
+//! - [`IncrementalRender::delta`] (append mode, token-in/token-out): the ids the template
+//!   writes after an assistant turn up to the next generation, derived from the template, so
+//!   that a prompt can be the previous prompt + the sampled ids + these; [`NoExactDelta`]
+//!   says why a turn has none.
 
+mod append;
 mod incremental;
 mod pyjson;
 mod template;
@@ -19,6 +24,7 @@ use std::path::PathBuf;
 use serde_json::{Map, Value};
 
 pub use self::{
+    append::NoExactDelta,
     incremental::{IncrementalRender, IncrementalStats, Prompt, RenderState},
     template::ChatTemplate,
     tokenizer::{ChatTokenizer, Rendered},

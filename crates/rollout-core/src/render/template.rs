@@ -129,6 +129,16 @@ impl ChatTemplate {
         self.render_raw(messages.to_vec(), options, special_tokens)
     }
 
+    /// Renders messages already converted with [`message_value`], taking them.
+    pub(crate) fn render_owned(
+        &self,
+        messages: Vec<Value>,
+        options: &RenderOptions,
+        special_tokens: &Map<String, serde_json::Value>,
+    ) -> Result<String, RenderError> {
+        self.render_raw(messages, options, special_tokens)
+    }
+
     fn render_raw(
         &self,
         messages: Vec<Value>,

@@ -357,6 +357,15 @@ impl ChatTokenizer {
         Ok((ids.to_vec(), anchors))
     }
 
+    /// The text of `id` when it is a special token (one that splits the input before anything
+    /// else, as the tokens templates write are).
+    pub(crate) fn special_token(&self, id: u32) -> Option<String> {
+        self.special_ids
+            .contains(&id)
+            .then(|| self.tokenizer.id_to_token(id))
+            .flatten()
+    }
+
     /// A conversation rendered incrementally with this tokenizer's template.
     pub fn incremental(
         &self,

@@ -1,5 +1,12 @@
-//! One rollout: the multi-turn loop render -> generate -> parse -> tools -> append, feeding
-//! each sampled turn to the reconciler as it arrives.
+//! One rollout: the multi-turn loop prompt -> generate -> parse -> tools -> next prompt,
+//! feeding each sampled turn to the reconciler as it arrives.
+//!
+//! Where the prompt mode is decided: before each turn after the first, append mode asks the
+//! template for the ids that follow the last answer
+//! ([`IncrementalRender::delta`](crate::IncrementalRender::delta)) and sends the previous
+//! prompt + the sampled ids + those; when the template has no exact delta, or in rerender
+//! mode, the whole conversation is rendered (incrementally) instead and the reconciler
+//! compares it with the sampled ids.
 
 use std::{fmt, panic::AssertUnwindSafe, slice};
 
@@ -10,11 +17,14 @@ use serde_json::Value;
 
 use super::group::GroupState;
 use super::{
-    Shared,
+    PromptMode, Shared,
     generator::{Finish, GenerateRequest, Generator},
     health::Counters,
 };
-use crate::{Message, Reconciler, RenderError, RolloutId, Tally, TrainingRow, TurnRecord};
+use crate::{
+    Message, NoExactDelta, Reconciler, RenderError, RolloutId, Tally, TrainingRow, TurnRecord,
+    parse::split_reasoning,
+};
 
 /// A rollout that ended with a conversation.
 #[derive(Debug)]
@@ -32,6 +42,8 @@ pub(crate) struct Finished {
     pub(crate) versions: (u64, u64),
     pub(crate) stop: Stop,
     pub(crate) attempts: u32,
+    /// Turns whose next prompt append mode re-rendered whole (no exact token delta).
+    pub(crate) fallbacks: u64,
 }
 
 impl Finished {
@@ -254,13 +266,36 @@ async fn converse<G: Generator>(
         versions: (u64::MAX, 0),
         stop: Stop::MaxTurns,
         attempts: attempt,
+        fallbacks: 0,
     };
+    let append = config.prompt_mode == PromptMode::Append;
+    // Append mode: the last turn's prompt and answer, where the answer's message is in the
+    // conversation, and the id the answer ended on.
+    let mut last: Option<(Vec<u32>, usize, Option<u32>)> = None;
     for turn in 0..config.max_turns {
         // The group's prompt was rendered once with a generation prompt: turn 0 sends it.
         let mut prompt_ids = if turn == 0 {
             render.ids().to_vec()
         } else {
-            render.prompt().map_err(render_error)?.ids.to_vec()
+            let delta = last.take().map(|(ids, assistant, stop)| {
+                let delta = match stop {
+                    Some(stop) => render.delta(first, assistant, stop),
+                    None => Err(NoExactDelta::NoStopToken { last: None }),
+                };
+                (ids, delta)
+            });
+            match delta {
+                Some((mut ids, Ok(delta))) => {
+                    ids.extend_from_slice(&delta);
+                    ids
+                }
+                Some((_, Err(reason))) => {
+                    finished.fallbacks += 1;
+                    shared.fell_back(&reason);
+                    render.prompt().map_err(render_error)?.ids.to_vec()
+                }
+                None => render.prompt().map_err(render_error)?.ids.to_vec(),
+            }
         };
         let room = match shared.max_model_len {
             Some(limit) => {
@@ -340,24 +375,36 @@ async fn converse<G: Generator>(
                 sampled_ids,
                 ..
             } = record;
+            // What the next request continues: the prompt sent and the ids sampled.
             prompt_ids = sent;
+            prompt_ids.extend_from_slice(&sampled_ids);
             answer.extend_from_slice(&sampled_ids);
             segment += 1;
             if finish != Finish::Abort || answer.len() >= max_tokens || segment > MAX_CONTINUATIONS
             {
                 break;
             }
-            prompt_ids.extend_from_slice(&sampled_ids);
         }
         finished.sampled.extend_from_slice(&answer);
 
         let text = shared.decode(&answer).map_err(render_error)?;
-        let parsed = shared.parser.parse(&text);
+        // Append mode never renders the answer into the next prompt, so its reasoning can go
+        // to a field of its own; rerender mode keeps the text as the template will read it.
+        let (reasoning, text) = if append {
+            split_reasoning(&text)
+        } else {
+            (None, text.as_str())
+        };
+        let parsed = shared.parser.parse(text);
         Counters::add(&counters.parse_failures, parsed.failures.len() as u64);
         let mut message = Message::assistant(parsed.content);
+        if let Some(reasoning) = reasoning {
+            message = message.with("reasoning_content", Value::from(reasoning));
+        }
         if !parsed.tool_calls.is_empty() {
             message = message.with_tool_calls(&parsed.tool_calls);
         }
+        let assistant_at = render.len();
         render.push(slice::from_ref(&message));
         finished.messages.push(message);
 
@@ -402,6 +449,9 @@ async fn converse<G: Generator>(
             finished.messages.push(message);
         }
         render.push(&finished.messages[start..]);
+        if append {
+            last = Some((prompt_ids, assistant_at, answer.last().copied()));
+        }
     }
     let reconciled = reconciler.finish();
     finished.tally = reconciled.tally;

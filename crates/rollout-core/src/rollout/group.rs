@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
 use super::{
-    Shared,
+    PromptMode, Shared,
     conversation::{FailureCause, Finished, RolloutFailure, Stop},
     generator::Generator,
     health::Counters,
@@ -154,7 +154,11 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
 
     // What the samples need of each rollout is taken before its messages and ids move
     // into the group the rewards see; rows move into the samples: nothing is copied twice.
-    let metrics: Vec<Map<String, Value>> = finished.iter().map(sample_metrics).collect();
+    let append = shared.config.prompt_mode == PromptMode::Append;
+    let metrics: Vec<Map<String, Value>> = finished
+        .iter()
+        .map(|done| sample_metrics(done, append))
+        .collect();
     // Versions only grow, so the group's oldest turn is its first.
     let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
     let prompt: Vec<Value> = group
@@ -230,12 +234,16 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
     });
 }
 
-fn sample_metrics(done: &Finished) -> Map<String, Value> {
+/// A sample's metrics (floats, as TRL's `RolloutSample.metrics`): `prompt_mode_append` is 1
+/// when the rollout's prompts were built in append mode, 0 in rerender mode, and
+/// `fallback_turns` counts the turns append mode had to re-render.
+fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
     let mut metrics = Map::new();
     let mut put = |key: &str, value: f64| {
         metrics.insert(key.to_owned(), json!(value));
     };
     put("turns", done.turns as f64);
+    put("prompt_mode_append", f64::from(u8::from(append)));
     put("tool_calls", done.tool_calls as f64);
     put("tool_errors", done.tool_errors as f64);
     put("completion_tokens", done.sampled.len() as f64);
@@ -245,6 +253,7 @@ fn sample_metrics(done: &Finished) -> Map<String, Value> {
     put("realigned_turns", done.tally.realign as f64);
     put("forked_turns", done.tally.fork as f64);
     put("drift_tokens", done.tally.drift_tokens as f64);
+    put("fallback_turns", done.fallbacks as f64);
     put(
         "truncated",
         f64::from(u8::from(matches!(done.stop, Stop::Length | Stop::Context))),

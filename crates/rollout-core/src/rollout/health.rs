@@ -69,6 +69,9 @@ counters! {
         parse_failures,
         /// Conversations that forked into more than one training row.
         forked_rollouts,
+        /// Turns whose next prompt append mode re-rendered whole, the template having no
+        /// exact token delta after the answer.
+        append_fallbacks,
         /// Training samples written out.
         samples,
         /// Dataset rows skipped as bad.

@@ -2,9 +2,10 @@
 //!
 //! [`Engine`] admits one group per dataset row (`num_generations` rollouts sharing a group
 //! id), runs at most `max_inflight` rollouts at once, and drives each through the multi-turn
-//! loop: render the conversation incrementally, sample a turn with the [`Generator`], parse
-//! tool calls, run them in order through the [`ToolDispatcher`], append the results, and
-//! again, until the model answers without a call, `max_turns`, the token budget, the context
+//! loop: build the prompt (in [`PromptMode::Append`], the previous prompt + the sampled ids +
+//! the template's ids for what follows; in [`PromptMode::Rerender`], the conversation rendered
+//! incrementally), sample a turn with the [`Generator`], parse tool calls, run them in order
+//! through the [`ToolDispatcher`], append the results, and again, until the model answers without a call, `max_turns`, the token budget, the context
 //! or the rollout's deadline. Each sampled turn goes to the reconciler as it arrives. When a
 //! group's last rollout ends the group is scored, its advantages computed, and its samples
 //! sent to the output, a bounded channel.
@@ -52,11 +53,63 @@ use self::{
     health::{Counters, Heartbeat},
 };
 use crate::{
-    ChatTokenizer, DatasetError, DatasetRow, Message, ReconcilerConfig, RenderError, RenderOptions,
-    RenderState, RolloutId, ToolCallParser,
+    ChatTokenizer, DatasetError, DatasetRow, Message, NoExactDelta, ReconcilerConfig, RenderError,
+    RenderOptions, RenderState, RolloutId, ToolCallParser,
     parse::{HermesParser, detect_parser},
     sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
 };
+
+/// How a rollout builds the prompt of each turn after the first.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptMode {
+    /// Token-in/token-out: the previous prompt, the ids the model sampled as it sampled
+    /// them, and the ids the chat template writes after that answer up to the next generation
+    /// ([`IncrementalRender::delta`](crate::IncrementalRender::delta)). The model's tokens are
+    /// never re-encoded: a rollout is one training row with no drift, even when the template
+    /// rewrites history. A turn whose template has no exact delta is rendered as in
+    /// [`PromptMode::Rerender`] and counted (`fallback_turns`). The parsed answer (content,
+    /// `reasoning_content` split from a `<think>` block, tool calls) still goes to the
+    /// tools and into the sample's `completion`.
+    #[default]
+    Append,
+    /// TRL's way: the whole conversation rendered each turn (incrementally) and reconciled
+    /// with the sampled ids; a template that rewrites history (Qwen3 dropping an empty think
+    /// block of an earlier turn) makes the reconciler fork a new row at that turn.
+    Rerender,
+}
+
+impl PromptMode {
+    /// `append` or `rerender`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptMode::Append => "append",
+            PromptMode::Rerender => "rerender",
+        }
+    }
+}
+
+impl fmt::Display for PromptMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PromptMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "append" => Ok(PromptMode::Append),
+            "rerender" => Ok(PromptMode::Rerender),
+            other => Err(format!(
+                "unknown prompt mode '{other}'; expected append (token-in/token-out) or rerender (render the whole conversation each turn)"
+            )),
+        }
+    }
+}
 
 /// How the loop runs.
 #[derive(Debug, Clone)]
@@ -98,6 +151,8 @@ pub struct RolloutConfig {
     pub server_wait: Duration,
     /// Sampling.
     pub sampling: Sampling,
+    /// How the prompt of each turn after the first is built.
+    pub prompt_mode: PromptMode,
     /// How turns become training rows.
     pub reconciler: ReconcilerConfig,
     /// How rewards become advantages.
@@ -111,9 +166,9 @@ pub struct RolloutConfig {
 }
 
 impl Default for RolloutConfig {
-    /// 8 generations, 64 in flight, 8 turns of at most 512 tokens, 10 minutes per rollout,
-    /// groups of at least 2, one retry, a run that stops past 50% failed rollouts or 10
-    /// minutes without a server, TRL's advantages, a 100 ms heartbeat.
+    /// 8 generations, 64 in flight, 8 turns of at most 512 tokens, append mode, 10 minutes
+    /// per rollout, groups of at least 2, one retry, a run that stops past 50% failed
+    /// rollouts or 10 minutes without a server, TRL's advantages, a 100 ms heartbeat.
     fn default() -> Self {
         Self {
             num_generations: 8,
@@ -131,6 +186,7 @@ impl Default for RolloutConfig {
             max_failure_rate: Some(0.5),
             server_wait: Duration::from_secs(600),
             sampling: Sampling::default(),
+            prompt_mode: PromptMode::Append,
             reconciler: ReconcilerConfig::default(),
             advantages: AdvantageConfig::default(),
             output_buffer: 16,
@@ -250,6 +306,10 @@ pub(crate) struct Shared<G> {
     /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
     cancelled_in_flight: AtomicU64,
     eos: Option<u32>,
+    /// The chat template's name, for messages about it.
+    template_name: String,
+    /// Why append mode fell back to re-rendering, by reason: each is warned about once.
+    fallbacks_warned: Mutex<Vec<&'static str>>,
     /// The model version; rollouts waiting on staleness subscribe to it.
     versions: watch::Sender<u64>,
     admission: CancellationToken,
@@ -355,6 +415,21 @@ impl<G> Shared<G> {
         }
     }
 
+    /// Notes a turn whose next prompt append mode could not build (counted by the caller),
+    /// warning once per reason.
+    pub(crate) fn fell_back(&self, reason: &NoExactDelta) {
+        Counters::add(&self.counters.append_fallbacks, 1);
+        let mut warned = lock(&self.fallbacks_warned);
+        if !warned.contains(&reason.kind()) {
+            warned.push(reason.kind());
+            tracing::warn!(
+                template = %self.template_name,
+                reason = %reason,
+                "append mode: no exact token delta after an assistant turn; such turns are re-rendered whole (counted in fallback_turns); warned once per reason"
+            );
+        }
+    }
+
     /// The text of sampled ids as the parser reads it: special tokens kept (tool-call
     /// markers are often special), a final end-of-answer token left out.
     pub(crate) fn decode(&self, ids: &[u32]) -> Result<String, RenderError> {
@@ -441,6 +516,7 @@ impl<G: Generator> EngineBuilder<G> {
             options.tools = Some(tools.registry().to_openai());
         }
         let template = self.tokenizer.template(&options)?;
+        let template_name = template.name().to_owned();
         let parser = self.parser.unwrap_or_else(|| {
             detect_parser(template.source()).unwrap_or_else(|| Box::new(HermesParser))
         });
@@ -466,6 +542,8 @@ impl<G: Generator> EngineBuilder<G> {
         let (output, groups) = mpsc::channel(groups_in_flight + config.output_buffer.max(1));
         let shared = Arc::new(Shared {
             eos: self.tokenizer.eos_token_id(),
+            template_name,
+            fallbacks_warned: Mutex::new(Vec::new()),
             generator: self.generator,
             tokenizer: self.tokenizer,
             options,

@@ -5,8 +5,10 @@
 //! scripted policy instead of a model:
 //!
 //! - a plain answer of `answer_tokens` tokens, or, for the first `tool_rounds` assistant turns
-//!   of a conversation, a hermes/Qwen tool call (`<tool_call>{"name": ..., "arguments": ...}
-//!   </tool_call>`) to `tool_name`;
+//!   of a conversation, a tool call to `tool_name` written in `call_format` (hermes/Qwen
+//!   `<tool_call>{"name": ..., "arguments": ...}</tool_call>` by default; Qwen3-Coder XML,
+//!   Llama-3 JSON and Mistral `[TOOL_CALLS]` as the model families write them), each after
+//!   an optional `preamble` (a reasoning block, as a thinking model writes one);
 //! - an arithmetic demo's policy when it has tool rounds to play: the call's arguments are
 //!   `{"expression": "A op B"}` with the last `A op B` (integers, `+ - * /`) of the last user
 //!   turn before the first call (`"What is 17 * 23?"` gives `"17 * 23"`), else a random
@@ -47,6 +49,23 @@ pub struct Faults {
     pub malformed: f64,
 }
 
+/// How the simulator writes a tool call: the formats the model families write, which the
+/// engine's parsers of the same names read back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallFormat {
+    /// `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>` (Qwen2.5, Qwen3, Hermes).
+    #[default]
+    Hermes,
+    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>`
+    /// (Qwen3-Coder).
+    Qwen3Coder,
+    /// `{"name": .., "parameters": {..}}` (Llama 3.1 and later).
+    Llama3Json,
+    /// `[TOOL_CALLS][{"name": .., "arguments": {..}}]` (Mistral).
+    Mistral,
+}
+
 /// How the simulator behaves.
 #[derive(Clone)]
 pub struct SimConfig {
@@ -62,6 +81,15 @@ pub struct SimConfig {
     pub tool_rounds: usize,
     /// The tool it calls.
     pub tool_name: String,
+    /// How it writes the call.
+    pub call_format: CallFormat,
+    /// Text every answer starts with, call or final answer: empty by default; a reasoning
+    /// block (`<think>\n...\n</think>\n\n`) plays a thinking model.
+    pub preamble: String,
+    /// Sample each call one character per token (special tokens kept whole) instead of its
+    /// text's own encoding, as a real model may sample a text in other tokens (vLLM with
+    /// structured output does): a client that re-encodes the text gets other ids.
+    pub spell_calls: bool,
     /// The chance, drawn from each request's seed, that a final answer after a tool call
     /// repeats the tool's result (the last number of the prompt) instead of a random one.
     pub correct_rate: f64,
@@ -81,8 +109,8 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// Defaults: model `sim`, 4096 tokens of context, 32-token answers, no tool rounds, a
-    /// correct rate of 0.5, no latency, no faults, EOS `<|im_end|>`.
+    /// Defaults: model `sim`, 4096 tokens of context, 32-token answers, no tool rounds, hermes
+    /// calls, no preamble, a correct rate of 0.5, no latency, no faults, EOS `<|im_end|>`.
     pub fn new(tokenizer: Tokenizer) -> SimConfig {
         SimConfig {
             tokenizer: Arc::new(tokenizer),
@@ -91,6 +119,9 @@ impl SimConfig {
             answer_tokens: 32,
             tool_rounds: 0,
             tool_name: "calculator".to_owned(),
+            call_format: CallFormat::Hermes,
+            preamble: String::new(),
+            spell_calls: false,
             correct_rate: 0.5,
             eos_token: "<|im_end|>".to_owned(),
             latency: Duration::ZERO,
@@ -117,6 +148,9 @@ impl std::fmt::Debug for SimConfig {
             .field("answer_tokens", &self.answer_tokens)
             .field("tool_rounds", &self.tool_rounds)
             .field("tool_name", &self.tool_name)
+            .field("call_format", &self.call_format)
+            .field("preamble", &self.preamble)
+            .field("spell_calls", &self.spell_calls)
             .field("correct_rate", &self.correct_rate)
             .field("latency", &self.latency)
             .field("per_token", &self.per_token)

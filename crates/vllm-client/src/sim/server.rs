@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::{Counters, Pause, SimConfig, pause_channel};
+use super::{CallFormat, Counters, Pause, SimConfig, pause_channel};
 use crate::{
     sync::{Arc, AtomicU64, Mutex, Ordering, lock},
     types::{ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest},
@@ -37,6 +37,8 @@ pub(crate) struct State {
     words: Vec<Vec<u32>>,
     /// The ids of `"The answer is N."` for N in 0..100, encoded once.
     openings: Vec<Vec<u32>>,
+    /// The ids of the preamble every answer starts with, encoded once.
+    preamble: Vec<u32>,
     /// Every token's text, decoded once (logprob `tokens` need one per sampled id).
     token_texts: Vec<String>,
     /// Completions answered, when the config says to record them.
@@ -64,6 +66,7 @@ impl State {
         let openings = (0..100)
             .map(|n| encode(&format!("The answer is {n}.")))
             .collect();
+        let preamble = encode(&config.preamble);
         let vocab = u32::try_from(tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX);
         let token_texts = (0..vocab)
             .map(|id| tokenizer.decode(&[id], false).unwrap_or_default())
@@ -72,6 +75,7 @@ impl State {
             eos: tokenizer.token_to_id(&config.eos_token),
             words,
             openings,
+            preamble,
             token_texts,
             config,
             counters: Counters::default(),
@@ -113,9 +117,16 @@ impl State {
         let mut arguments = None;
         let mut ids = if calling {
             let args = tool_arguments(reading.question, seed);
-            let ids = self
-                .encode(&tool_call_text(&self.config.tool_name, &args), false)
-                .unwrap_or_default();
+            let call = tool_call_text(self.config.call_format, &self.config.tool_name, &args);
+            let ids = if self.config.spell_calls {
+                let mut ids = self.preamble.clone();
+                ids.extend(self.spell(&call));
+                ids
+            } else {
+                // The preamble and the call encoded together, as one text.
+                let text = format!("{}{call}", self.config.preamble);
+                self.encode(&text, false).unwrap_or_default()
+            };
             arguments = Some(args);
             ids
         } else {
@@ -139,7 +150,11 @@ impl State {
                 ids.extend_from_slice(&self.words[(rng % WORDS.len() as u64) as usize]);
             }
             ids.truncate(self.config.answer_tokens);
-            ids
+            if self.preamble.is_empty() {
+                ids
+            } else {
+                [self.preamble.as_slice(), &ids].concat()
+            }
         };
         let text = self.decode(&ids);
         ids.extend(self.eos);
@@ -150,11 +165,38 @@ impl State {
         }
     }
 
+    /// The ids of `text` with every ordinary token longer than a character spelled one
+    /// character per token; added tokens (the special ones templates write) stay whole.
+    fn spell(&self, text: &str) -> Vec<u32> {
+        let tokenizer = &self.config.tokenizer;
+        let Ok(encoding) = tokenizer.encode(text, false) else {
+            return Vec::new();
+        };
+        let added = tokenizer.get_added_tokens_decoder();
+        let mut ids = Vec::new();
+        for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            let piece = text.get(start..end).unwrap_or_default();
+            if added.contains_key(&id) || piece.chars().count() < 2 {
+                ids.push(id);
+                continue;
+            }
+            let mut buffer = [0u8; 4];
+            for c in piece.chars() {
+                ids.extend(
+                    self.encode(c.encode_utf8(&mut buffer), false)
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        ids
+    }
+
     /// What the policy reads in a prompt's text: the tool calls made so far (counted by
-    /// their `{"name": TOOL, "arguments"` signature), the question asked before the first of
-    /// them, and the last number after it (the tool's result).
+    /// their signature in the call format, `{"name": TOOL, "arguments"` for hermes), the
+    /// question asked before the first of them, and the last number after it (the tool's
+    /// result).
     fn read<'a>(&self, text: &'a str) -> Reading<'a> {
-        let signature = format!("{{\"name\": \"{}\", \"arguments\"", self.config.tool_name);
+        let signature = call_signature(self.config.call_format, &self.config.tool_name);
         let calls = text.matches(&signature).count();
         let before = text.find(&signature).map_or(text, |at| &text[..at]);
         // The last user turn of a ChatML prompt; the whole text when there is no such marker.
@@ -734,9 +776,25 @@ fn tool_arguments(question: Option<&str>, seed: u64) -> Value {
     json!({ "expression": expression })
 }
 
-/// The call as a hermes template renders it, spaced as Python's `json.dumps` spaces an object
-/// (`{"expression": "17 * 23"}`), so that a re-render of the parsed call gives the same text.
-fn tool_call_text(tool: &str, arguments: &Value) -> String {
+/// The call as the format's own chat templates render it, JSON spaced as Python's
+/// `json.dumps` spaces an object (`{"expression": "17 * 23"}`), so that a re-render of the
+/// parsed call gives the same text.
+fn tool_call_text(format: CallFormat, tool: &str, arguments: &Value) -> String {
+    if format == CallFormat::Qwen3Coder {
+        let parameters: String = arguments
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| {
+                let value = match value {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                format!("<parameter={key}>\n{value}\n</parameter>\n")
+            })
+            .collect();
+        return format!("<tool_call>\n<function={tool}>\n{parameters}</function>\n</tool_call>");
+    }
     let arguments = match arguments.as_object() {
         Some(object) => {
             let fields: Vec<String> = object
@@ -747,7 +805,28 @@ fn tool_call_text(tool: &str, arguments: &Value) -> String {
         }
         None => arguments.to_string(),
     };
-    format!("<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {arguments}}}\n</tool_call>")
+    match format {
+        CallFormat::Llama3Json => format!("{{\"name\": \"{tool}\", \"parameters\": {arguments}}}"),
+        CallFormat::Mistral => {
+            format!("[TOOL_CALLS][{{\"name\": \"{tool}\", \"arguments\": {arguments}}}]")
+        }
+        CallFormat::Hermes | CallFormat::Qwen3Coder => format!(
+            "<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {arguments}}}\n</tool_call>"
+        ),
+    }
+}
+
+/// What marks a call to `tool` in a prompt, in the format's own templates' rendering too:
+/// `{"name": "TOOL", "arguments"` (hermes; Mistral's list of calls), `{"name": "TOOL",
+/// "parameters"` (Llama 3), `<function=TOOL>` (Qwen3-Coder).
+fn call_signature(format: CallFormat, tool: &str) -> String {
+    match format {
+        CallFormat::Hermes | CallFormat::Mistral => {
+            format!("{{\"name\": \"{tool}\", \"arguments\"")
+        }
+        CallFormat::Llama3Json => format!("{{\"name\": \"{tool}\", \"parameters\""),
+        CallFormat::Qwen3Coder => format!("<function={tool}>"),
+    }
 }
 
 /// What the scripted policy reads in a prompt (see [`State::read`]).
