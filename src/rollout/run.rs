@@ -359,8 +359,9 @@ fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: 
     }
     let tools = report.tools.as_ref().map_or_else(String::new, |t| {
         format!(
-            "; tools: {} calls finished, {} cancelled, {} threads joined, {} left running",
-            t.completed, t.cancelled, t.threads_joined, t.threads_detached
+            "; tool calls at shutdown: {} finished, {} cancelled before they ran, {} cut at the \
+             deadline; {} tool threads joined, {} left running",
+            t.completed, t.cancelled, t.still_running, t.threads_joined, t.threads_detached
         )
     });
     // Rollouts cancelled by the drain either were running when it gave up on them (then the
