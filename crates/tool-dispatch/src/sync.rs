@@ -21,7 +21,7 @@ pub(crate) use std::{
 pub(crate) use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 #[cfg(tool_dispatch_loom)]
-pub(crate) use self::model::{OwnedSemaphorePermit, Semaphore, oneshot, spin_until};
+pub(crate) use self::model::{Gate, OwnedSemaphorePermit, Semaphore, oneshot, spin_until};
 #[cfg(tool_dispatch_loom)]
 pub(crate) use loom::{
     sync::{
@@ -68,6 +68,27 @@ mod model {
     use loom::sync::{Arc, Condvar, Mutex};
 
     use super::{lock, wait};
+
+    /// A door that a model's jobs wait behind until the model opens it.
+    #[derive(Default)]
+    pub(crate) struct Gate {
+        open: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl Gate {
+        pub(crate) fn open(&self) {
+            *lock(&self.open) = true;
+            self.opened.notify_all();
+        }
+
+        pub(crate) fn wait(&self) {
+            let mut open = lock(&self.open);
+            while !*open {
+                open = wait(&self.opened, open);
+            }
+        }
+    }
 
     /// How many times [`spin_until`] yields before it concludes that nothing can happen.
     ///

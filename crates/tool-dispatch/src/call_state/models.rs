@@ -11,8 +11,8 @@ use super::{Abandoned, CallJob, CallState, Reply, Run, Waiting, handshake};
 use crate::{
     pool::{Faults, Job, Pool, PoolConfig, Rejected},
     sync::{
-        self, Arc, AtomicBool, AtomicUsize, Condvar, Mutex, Ordering::SeqCst, Semaphore, oneshot,
-        spin_until, thread,
+        self, Arc, AtomicBool, AtomicUsize, Gate, Ordering::SeqCst, Semaphore, oneshot, spin_until,
+        thread,
     },
 };
 
@@ -60,27 +60,6 @@ fn loom_waiter_and_job_agree() {
 /// The dispatcher's sizing in these models: one thread, room for one queued call.
 const MAX_THREADS: usize = 1;
 const QUEUE_CAPACITY: usize = 1;
-
-/// A door that a call's work waits behind until the model opens it.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Gate {
-    fn open(&self) {
-        *sync::lock(&self.open) = true;
-        self.opened.notify_all();
-    }
-
-    fn wait(&self) {
-        let mut open = sync::lock(&self.open);
-        while !*open {
-            open = sync::wait(&self.opened, open);
-        }
-    }
-}
 
 /// What the models' calls do: note that they ran, then wait behind their gate, if any.
 #[derive(Default)]

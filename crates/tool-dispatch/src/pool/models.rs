@@ -12,7 +12,7 @@
 //! threads that `shutdown` counts as joined have exited.
 
 use super::{Faults, Job, Pool, PoolConfig, PoolReport, Rejected};
-use crate::sync::{self, Arc, AtomicUsize, Condvar, Mutex, Ordering::SeqCst, spin_until, thread};
+use crate::sync::{self, Arc, AtomicUsize, Gate, Ordering::SeqCst, spin_until, thread};
 
 /// Counts what happened to the jobs of one model run.
 #[derive(Default)]
@@ -27,27 +27,6 @@ impl Probe {
     /// Jobs resolved so far, by running or by cancellation.
     fn resolved(&self) -> usize {
         self.ran.load(SeqCst) + self.cancelled.load(SeqCst)
-    }
-}
-
-/// A door that jobs wait behind until the model opens it.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Gate {
-    fn open(&self) {
-        *sync::lock(&self.open) = true;
-        self.opened.notify_all();
-    }
-
-    fn wait(&self) {
-        let mut open = sync::lock(&self.open);
-        while !*open {
-            open = sync::wait(&self.opened, open);
-        }
     }
 }
 
