@@ -400,16 +400,11 @@ fn a_prompt_too_large_for_the_context_is_a_bad_row_found_before_tokenizing() {
 }
 
 /// A settings mistake that `--check` finds, and that a real run finds before it empties
-/// the output: `config` (top-level keys first) and `rest` (tables) go into run.toml.
-fn refused_before_the_output_is_touched(
-    name: &str,
-    keys: &str,
-    tables: &str,
-    args: &[&str],
-) -> String {
+/// the output: `tables` go into run.toml, `args` on the command line. Returns the error.
+fn refused_before_the_output_is_touched(name: &str, tables: &str, args: &[&str]) -> String {
     let case = Case::new(name);
     case.write_dataset(4);
-    case.write_config(&format!("{keys}\n{tables}"));
+    case.write_config(tables);
     std::fs::write(case.out(), "precious rows\n").expect("write");
     let mut check_args = vec!["--check"];
     check_args.extend_from_slice(args);
@@ -442,104 +437,74 @@ fn refused_before_the_output_is_touched(
 
 #[test]
 fn settings_that_cannot_work_are_refused_by_check_and_before_the_output_is_emptied() {
-    let error = refused_before_the_output_is_touched(
-        "dup-rewards",
-        "",
-        "[[rewards]]\nspec = \"numeric:answer\"\n",
-        &[],
-    );
-    assert!(
-        error.contains("a second reward named 'numeric_answer'"),
-        "{error}"
-    );
-    assert!(
-        error.contains("`name = \"...\"`"),
-        "the fix for a user: {error}"
-    );
-    assert!(!error.contains("Reward::named"), "{error}");
-
-    let error = refused_before_the_output_is_touched(
-        "empty-tool-name",
-        "",
-        "[[tools]]\nname = \"\"\nkind = \"calculator\"\n",
-        &[],
-    );
-    assert!(
-        error.contains("tools[0]") && error.contains("name"),
-        "{error}"
-    );
-
-    let error = refused_before_the_output_is_touched(
-        "bad-parameters",
-        "",
-        "[[tools]]\nname = \"c\"\nkind = \"calculator\"\nparameters = \"a string\"\n",
-        &[],
-    );
-    assert!(
-        error.contains("parameters must be a JSON object schema"),
-        "{error}"
-    );
-
-    let error = refused_before_the_output_is_touched(
-        "zero-timeout",
-        "",
-        "[[tools]]\nname = \"c\"\nkind = \"calculator\"\ntimeout = \"0s\"\n",
-        &[],
-    );
-    assert!(error.contains("timeout must be longer than 0s"), "{error}");
-
-    let error = refused_before_the_output_is_touched(
-        "weight-twice",
-        "",
-        "[[rewards]]\nname = \"again\"\nspec = \"exact:answer@2\"\nweight = 3.0\n",
-        &[],
-    );
-    assert!(error.contains("the weight is given twice"), "{error}");
-
-    let error = refused_before_the_output_is_touched(
-        "no-column",
-        "",
-        "",
-        &["--reward", "numeric:nosuchcol"],
-    );
-    assert!(
-        error.contains("--reward numeric:nosuchcol: no row of")
-            && error.contains("has a column 'nosuchcol'; its rows have: answer"),
-        "{error}"
-    );
-
-    let error = refused_before_the_output_is_touched(
-        "bad-weight",
-        "",
-        "",
-        &["--reward", "numeric:answer@abc"],
-    );
-    assert!(
-        error.contains("the weight after '@' must be a number, got 'abc'"),
-        "{error}"
-    );
-
-    let error = refused_before_the_output_is_touched(
-        "no-program",
-        "",
-        "",
-        &["--reward", "command:./nosuch-judge.py"],
-    );
-    assert!(
-        error.contains("program './nosuch-judge.py' not found"),
-        "{error}"
-    );
-
-    let error = refused_before_the_output_is_touched(
-        "no-tool-program",
-        "",
-        "[[tools]]\nname = \"t\"\nkind = \"command\"\ncommand = [\"no-such-program-here\"]\n",
-        &[],
-    );
-    assert!(
-        error.contains("program 'no-such-program-here' not found: not on PATH"),
-        "{error}"
-    );
+    // (case, [[tables]] of run.toml, flags, what the error says)
+    let cases: &[(&str, &str, &[&str], &[&str])] = &[
+        (
+            "dup-rewards",
+            "[[rewards]]\nspec = \"numeric:answer\"\n",
+            &[],
+            // The fix a user can make, not a Rust API.
+            &["a second reward named 'numeric_answer'", "`name = \"...\"`"],
+        ),
+        (
+            "empty-tool-name",
+            "[[tools]]\nname = \"\"\nkind = \"calculator\"\n",
+            &[],
+            &["tools[0]", "name"],
+        ),
+        (
+            "bad-parameters",
+            "[[tools]]\nname = \"c\"\nkind = \"calculator\"\nparameters = \"a string\"\n",
+            &[],
+            &["parameters must be a JSON object schema"],
+        ),
+        (
+            "zero-timeout",
+            "[[tools]]\nname = \"c\"\nkind = \"calculator\"\ntimeout = \"0s\"\n",
+            &[],
+            &["timeout must be longer than 0s"],
+        ),
+        (
+            "weight-twice",
+            "[[rewards]]\nname = \"again\"\nspec = \"exact:answer@2\"\nweight = 3.0\n",
+            &[],
+            &["the weight is given twice"],
+        ),
+        (
+            "no-column",
+            "",
+            &["--reward", "numeric:nosuchcol"],
+            &[
+                "--reward numeric:nosuchcol: no row of",
+                "has a column 'nosuchcol'; its rows have: answer",
+            ],
+        ),
+        (
+            "bad-weight",
+            "",
+            &["--reward", "numeric:answer@abc"],
+            &["the weight after '@' must be a number, got 'abc'"],
+        ),
+        (
+            "no-program",
+            "",
+            &["--reward", "command:./nosuch-judge.py"],
+            &["program './nosuch-judge.py' not found"],
+        ),
+        (
+            "no-tool-program",
+            "[[tools]]\nname = \"t\"\nkind = \"command\"\ncommand = [\"no-such-program-here\"]\n",
+            &[],
+            &["program 'no-such-program-here' not found: not on PATH"],
+        ),
+    ];
+    for (name, tables, args, expected) in cases {
+        let error = refused_before_the_output_is_touched(name, tables, args);
+        for part in *expected {
+            assert!(error.contains(part), "{name}: {part:?} in {error}");
+        }
+        assert!(!error.contains("Reward::named"), "{name}: {error}");
+    }
 }
 
 #[test]
