@@ -177,9 +177,20 @@ struct Server {
     base: String,
     inflight: AtomicUsize,
     ejected: Mutex<Option<Ejection>>,
-    /// The error of its last attempt, when that attempt could not reach it (refused, reset,
-    /// hung, 5xx); cleared by any answer that is not one of those, a probe's included.
-    down: Mutex<Option<String>>,
+    /// Why it is down: its last [`DOWN_AFTER`] attempts in a row could not reach it (refused,
+    /// reset, hung, 5xx); cleared by any answer that is not one of those, a probe's included.
+    down: Mutex<Down>,
+}
+
+/// Attempts in a row that must fail before a server counts as down: one 503 among answers
+/// is a retry, not an outage.
+const DOWN_AFTER: u32 = 3;
+
+/// A server's run of failed attempts, and the last error once the run is long enough.
+#[derive(Debug, Default)]
+struct Down {
+    failures_in_a_row: u32,
+    reason: Option<String>,
 }
 
 /// Why and until when a server is left out.
@@ -199,11 +210,28 @@ impl Server {
 
     /// Notes how an attempt at this server went.
     fn note<T>(&self, outcome: &Result<T, Error>) {
-        let down = match outcome {
-            Err(error) if error.is_retryable() || error.is_timeout() => Some(error.to_string()),
-            _ => None,
-        };
-        *lock(&self.down) = down;
+        match outcome {
+            Err(error) if error.is_retryable() || error.is_timeout() => self.failed(error),
+            _ => {
+                self.answered();
+            }
+        }
+    }
+
+    /// An attempt could not reach it.
+    fn failed(&self, error: &Error) {
+        let mut down = lock(&self.down);
+        down.failures_in_a_row = down.failures_in_a_row.saturating_add(1);
+        if down.failures_in_a_row >= DOWN_AFTER {
+            down.reason = Some(error.to_string());
+        }
+    }
+
+    /// It answered; returns whether it was down.
+    fn answered(&self) -> bool {
+        let mut down = lock(&self.down);
+        down.failures_in_a_row = 0;
+        down.reason.take().is_some()
     }
 }
 
@@ -313,7 +341,7 @@ impl Client {
                         base: base.clone(),
                         inflight: AtomicUsize::new(0),
                         ejected: Mutex::new(None),
-                        down: Mutex::new(None),
+                        down: Mutex::new(Down::default()),
                     })
                     .collect(),
                 sticky: Mutex::new(HashMap::new()),
@@ -358,14 +386,15 @@ impl Client {
         }
     }
 
-    /// Why no server can take a request now: every server's last attempt could not reach it
-    /// (refused, reset, hung, 5xx), with the last error of each; `None` while one can. A
+    /// Why no server can take a request now: every server's last attempts (3 in a row) could
+    /// not reach it (refused, reset, hung, 5xx), with the last error of each; `None` while one
+    /// can. A
     /// server counts again once a request or a probe of [`Client::spawn_health_checks`]
     /// gets an answer from it.
     pub fn unavailable(&self) -> Option<String> {
         let mut reasons = Vec::with_capacity(self.inner.servers.len());
         for server in &self.inner.servers {
-            let down = lock(&server.down).clone()?;
+            let down = lock(&server.down).reason.clone()?;
             reasons.push(format!("{}: {down}", server.base));
         }
         Some(reasons.join("; "))
@@ -404,7 +433,7 @@ impl Client {
                         .filter_map(|(index, server)| {
                             let ejection =
                                 (*lock(&server.ejected)).filter(|e| e.unreachable && e.until > now);
-                            let down = lock(&server.down).is_some();
+                            let down = lock(&server.down).failures_in_a_row > 0;
                             (ejection.is_some() || down)
                                 .then(|| (index, server.base.clone(), ejection))
                         })
@@ -423,7 +452,7 @@ impl Client {
                     }
                     let Some(inner) = inner.upgrade() else { return };
                     let server = &inner.servers[index];
-                    let was_down = lock(&server.down).take().is_some();
+                    let was_down = server.answered();
                     let mut current = lock(&server.ejected);
                     // Only the ejection that was probed: a newer failure stays in force.
                     let ejected = ejection.is_some() && *current == ejection;
@@ -797,7 +826,7 @@ impl Client {
                 Ok(Err(error)) => error,
                 Err(_elapsed) => {
                     let timeout = Error::timeout(&endpoint, policy.deadline, last);
-                    *lock(&self.inner.servers[index].down) = Some(timeout.to_string());
+                    self.inner.servers[index].failed(&timeout);
                     if self.inner.servers.len() > 1 {
                         // A server that hangs must not keep its sticky rollouts forever.
                         self.eject(index, &timeout);
@@ -1072,6 +1101,35 @@ impl fmt::Debug for Client {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_server_is_down_after_three_failed_attempts_in_a_row_and_up_at_its_next_answer() {
+        let server = super::Server {
+            base: "http://127.0.0.1:1".to_owned(),
+            inflight: AtomicUsize::new(0),
+            ejected: Mutex::new(None),
+            down: Mutex::new(super::Down::default()),
+        };
+        let unavailable = || Error::from_status("POST /v1/completions", 503, b"busy");
+        let refused = Error::from_status("POST /v1/completions", 400, b"bad request");
+        let reason = |server: &super::Server| lock(&server.down).reason.clone();
+        server.note::<()>(&Err(unavailable()));
+        server.note::<()>(&Err(unavailable()));
+        assert_eq!(reason(&server), None, "two 503s are retries, not an outage");
+        server.note::<()>(&Ok(()));
+        server.note::<()>(&Err(unavailable()));
+        server.note::<()>(&Err(unavailable()));
+        assert_eq!(reason(&server), None, "an answer starts the count again");
+        server.note::<()>(&Err(unavailable()));
+        assert!(
+            reason(&server).is_some_and(|r| r.contains("503")),
+            "{:?}",
+            reason(&server)
+        );
+        // A 4xx is an answer: the server is reachable.
+        server.note::<()>(&Err(refused));
+        assert_eq!(reason(&server), None);
+    }
+
     use super::*;
 
     #[test]
