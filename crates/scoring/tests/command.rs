@@ -145,3 +145,42 @@ async fn a_program_killed_at_its_timeout_is_really_gone() {
         "the program was killed when the scorer stopped waiting"
     );
 }
+
+#[tokio::test]
+async fn what_a_program_leaves_running_is_killed_when_it_exits() {
+    let pid_file = std::env::temp_dir().join(format!("scoring-tree-{}", std::process::id()));
+    // The scorer answers at once but leaves a sleeper in the background holding stdout.
+    let script = format!(
+        "cat >/dev/null; sleep 7777 & echo $! > {}; echo '[1, 0]'",
+        pid_file.display()
+    );
+    let started = std::time::Instant::now();
+    let column = score_with(shell(&script), Duration::from_secs(20)).await;
+    let waited = started.elapsed();
+    let pid = std::fs::read_to_string(&pid_file).expect("the program wrote its child's pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let stat = format!("/proc/{}/stat", pid.trim());
+    let mut running = true;
+    for _ in 0..200 {
+        let state = std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.chars().next()));
+        running = matches!(state, Some(Some(c)) if c != 'Z');
+        if !running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if running {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status();
+    }
+    assert!(!running, "the background process outlived its scorer");
+    assert_eq!(column.failure, None, "the scores were read");
+    assert_eq!(column.values, [Some(1.0), Some(0.0)]);
+    assert!(
+        waited < Duration::from_secs(10),
+        "the background process kept the scorer waiting"
+    );
+}
