@@ -123,23 +123,11 @@ async fn a_program_killed_at_its_timeout_is_really_gone() {
 
     let pid = std::fs::read_to_string(&pid_file).expect("the program wrote its pid");
     let _ = std::fs::remove_file(&pid_file);
-    let stat = format!("/proc/{}/stat", pid.trim());
     assert!(
         std::path::Path::new("/proc/self/stat").exists(),
         "this test reads /proc (Linux)"
     );
-    // Gone, or a zombie waiting to be reaped: either way no longer running.
-    let mut running = true;
-    for _ in 0..200 {
-        let state = std::fs::read_to_string(&stat)
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.chars().next()));
-        running = matches!(state, Some(Some(c)) if c != 'Z');
-        if !running {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let running = still_running(&pid).await;
     assert!(
         !running,
         "the program was killed when the scorer stopped waiting"
@@ -159,18 +147,7 @@ async fn what_a_program_leaves_running_is_killed_when_it_exits() {
     let waited = started.elapsed();
     let pid = std::fs::read_to_string(&pid_file).expect("the program wrote its child's pid");
     let _ = std::fs::remove_file(&pid_file);
-    let stat = format!("/proc/{}/stat", pid.trim());
-    let mut running = true;
-    for _ in 0..200 {
-        let state = std::fs::read_to_string(&stat)
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.chars().next()));
-        running = matches!(state, Some(Some(c)) if c != 'Z');
-        if !running {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let running = still_running(&pid).await;
     if running {
         let _ = std::process::Command::new("kill")
             .args(["-KILL", pid.trim()])
@@ -183,4 +160,20 @@ async fn what_a_program_leaves_running_is_killed_when_it_exits() {
         waited < Duration::from_secs(10),
         "the background process kept the scorer waiting"
     );
+}
+
+/// Whether process `pid` still runs after up to 2 s of waiting: gone, or a zombie waiting to
+/// be reaped, is not running.
+async fn still_running(pid: &str) -> bool {
+    let stat = format!("/proc/{}/stat", pid.trim());
+    for _ in 0..200 {
+        let state = std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.chars().next()));
+        if !matches!(state, Some(Some(c)) if c != 'Z') {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
