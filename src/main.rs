@@ -84,12 +84,12 @@ fn main() -> anyhow::Result<ExitCode> {
         ))]
         Some(Command::Rollout(args)) => {
             let check = args.check;
-            let settings = rollout::config::Settings::resolve(*args)?;
+            let resolved = rollout::config::Settings::resolve(*args)?;
             if check {
-                let checked = rollout::preflight::check(&settings)?;
+                let checked = rollout::preflight::check(&resolved)?;
                 #[allow(clippy::print_stdout, reason = "--check prints the settings")]
                 {
-                    println!("{}", settings.to_toml()?.trim_end());
+                    println!("{}", resolved.to_toml()?.trim_end());
                 }
                 eprintln!(
                     "async-grpo: the settings check out; {} dataset rows to roll out{}",
@@ -102,7 +102,7 @@ fn main() -> anyhow::Result<ExitCode> {
                 );
                 return Ok(ExitCode::SUCCESS);
             }
-            rollout::run::run(settings)
+            rollout::run::run(resolved)
         }
         #[cfg(feature = "rollout-core")]
         Some(Command::Render(args)) => render::run(&args).map(|()| ExitCode::SUCCESS),

@@ -218,7 +218,8 @@ fn the_prompt_mode_is_append_unless_the_file_or_a_flag_says_rerender() {
         &["--config", "run.toml", "--prompt-mode", "retokenize"],
     );
     assert!(
-        stderr.contains("unknown prompt mode 'retokenize'; expected append"),
+        stderr.contains("invalid value 'retokenize' for '--prompt-mode <MODE>'")
+            && stderr.contains("[possible values: append, rerender]"),
         "{stderr}"
     );
     std::fs::write(

@@ -1,10 +1,14 @@
-//! `async-grpo rollout`'s settings: its flags, its TOML file, and [`Settings`], both merged.
+//! `async-grpo rollout`'s settings: declared once, as [`Settings`] (this binary's own) and the
+//! engine's [`RolloutConfig`], [`Sampling`] and [`ReconcilerConfig`]; each of those structs is
+//! at once the TOML file's keys (serde), the flags (clap, `augment_args_for_update`) and the
+//! defaults (`Default`), and the run hands the engine its own struct, not a copy.
 //!
-//! Every setting is a flag and a key of the file (the flag's name in snake_case); a flag
-//! given wins over the file, and a setting given nowhere takes its default. `--server` and
-//! `--reward`, repeatable, replace the file's `servers` and `[[rewards]]` when given at all.
+//! Layering: the defaults, then the file `--config` names, then the flags given. A flag given
+//! wins over the file; a flag not given leaves the file's value alone (the flags are parsed
+//! without defaults, and clap's `update_from_arg_matches` sets only what was given). `--server`
+//! and `--reward`, repeatable, replace the file's `servers` and `[[rewards]]` when given at all.
 //! Paths in the file are relative to the file's directory, paths on the command line to the
-//! current directory; [`Settings`] holds them absolute. Unknown keys, anywhere in the file,
+//! current directory; [`Resolved`] holds them absolute. Unknown keys, anywhere in the file,
 //! are errors naming the key, the file and the line.
 //!
 //! ```toml
@@ -30,145 +34,99 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, ValueEnum, parser::ValueSource};
 use rollout_core::{
     ReconcilerConfig,
-    rollout::{PromptMode, RolloutConfig, Sampling},
+    rollout::{ConfigError, RolloutConfig, Sampling},
 };
-use scoring::{AdvantageConfig, Reward, builtin::CommandReward};
-use serde::{Deserialize, Serialize};
-use toml::Spanned;
+use scoring::{AdvantageConfig, Reward, builtin};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use tool_dispatch::{
     Registry,
-    builtin::{ToolConfig, ToolKind, parse_duration},
+    builtin::{ToolConfig, ToolKind},
 };
-use vllm_client::{SamplingParams, sim::SimConfig};
+use vllm_client::sim::SimConfig;
 
-/// Options of `async-grpo rollout`: dataset rows to multi-turn conversations with tools, to
-/// rewards, to JSONL training rows.
-#[derive(Debug, Default, Args)]
+/// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
+/// and every setting of [`Settings`] as a flag (kept as parsed, to be laid over the file).
+#[derive(Debug, Clone)]
 pub(crate) struct RolloutArgs {
-    /// A TOML file holding the settings, keys named as these flags in snake_case (paths in it
-    /// are relative to its directory); a flag given here wins over the file
-    #[arg(long, value_name = "FILE.toml")]
     config: Option<PathBuf>,
-    /// A vLLM server's base URL, e.g. http://127.0.0.1:8000 (repeat for replicas); without
-    /// any, the built-in simulator answers (scripted, not a model)
-    #[arg(long = "server", value_name = "URL")]
-    servers: Vec<String>,
-    /// The model name the servers serve (default: the first one they list)
-    #[arg(long, value_name = "NAME")]
-    model: Option<String>,
-    /// The tokenizer: a directory holding tokenizer.json and tokenizer_config.json, or a
-    /// tokenizer.json whose directory holds the config (required)
-    #[arg(long, value_name = "PATH")]
-    tokenizer: Option<PathBuf>,
-    /// A chat template (.jinja) to use instead of the tokenizer's own
-    #[arg(long, value_name = "PATH")]
-    chat_template: Option<PathBuf>,
-    /// The tool-call format: hermes, qwen3_coder, llama3_json or mistral (default: detected
-    /// from the chat template)
-    #[arg(long, value_name = "NAME")]
-    tool_parser: Option<String>,
-    /// The prompts: JSON Lines of {"prompt": text or messages, ...columns} (required)
-    #[arg(long, value_name = "FILE.jsonl")]
-    dataset: Option<PathBuf>,
-    /// Set malformed dataset rows aside (reported at the end) instead of stopping
-    #[arg(long)]
-    skip_bad_rows: bool,
-    /// Completions per prompt: the group size [default: 8]
-    #[arg(long, value_name = "N")]
-    num_generations: Option<usize>,
-    /// Rollouts in flight at once [default: 64]
-    #[arg(long, value_name = "N")]
-    max_inflight: Option<usize>,
-    /// Assistant turns per rollout [default: 8]
-    #[arg(long, value_name = "N")]
-    max_turns: Option<usize>,
-    /// Tokens per assistant turn [default: 512]
-    #[arg(long, value_name = "N")]
-    max_tokens: Option<u32>,
-    /// Completion tokens per rollout, every turn together (default: no limit but the context)
-    #[arg(long, value_name = "N")]
-    max_total_tokens: Option<u32>,
-    /// The context length, instead of what the server reports
-    #[arg(long, value_name = "N")]
-    max_model_len: Option<u32>,
-    /// Sampling temperature [default: 1.0]
-    #[arg(long, value_name = "T")]
-    temperature: Option<f32>,
-    /// Nucleus sampling: keep the most likely tokens up to this probability mass
-    #[arg(long, value_name = "P")]
-    top_p: Option<f32>,
-    /// Keep the K most likely tokens (-1: all)
-    #[arg(long, value_name = "K", allow_negative_numbers = true)]
-    top_k: Option<i32>,
-    /// Drop tokens less likely than this fraction of the most likely one
-    #[arg(long, value_name = "P")]
-    min_p: Option<f32>,
-    /// Base seed of the requests (default: random)
-    #[arg(long, value_name = "N")]
-    seed: Option<u64>,
-    /// A reward function: numeric:COLUMN, exact:COLUMN, regex:PATTERN, command:PROGRAM or
-    /// length:MAX, each with an optional @WEIGHT (repeat for several; at least one)
-    #[arg(long = "reward", value_name = "SPEC")]
-    rewards: Vec<String>,
-    /// The advantage estimator: trl, grpo, dr_grpo, rloo or batch [default: trl]
-    #[arg(long, value_name = "NAME")]
-    estimator: Option<String>,
-    /// Stop after N groups (default: one pass over the dataset)
-    #[arg(long, value_name = "N")]
-    groups: Option<u64>,
-    /// Replace the output file when it exists (else a run refuses to start rather than
-    /// lose rows written before)
-    #[arg(long)]
-    overwrite: bool,
-    /// Check the settings, print them resolved, and exit without rolling out
-    #[arg(long)]
+    /// `--check`: check the settings, print them resolved, and exit.
     pub(crate) check: bool,
-    /// Where the training rows go (JSON Lines) [default: rollouts.jsonl]
-    #[arg(long, value_name = "FILE.jsonl")]
-    out: Option<PathBuf>,
-    /// How the prompts of later turns are built: append (the previous prompt, the ids the
-    /// model sampled, and the chat template's ids for what follows: one exact row per
-    /// rollout) or rerender (the whole conversation rendered each turn, as TRL does)
-    /// [default: append]
-    #[arg(long, value_name = "MODE")]
-    prompt_mode: Option<PromptMode>,
-    /// Re-rendered prompts drifting from the sampled ids by more than this many tokens start
-    /// a new training row [default: 16]
-    #[arg(long, value_name = "N")]
-    fork_threshold_tokens: Option<usize>,
-    /// On Ctrl-C, how long rollouts in flight may take to finish, e.g. 30s [default: 30s]
-    #[arg(long, value_name = "DURATION")]
-    drain_timeout: Option<String>,
-    /// How long one rollout may take, every turn and tool call together [default: 10m]
-    #[arg(long, value_name = "DURATION")]
-    rollout_timeout: Option<String>,
-    /// How long to wait for the servers: at start, and whenever every server is down
-    /// mid-run (admission pauses meanwhile); past it the run drains and exits 1
-    /// [default: 10m]
-    #[arg(long, value_name = "DURATION")]
-    server_wait: Option<String>,
-    /// Stop the run (drain, exit 1) once more than this fraction of the rollouts that ended
-    /// failed, judged from 16 rollouts on and at the end; failures because no server could be
-    /// reached do not count (see --server-wait) [default: 0.5]
-    #[arg(long, value_name = "FRACTION")]
-    max_failure_rate: Option<f64>,
-    /// A PEM file of certificates to trust besides the system's, for https:// servers with
-    /// a private CA or a self-signed certificate
-    #[arg(long, value_name = "FILE.pem")]
-    ca_cert: Option<PathBuf>,
-    /// Completions a group needs to be scored and kept [default: 2]
-    #[arg(long, value_name = "N")]
-    min_group_size: Option<usize>,
-    /// Times a failed rollout is tried again on the same prompt [default: 1]
-    #[arg(long, value_name = "N")]
-    retries: Option<u32>,
-    /// How progress shows: a bar on a terminal, log lines otherwise (auto), or off
-    /// [default: auto]
-    #[arg(long, value_name = "MODE")]
-    progress: Option<Progress>,
+    matches: ArgMatches,
+}
+
+impl FromArgMatches for RolloutArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(RolloutArgs {
+            config: matches.get_one::<PathBuf>("config").cloned(),
+            check: matches.get_flag("check"),
+            matches: matches.clone(),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = RolloutArgs::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for RolloutArgs {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        let defaults = defaults_table();
+        Settings::augment_args_for_update(command)
+            .mut_args(|arg| for_layering(arg, &defaults))
+            .arg(
+                Arg::new("config")
+                    .long("config")
+                    .value_name("FILE.toml")
+                    .value_parser(clap::value_parser!(PathBuf))
+                    .help(
+                        "A TOML file holding the settings, keys named as these flags in \
+                         snake_case (paths in it are relative to its directory); a flag given \
+                         here wins over the file",
+                    ),
+            )
+            .arg(
+                Arg::new("check")
+                    .long("check")
+                    .action(ArgAction::SetTrue)
+                    .help("Check the settings, print them resolved, and exit without rolling out"),
+            )
+    }
+
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        RolloutArgs::augment_args(command)
+    }
+}
+
+/// A setting's flag made fit to be laid over the file: a switch has no implicit `false`
+/// (which would undo the file's `true`), and the help shows the default, taken from the
+/// `Default` impls so that it is written nowhere else.
+fn for_layering(arg: Arg, defaults: &toml::Table) -> Arg {
+    let arg = if matches!(arg.get_action(), ArgAction::SetTrue) {
+        arg.action(ArgAction::Set)
+            .num_args(0)
+            .default_missing_value("true")
+    } else {
+        arg
+    };
+    let key = arg.get_id().as_str().to_owned();
+    let key = arg
+        .get_long()
+        .map(|long| long.replace('-', "_"))
+        .filter(|long| defaults.contains_key(long))
+        .unwrap_or(key);
+    let shown = match defaults.get(&key) {
+        Some(toml::Value::String(text)) if !text.is_empty() => text.clone(),
+        Some(toml::Value::Boolean(_) | toml::Value::Array(_) | toml::Value::String(_)) | None => {
+            return arg;
+        }
+        Some(value) => value.to_string(),
+    };
+    let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+    arg.help(format!("{help} [default: {shown}]"))
 }
 
 /// How progress shows.
@@ -186,126 +144,172 @@ pub(crate) enum Progress {
     Off,
 }
 
-/// Everything `async-grpo rollout` needs, defaults applied, paths absolute, and every value
-/// checked.
-#[derive(Debug, Clone)]
+/// The binary's own settings; `engine` holds the rollout loop's. Each field is a key of the
+/// file and, but for the tables, a flag (its doc comment is the flag's help).
+#[derive(Debug, Clone, Args, Deserialize, Serialize)]
+#[serde(default)]
 pub(crate) struct Settings {
-    /// The file the settings came from, if any.
-    pub(crate) config_file: Option<PathBuf>,
-    /// vLLM base URLs; empty means the simulator.
+    /// A vLLM server's base URL, e.g. http://127.0.0.1:8000 (repeat for replicas); without
+    /// any, the built-in simulator answers (scripted, not a model)
+    #[arg(long = "server", value_name = "URL")]
     pub(crate) servers: Vec<String>,
-    /// The model name, when given.
+    /// The model name the servers serve (default: the first one they list)
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) model: Option<String>,
-    /// The tokenizer directory (tokenizer.json and tokenizer_config.json are in it).
+    /// The tokenizer: a directory holding tokenizer.json and tokenizer_config.json, or a
+    /// tokenizer.json whose directory holds the config (required)
+    #[arg(long, value_name = "PATH")]
     pub(crate) tokenizer: PathBuf,
-    /// A chat template file replacing the tokenizer's.
+    /// A chat template (.jinja) to use instead of the tokenizer's own
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) chat_template: Option<PathBuf>,
-    /// The tool-call parser's name (a known one); `None`: detect it from the template.
+    /// The tool-call format: hermes, qwen3_coder, llama3_json or mistral (default: detected
+    /// from the chat template)
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tool_parser: Option<String>,
-    /// The dataset file.
+    /// The prompts: JSON Lines of {"prompt": text or messages, ...columns} (required)
+    #[arg(long, value_name = "FILE.jsonl")]
     pub(crate) dataset: PathBuf,
-    /// Set bad rows aside instead of failing.
-    pub(crate) skip_bad_rows: bool,
-    /// Replace an existing output file.
-    pub(crate) overwrite: bool,
-    /// Completions per prompt (>= 1).
-    pub(crate) num_generations: usize,
-    /// Rollouts in flight at once (>= 1).
-    pub(crate) max_inflight: usize,
-    /// Assistant turns per rollout (>= 1).
-    pub(crate) max_turns: usize,
-    /// Tokens per turn (>= 1).
-    pub(crate) max_tokens: u32,
-    /// Completion tokens per rollout.
-    pub(crate) max_total_tokens: Option<u32>,
-    /// The context length, overriding the server's.
-    pub(crate) max_model_len: Option<u32>,
-    /// Sampling: `temperature` always set; `top_p`, `top_k`, `min_p`, `seed` when given.
-    pub(crate) sampling: SamplingParams,
-    /// The reward functions (at least one), each built and as written.
-    pub(crate) rewards: Vec<RewardSetting>,
-    /// The estimator preset's name.
-    pub(crate) estimator: String,
-    /// The estimator preset.
-    pub(crate) advantage: AdvantageConfig,
-    /// Groups to produce; `None`: one pass over the dataset.
-    pub(crate) groups: Option<u64>,
-    /// The output file.
+    /// Where the training rows go (JSON Lines)
+    #[arg(long, value_name = "FILE.jsonl")]
     pub(crate) out: PathBuf,
-    /// How later turns' prompts are built.
-    pub(crate) prompt_mode: PromptMode,
-    /// Drift, in tokens, past which a row forks.
-    pub(crate) fork_threshold_tokens: usize,
-    /// Grace period on Ctrl-C.
+    /// Replace the output file when it exists (else a run refuses to start rather than lose
+    /// rows written before)
+    #[arg(long)]
+    pub(crate) overwrite: bool,
+    /// A reward function: numeric:COLUMN, exact:COLUMN, regex:PATTERN, command:PROGRAM or
+    /// length:MAX, each with an optional @WEIGHT (repeat for several; at least one)
+    #[arg(long = "reward", value_name = "SPEC", value_parser = RewardTable::from_flag)]
+    pub(crate) rewards: Vec<RewardTable>,
+    /// The advantage estimator: trl, grpo, dr_grpo, rloo or batch
+    #[arg(long, value_name = "NAME")]
+    pub(crate) estimator: String,
+    /// Threads that run sync tools (started on demand; async tools need none)
+    #[arg(long, value_name = "N")]
+    pub(crate) tool_threads: usize,
+    /// On Ctrl-C, how long rollouts in flight may take to finish, e.g. 30s
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
     pub(crate) drain_timeout: Duration,
-    /// Time limit of one rollout.
-    pub(crate) rollout_timeout: Duration,
-    /// How long to wait for a server, at start and mid-run.
-    pub(crate) server_wait: Duration,
-    /// Failed fraction of rollouts past which the run stops.
-    pub(crate) max_failure_rate: f64,
-    /// Extra trusted certificates (PEM).
+    /// A PEM file of certificates to trust besides the system's, for https:// servers with a
+    /// private CA or a self-signed certificate
+    #[arg(long, value_name = "FILE.pem")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ca_cert: Option<PathBuf>,
-    /// Smallest group kept (1 ..= num_generations).
-    pub(crate) min_group_size: usize,
-    /// Same-prompt retries of a failed rollout.
-    pub(crate) retries: u32,
-    /// How progress shows.
+    /// How progress shows: a bar on a terminal, log lines otherwise (auto), or off
+    #[arg(long, value_name = "MODE")]
     pub(crate) progress: Progress,
-    /// The tools, each checked with [`ToolConfig::build`].
+    /// The tools (`[[tools]]` tables; file only).
+    #[arg(skip)]
     pub(crate) tools: Vec<ToolConfig>,
-    /// The simulator's behaviour (used only without servers).
+    /// The simulator's behaviour (`[simulator]`; file only; used only without servers).
+    #[arg(skip)]
     pub(crate) simulator: SimSettings,
+    /// The rollout loop's settings, read from the same table of the file.
+    #[command(flatten)]
+    #[serde(skip)]
+    pub(crate) engine: RolloutConfig,
 }
 
-/// One reward function: built, as a table that writes it back, and where it was given.
-#[derive(Debug, Clone)]
-pub(crate) struct RewardSetting {
-    /// The function.
-    pub(crate) reward: Reward,
-    /// As a `[[rewards]]` table (a `--reward` as `spec`), paths absolute.
-    table: RewardTable,
-    /// `FILE:LINE rewards[i]` or `--reward`, for messages.
-    place: String,
-}
-
-impl RewardSetting {
-    /// Where it was given: `FILE:LINE: rewards[i]` or `--reward SPEC`.
-    pub(crate) fn place(&self) -> &str {
-        &self.place
-    }
-
-    /// The program a `command` reward runs.
-    fn program(&self) -> Option<&str> {
-        match (&self.table.program, &self.table.spec) {
-            (Some(argv), _) => argv.first().map(String::as_str),
-            (None, Some(spec)) => spec
-                .strip_prefix("command:")
-                .and_then(|rest| rest.split_whitespace().next()),
-            (None, None) => None,
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            servers: Vec::new(),
+            model: None,
+            tokenizer: PathBuf::new(),
+            chat_template: None,
+            tool_parser: None,
+            dataset: PathBuf::new(),
+            out: PathBuf::from("rollouts.jsonl"),
+            overwrite: false,
+            rewards: Vec::new(),
+            estimator: "trl".to_owned(),
+            tool_threads: 64,
+            drain_timeout: Duration::from_secs(30),
+            ca_cert: None,
+            progress: Progress::Auto,
+            tools: Vec::new(),
+            simulator: SimSettings::default(),
+            engine: RolloutConfig::default(),
         }
     }
 }
 
-/// The `[simulator]` table, resolved.
-#[derive(Debug, Clone, PartialEq)]
+/// A `[[rewards]]` table: `spec = "KIND:ARG"`, or `kind` with its own field; `name` to tell
+/// apart two functions of one kind. A `--reward SPEC` is the table `{spec = SPEC}`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RewardTable {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    column: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pattern: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    program: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    buffer: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weight: Option<f64>,
+}
+
+impl RewardTable {
+    /// A `--reward SPEC` (checked when the settings are resolved, with the rest).
+    fn from_flag(spec: &str) -> Result<RewardTable, String> {
+        Ok(RewardTable {
+            spec: Some(spec.to_owned()),
+            ..RewardTable::default()
+        })
+    }
+}
+
+/// The `[simulator]` table: how the built-in simulator answers when no server is given.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
 pub(crate) struct SimSettings {
-    /// Assistant turns that call a tool before the final answer (default 0).
+    /// Assistant turns that call a tool before the final answer.
     pub(crate) tool_rounds: usize,
-    /// Tokens of a final answer (default 32).
+    /// Tokens of a final answer.
     pub(crate) answer_tokens: usize,
-    /// Chance an answer after a tool call repeats its result (default 0.5).
+    /// Chance an answer after a tool call repeats its result.
     pub(crate) correct_rate: f64,
-    /// Delay before the first token (default 0).
+    /// Delay before the first token.
+    #[serde(with = "humantime_serde")]
     pub(crate) latency: Duration,
-    /// Delay per token (default 0).
+    /// Delay per token.
+    #[serde(with = "humantime_serde")]
     pub(crate) per_token: Duration,
-    /// Fraction of requests answered 503 (default 0).
+    /// Fraction of requests answered 503.
     pub(crate) error_503: f64,
-    /// Its context length (default 4096).
+    /// Its context length.
     pub(crate) max_model_len: u32,
-    /// Seed of the fault draws (default 0).
+    /// Seed of the fault draws.
     pub(crate) fault_seed: u64,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        SimSettings {
+            tool_rounds: 0,
+            answer_tokens: 32,
+            correct_rate: 0.5,
+            latency: Duration::ZERO,
+            per_token: Duration::ZERO,
+            error_503: 0.0,
+            max_model_len: 4096,
+            fault_seed: 0,
+        }
+    }
 }
 
 impl SimSettings {
@@ -323,78 +327,469 @@ impl SimSettings {
     }
 }
 
-/// The TOML file, as written (and as `--check` prints the resolved settings back).
-#[derive(Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct FileSettings {
-    servers: Option<Vec<String>>,
-    model: Option<String>,
-    tokenizer: Option<PathBuf>,
-    chat_template: Option<PathBuf>,
-    tool_parser: Option<Spanned<String>>,
-    dataset: Option<PathBuf>,
-    skip_bad_rows: Option<bool>,
-    overwrite: Option<bool>,
-    num_generations: Option<usize>,
-    max_inflight: Option<usize>,
-    max_turns: Option<usize>,
-    max_tokens: Option<u32>,
-    max_total_tokens: Option<u32>,
-    max_model_len: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    rewards: Option<Vec<Spanned<RewardTable>>>,
-    estimator: Option<Spanned<String>>,
-    groups: Option<u64>,
-    out: Option<PathBuf>,
-    prompt_mode: Option<PromptMode>,
-    fork_threshold_tokens: Option<usize>,
-    drain_timeout: Option<Spanned<String>>,
-    rollout_timeout: Option<Spanned<String>>,
-    server_wait: Option<Spanned<String>>,
-    max_failure_rate: Option<f64>,
-    ca_cert: Option<PathBuf>,
-    min_group_size: Option<usize>,
-    retries: Option<u32>,
-    progress: Option<Progress>,
-    tools: Option<Vec<Spanned<ToolConfig>>>,
-    simulator: Option<SimTable>,
+/// One reward function, built, and where it was given.
+#[derive(Debug, Clone)]
+pub(crate) struct RewardSetting {
+    /// The function.
+    pub(crate) reward: Reward,
+    /// `FILE:LINE: rewards[i]` or `--reward SPEC`, for messages.
+    place: String,
 }
 
-/// A `[[rewards]]` table: `spec = "KIND:ARG"`, or `kind` with its own field; `name` to tell
-/// apart two functions of one kind.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RewardTable {
-    name: Option<String>,
-    spec: Option<String>,
-    kind: Option<String>,
-    column: Option<String>,
-    pattern: Option<String>,
-    program: Option<Vec<String>>,
-    max: Option<usize>,
-    buffer: Option<usize>,
-    weight: Option<f64>,
+impl RewardSetting {
+    /// Where it was given: `FILE:LINE: rewards[i]` or `--reward SPEC`.
+    pub(crate) fn place(&self) -> &str {
+        &self.place
+    }
 }
 
-/// The `[simulator]` table, as written.
-#[derive(Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct SimTable {
-    tool_rounds: Option<usize>,
-    answer_tokens: Option<usize>,
-    correct_rate: Option<Spanned<f64>>,
-    latency: Option<Spanned<String>>,
-    per_token: Option<Spanned<String>>,
-    error_503: Option<Spanned<f64>>,
-    max_model_len: Option<u32>,
-    fault_seed: Option<u64>,
+/// The settings of a run: every layer merged, paths absolute, every value checked, and what
+/// they describe built.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    /// The settings; `settings.engine` is the loop's configuration as the engine takes it.
+    pub(crate) settings: Settings,
+    /// The reward functions (at least one), in the order given.
+    pub(crate) rewards: Vec<RewardSetting>,
+    /// The file the settings came from, if any.
+    pub(crate) config_file: Option<PathBuf>,
+}
+
+impl Resolved {
+    /// The reward functions, built.
+    pub(crate) fn reward_functions(&self) -> Vec<Reward> {
+        self.rewards.iter().map(|r| r.reward.clone()).collect()
+    }
+
+    /// The settings as a config file that resolves to them again: every key written, paths
+    /// absolute. What `--check` prints.
+    pub(crate) fn to_toml(&self) -> anyhow::Result<String> {
+        // Layer by layer, each as serde writes it (an f32 stays `0.2`), the engine's plain
+        // keys before this binary's, whose tables come last.
+        let engine = &self.settings.engine;
+        let layers = [
+            toml::to_string(engine),
+            toml::to_string(&engine.sampling),
+            toml::to_string(&engine.reconciler),
+            toml::to_string(&self.settings),
+        ];
+        let mut text = String::new();
+        for layer in layers {
+            text.push_str(&layer.context("cannot write the settings as TOML")?);
+        }
+        Ok(text)
+    }
+}
+
+/// Every layer of `settings` as one table, as the file holds them.
+fn settings_table(settings: &Settings) -> Result<toml::Table, toml::ser::Error> {
+    let mut table = toml::Table::try_from(settings)?;
+    let engine = &settings.engine;
+    for layer in [
+        toml::Table::try_from(engine)?,
+        toml::Table::try_from(engine.sampling)?,
+        toml::Table::try_from(engine.reconciler)?,
+    ] {
+        table.extend(layer);
+    }
+    Ok(table)
+}
+
+/// The defaults as the file would hold them, for the flags' help.
+fn defaults_table() -> toml::Table {
+    settings_table(&Settings::default()).unwrap_or_default()
+}
+
+impl Settings {
+    /// Lays the file `--config` names and the flags given over the defaults, makes paths
+    /// absolute, checks every value and builds the rewards and tools once to prove them.
+    pub(crate) fn resolve(args: RolloutArgs) -> anyhow::Result<Resolved> {
+        let cwd = std::env::current_dir().context("cannot read the current directory")?;
+        let source = args.config.as_deref().map(Source::read).transpose()?;
+        let mut settings = match &source {
+            Some(source) => source.settings()?,
+            None => Settings::default(),
+        };
+        settings
+            .update_from_arg_matches(&args.matches)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let places = Places {
+            source: source.as_ref(),
+            matches: &args.matches,
+        };
+        let base = source.as_ref().map_or(cwd.as_path(), |s| s.dir.as_path());
+        settings.make_paths_absolute(&places, &cwd, base);
+
+        let file_name = source
+            .as_ref()
+            .map_or_else(String::new, |s| format!(" in {}", s.path.display()));
+        settings.check_paths(&file_name)?;
+        for server in &settings.servers {
+            if !(server.starts_with("http://") || server.starts_with("https://")) {
+                bail!("server '{server}' must start with http:// or https://");
+            }
+        }
+        if let Some(name) = &settings.tool_parser {
+            rollout_core::parse::parser_by_name(name)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("tool_parser")))?;
+        }
+        let Some(advantages) = AdvantageConfig::preset(&settings.estimator) else {
+            bail!(
+                "{}: unknown estimator '{}'; expected one of {}",
+                places.of("estimator"),
+                settings.estimator,
+                scoring::PRESETS.join(", ")
+            );
+        };
+        settings.engine.advantages = advantages;
+        settings
+            .engine
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{}", places.problem(&e)))?;
+        if settings.tool_threads == 0 {
+            bail!(
+                "{}: tool_threads must be at least 1",
+                places.of("tool_threads")
+            );
+        }
+        if let Some(pem) = &settings.ca_cert {
+            let text = std::fs::read(pem)
+                .with_context(|| format!("--ca-cert {}: cannot read the file", pem.display()))?;
+            vllm_client::Client::new(
+                vllm_client::ClientConfig::new("https://localhost").root_certificates_pem(text),
+            )
+            .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
+        }
+        let rewards = build_rewards(&settings, &places, base, &file_name)?;
+        check_tools(&settings.tools, &places)?;
+        check_simulator(&settings.simulator, &places)?;
+        Ok(Resolved {
+            settings,
+            rewards,
+            config_file: source.map(|s| s.path),
+        })
+    }
+
+    /// A flag's path against the current directory, the file's against the file's
+    /// directory; programs named by a relative path with a directory part too.
+    fn make_paths_absolute(&mut self, places: &Places<'_>, cwd: &Path, base: &Path) {
+        // A default path (`out`) is the current directory's, like a flag's.
+        let against = |key: &str| {
+            let in_file = places.source.is_some_and(|s| s.place(&[key]).is_some());
+            if in_file && !places.given(key) {
+                base
+            } else {
+                cwd
+            }
+        };
+        let absolute = |path: &mut PathBuf, key: &str| {
+            if !path.as_os_str().is_empty() {
+                *path = against(key).join(&*path);
+            }
+        };
+        absolute(&mut self.tokenizer, "tokenizer");
+        absolute(&mut self.dataset, "dataset");
+        absolute(&mut self.out, "out");
+        if let Some(path) = &mut self.chat_template {
+            absolute(path, "chat_template");
+        }
+        if let Some(path) = &mut self.ca_cert {
+            absolute(path, "ca_cert");
+        }
+        for tool in &mut self.tools {
+            if let Some(program) = tool.command.as_mut().and_then(|argv| argv.first_mut()) {
+                *program = program_path(base, program);
+            }
+        }
+        if !places.given("rewards") {
+            for table in &mut self.rewards {
+                table.make_program_absolute(base);
+            }
+        }
+    }
+
+    /// The tokenizer, the template and the dataset exist.
+    fn check_paths(&mut self, file_name: &str) -> anyhow::Result<()> {
+        if self.tokenizer.as_os_str().is_empty() {
+            bail!(
+                "no tokenizer: set --tokenizer PATH or `tokenizer = \"PATH\"`{file_name} (a \
+                 directory with tokenizer.json and tokenizer_config.json, whose chat template \
+                 renders the conversations)"
+            );
+        }
+        self.tokenizer = tokenizer_dir(std::mem::take(&mut self.tokenizer))?;
+        if let Some(template) = &self.chat_template
+            && !template.is_file()
+        {
+            bail!("chat template {}: no such file", template.display());
+        }
+        if self.dataset.as_os_str().is_empty() {
+            bail!(
+                "no dataset: set --dataset FILE.jsonl or `dataset = \"FILE.jsonl\"`{file_name} \
+                 (JSON Lines of {{\"prompt\": ..., ...columns}})"
+            );
+        }
+        if !self.dataset.is_file() {
+            bail!("dataset {}: no such file", self.dataset.display());
+        }
+        Ok(())
+    }
+}
+
+/// Where each setting's value came from, to point messages at it.
+struct Places<'a> {
+    source: Option<&'a Source>,
+    matches: &'a ArgMatches,
+}
+
+impl Places<'_> {
+    /// Whether the setting `key` (a field name) was given as a flag.
+    fn given(&self, key: &str) -> bool {
+        let id = match key {
+            "groups" => "max_groups",
+            other => other,
+        };
+        self.matches.value_source(id) == Some(ValueSource::CommandLine)
+    }
+
+    /// `--flag`, `FILE:LINE: key` or `key`: where the value of `key` was given.
+    fn of(&self, key: &str) -> String {
+        if self.given(key) {
+            return match key {
+                "servers" => "--server".to_owned(),
+                "rewards" => "--reward".to_owned(),
+                other => format!("--{}", other.replace('_', "-")),
+            };
+        }
+        match self.source.and_then(|s| s.place(&[key])) {
+            Some(place) => place,
+            None => key.to_owned(),
+        }
+    }
+
+    /// A refused engine setting, said with where its value came from.
+    fn problem(&self, error: &ConfigError) -> String {
+        let place = self.of(error.setting);
+        if place == error.setting {
+            error.to_string()
+        } else {
+            format!("{place}: {error}")
+        }
+    }
+}
+
+/// The rewards: each built once (to refuse a bad one now), named apart, their programs found.
+fn build_rewards(
+    settings: &Settings,
+    places: &Places<'_>,
+    base: &Path,
+    file_name: &str,
+) -> anyhow::Result<Vec<RewardSetting>> {
+    let from_flags = places.given("rewards");
+    let mut rewards: Vec<RewardSetting> = Vec::new();
+    for (i, table) in settings.rewards.iter().enumerate() {
+        let place = match (&table.spec, from_flags) {
+            (Some(spec), true) => format!("--reward {spec}"),
+            _ => places
+                .source
+                .and_then(|s| s.place_in_array("rewards", i))
+                .unwrap_or_else(|| format!("rewards[{i}]")),
+        };
+        let reward = table.build(base).map_err(|e| {
+            let place = if from_flags {
+                "--reward"
+            } else {
+                place.as_str()
+            };
+            anyhow::anyhow!("{place}: {e}")
+        })?;
+        let name = reward.name();
+        if rewards.iter().any(|r| r.reward.name() == name) {
+            bail!(
+                "{place}: a second reward named '{name}'; give each its own `name = \"...\"` in \
+                 its [[rewards]] table{file_name} (rewards given with --reward cannot be \
+                 named: list them as [[rewards]] tables instead)"
+            );
+        }
+        if let Some(program) = table.program() {
+            check_program(program).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        }
+        rewards.push(RewardSetting { reward, place });
+    }
+    if rewards.is_empty() {
+        bail!(
+            "no reward function: a run without rewards has nothing to train on; add \
+             --reward numeric:answer (or exact:COLUMN, regex:PATTERN, command:PROGRAM, \
+             length:MAX) or a [[rewards]] table with spec = \"numeric:answer\"{file_name}"
+        );
+    }
+    Ok(rewards)
+}
+
+/// Each tool built as the run builds it, so that what the registry refuses (an empty name,
+/// a schema that is not an object, a name twice) is refused here too; programs found.
+fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> {
+    let mut registry = Registry::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let place = places
+            .source
+            .and_then(|s| s.place_in_array("tools", i))
+            .unwrap_or_else(|| format!("tools[{i}]"));
+        let built = tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        registry
+            .add(built)
+            .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        let program = match tool.kind {
+            ToolKind::Command => tool.command.as_ref().and_then(|argv| argv.first()).cloned(),
+            ToolKind::Python => Some(
+                tool.interpreter
+                    .clone()
+                    .unwrap_or_else(|| "python3".to_owned()),
+            ),
+            ToolKind::Http | ToolKind::Calculator => None,
+        };
+        if let Some(program) = program {
+            check_program(&program).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The simulator's fractions are fractions.
+fn check_simulator(simulator: &SimSettings, places: &Places<'_>) -> anyhow::Result<()> {
+    for (key, value) in [
+        ("correct_rate", simulator.correct_rate),
+        ("error_503", simulator.error_503),
+    ] {
+        if !(0.0..=1.0).contains(&value) {
+            let place = places
+                .source
+                .and_then(|s| s.place(&["simulator", key]))
+                .unwrap_or_else(|| format!("simulator.{key}"));
+            bail!("{place}: expected a fraction between 0 and 1, got {value}");
+        }
+    }
+    Ok(())
+}
+
+impl RewardTable {
+    /// The reward this table describes: `spec`, or `kind` with the field that kind takes.
+    fn build(&self, base: &Path) -> anyhow::Result<Reward> {
+        let given = [
+            ("column", self.column.is_some()),
+            ("pattern", self.pattern.is_some()),
+            ("program", self.program.is_some()),
+            ("max", self.max.is_some()),
+            ("buffer", self.buffer.is_some()),
+        ];
+        let reward = match (&self.spec, &self.kind) {
+            (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
+            (None, None) => {
+                bail!("expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field")
+            }
+            (Some(spec), None) => {
+                if let Some((field, _)) = given.iter().find(|(_, present)| *present) {
+                    bail!("`{field}` goes with `kind`, not with `spec`");
+                }
+                if self.weight.is_some()
+                    && spec
+                        .rsplit_once('@')
+                        .is_some_and(|(_, w)| w.trim().parse::<f64>().is_ok())
+                {
+                    bail!(
+                        "the weight is given twice, in `spec` (\"...@WEIGHT\") and as \
+                         `weight`: keep one"
+                    );
+                }
+                builtin::from_spec(spec)?
+            }
+            (None, Some(kind)) => self.build_kind(kind, &given, base)?,
+        };
+        let reward = match self.weight {
+            Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
+            Some(weight) => reward.weight(weight),
+            None => reward,
+        };
+        Ok(match &self.name {
+            Some(name) if name.trim().is_empty() => bail!("`name` must not be empty"),
+            Some(name) => reward.named(name.clone()),
+            None => reward,
+        })
+    }
+
+    /// `kind = "..."` with its own field, built with scoring's typed constructors.
+    fn build_kind(
+        &self,
+        kind: &str,
+        given: &[(&str, bool)],
+        base: &Path,
+    ) -> anyhow::Result<Reward> {
+        let wants: &[&str] = match kind {
+            "numeric" | "exact" => &["column"],
+            "regex" => &["pattern"],
+            "command" => &["program"],
+            "length" => &["max", "buffer"],
+            other => {
+                bail!("unknown kind '{other}'; expected numeric, exact, regex, command or length")
+            }
+        };
+        if let Some((field, _)) = given
+            .iter()
+            .find(|(field, present)| *present && !wants.contains(field))
+        {
+            bail!(
+                "`{field}` is not a field of kind \"{kind}\" (it takes {})",
+                wants.join(", ")
+            );
+        }
+        let missing = || anyhow::anyhow!("kind \"{kind}\" needs `{}`", wants[0]);
+        Ok(match kind {
+            "numeric" => builtin::numeric(self.column.as_deref().ok_or_else(missing)?),
+            "exact" => builtin::exact(self.column.as_deref().ok_or_else(missing)?),
+            "regex" => builtin::regex(self.pattern.as_deref().ok_or_else(missing)?)?,
+            "command" => {
+                let argv = self.program.as_deref().ok_or_else(missing)?;
+                let Some((program, args)) = argv.split_first() else {
+                    bail!("`program` needs at least the program: [\"./score.py\", ...]");
+                };
+                builtin::command(&program_path(base, program), args.iter().cloned())
+            }
+            _ => builtin::length(self.max.ok_or_else(missing)?, self.buffer)?,
+        })
+    }
+
+    /// A `command` reward's program named by a relative path with a directory part is
+    /// relative to the file's directory.
+    fn make_program_absolute(&mut self, base: &Path) {
+        if let Some(program) = self.program.as_mut().and_then(|argv| argv.first_mut()) {
+            *program = program_path(base, program);
+        }
+        if let Some(spec) = &self.spec
+            && let Some(rest) = spec.strip_prefix("command:")
+        {
+            let program = rest.split_whitespace().next().unwrap_or_default();
+            self.spec = Some(format!(
+                "command:{}{}",
+                program_path(base, program),
+                &rest.trim_start()[program.len()..]
+            ));
+        }
+    }
+
+    /// The program a `command` reward runs.
+    fn program(&self) -> Option<&str> {
+        match (&self.program, &self.spec) {
+            (Some(argv), _) => argv.first().map(String::as_str),
+            (None, Some(spec)) => spec
+                .strip_prefix("command:")
+                .and_then(|rest| rest.split_whitespace().next()),
+            (None, None) => None,
+        }
+    }
 }
 
 /// The file being read: its path, text and directory, to point errors at lines.
+#[derive(Debug)]
 struct Source {
     path: PathBuf,
     text: String,
@@ -417,19 +812,117 @@ impl Source {
         format!("{}:{}", self.path.display(), upto.matches('\n').count() + 1)
     }
 
-    fn parse(&self) -> anyhow::Result<FileSettings> {
-        toml::from_str(&self.text).map_err(|error| {
-            let place = error
-                .span()
-                .map_or_else(|| self.path.display().to_string(), |span| self.at(span));
-            anyhow::anyhow!("{place}: {}", error.message().trim_end())
-        })
+    /// Every layer of the file: this binary's settings and the engine's, each read from the
+    /// whole file (a layer ignores the others' keys); a key no layer knows is an error.
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let mut settings: Settings = self.layer()?;
+        settings.engine = self.layer()?;
+        settings.engine.sampling = self.layer()?;
+        settings.engine.reconciler = self.layer()?;
+        let known: Vec<&str> = [
+            field_names::<Settings>(),
+            field_names::<RolloutConfig>(),
+            field_names::<Sampling>(),
+            field_names::<ReconcilerConfig>(),
+        ]
+        .concat();
+        let table = toml::de::DeTable::parse(&self.text).map_err(|e| self.error(&e))?;
+        for (key, _) in table.get_ref() {
+            if !known.contains(&key.get_ref().as_ref()) {
+                bail!(
+                    "{}: unknown field `{}`, expected one of {}",
+                    self.at(key.span()),
+                    key.get_ref(),
+                    known
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        Ok(settings)
+    }
+
+    /// One layer, read from the whole file.
+    fn layer<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
+        toml::from_str(&self.text).map_err(|error| self.error(&error))
+    }
+
+    fn error(&self, error: &toml::de::Error) -> anyhow::Error {
+        let place = error
+            .span()
+            .map_or_else(|| self.path.display().to_string(), |span| self.at(span));
+        anyhow::anyhow!("{place}: {}", error.message().trim_end())
+    }
+
+    /// `FILE:LINE: a.b` for the key at `path` (tables, then the key), if the file has it.
+    fn place(&self, path: &[&str]) -> Option<String> {
+        let table = toml::de::DeTable::parse(&self.text).ok()?;
+        let mut table = table.get_ref();
+        let (last, tables) = path.split_last()?;
+        for key in tables {
+            match table.get(*key)?.get_ref() {
+                toml::de::DeValue::Table(inner) => table = inner,
+                _ => return None,
+            }
+        }
+        let (key, _) = table.get_key_value(*last)?;
+        Some(format!("{}: {}", self.at(key.span()), path.join(".")))
+    }
+
+    /// `FILE:LINE: name[i]` for the `i`th table of the array `name`, if the file has it.
+    fn place_in_array(&self, name: &str, i: usize) -> Option<String> {
+        let table = toml::de::DeTable::parse(&self.text).ok()?;
+        let toml::de::DeValue::Array(items) = table.get_ref().get(name)?.get_ref() else {
+            return None;
+        };
+        let item = items.get(i)?;
+        Some(format!("{}: {name}[{i}]", self.at(item.span())))
     }
 }
 
-/// A flag's name, for error messages about its value.
-fn from_flag(flag: &str) -> String {
-    format!("--{flag}")
+/// The field names a serde struct reads (renames applied, skipped fields left out): its keys
+/// in the file.
+fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    /// Answers the struct's `deserialize_struct` call with its field list, through the error.
+    struct Fields;
+    #[derive(Debug)]
+    struct Found(&'static [&'static str]);
+    impl std::fmt::Display for Found {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{:?}", self.0)
+        }
+    }
+    impl std::error::Error for Found {}
+    impl serde::de::Error for Found {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Found(&[])
+        }
+    }
+    impl<'de> serde::Deserializer<'de> for Fields {
+        type Error = Found;
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Found> {
+            Err(Found(fields))
+        }
+        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Found> {
+            Err(Found(&[]))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    match T::deserialize(Fields) {
+        Err(Found(fields)) => fields,
+        Ok(_) => &[],
+    }
 }
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
@@ -451,436 +944,6 @@ fn program_path(base: &Path, program: &str) -> String {
     }
 }
 
-impl Settings {
-    /// The rollout loop's part of the settings.
-    pub(crate) fn rollout_config(&self) -> RolloutConfig {
-        let mut config = RolloutConfig::default();
-        config.num_generations = self.num_generations;
-        config.max_inflight = self.max_inflight;
-        config.max_turns = self.max_turns;
-        config.max_tokens = self.max_tokens;
-        config.max_total_tokens = self.max_total_tokens;
-        config.max_model_len = self.max_model_len;
-        config.rollout_timeout = self.rollout_timeout;
-        config.server_wait = self.server_wait;
-        config.max_failure_rate = Some(self.max_failure_rate);
-        config.min_group_size = self.min_group_size;
-        config.retries = self.retries as usize;
-        config.skip_bad_rows = self.skip_bad_rows;
-        config.max_groups = self.groups;
-        config.sampling = Sampling {
-            temperature: self.sampling.temperature.unwrap_or(1.0),
-            top_p: self.sampling.top_p,
-            top_k: self.sampling.top_k,
-            min_p: self.sampling.min_p,
-            seed: self.sampling.seed,
-        };
-        config.prompt_mode = self.prompt_mode;
-        config.reconciler = ReconcilerConfig {
-            fork_threshold_tokens: self.fork_threshold_tokens,
-        };
-        config.advantages = self.advantage;
-        config
-    }
-
-    /// The reward functions, built.
-    pub(crate) fn reward_functions(&self) -> Vec<Reward> {
-        self.rewards.iter().map(|r| r.reward.clone()).collect()
-    }
-
-    /// The settings as a config file that resolves to them again: every key written, paths
-    /// absolute. What `--check` prints.
-    pub(crate) fn to_toml(&self) -> anyhow::Result<String> {
-        let text = |value: String| Spanned::new(0..0, value);
-        let duration = |value: Duration| Some(text(format_duration(value)));
-        let sim = &self.simulator;
-        let file = FileSettings {
-            servers: Some(self.servers.clone()),
-            model: self.model.clone(),
-            tokenizer: Some(self.tokenizer.clone()),
-            chat_template: self.chat_template.clone(),
-            tool_parser: self.tool_parser.clone().map(text),
-            dataset: Some(self.dataset.clone()),
-            skip_bad_rows: Some(self.skip_bad_rows),
-            overwrite: Some(self.overwrite),
-            num_generations: Some(self.num_generations),
-            max_inflight: Some(self.max_inflight),
-            max_turns: Some(self.max_turns),
-            max_tokens: Some(self.max_tokens),
-            max_total_tokens: self.max_total_tokens,
-            max_model_len: self.max_model_len,
-            temperature: self.sampling.temperature,
-            top_p: self.sampling.top_p,
-            top_k: self.sampling.top_k,
-            min_p: self.sampling.min_p,
-            seed: self.sampling.seed,
-            rewards: Some(
-                self.rewards
-                    .iter()
-                    .map(|r| Spanned::new(0..0, r.table.clone()))
-                    .collect(),
-            ),
-            estimator: Some(text(self.estimator.clone())),
-            groups: self.groups,
-            out: Some(self.out.clone()),
-            fork_threshold_tokens: Some(self.fork_threshold_tokens),
-            prompt_mode: Some(self.prompt_mode),
-            drain_timeout: duration(self.drain_timeout),
-            rollout_timeout: duration(self.rollout_timeout),
-            server_wait: duration(self.server_wait),
-            max_failure_rate: Some(self.max_failure_rate),
-            ca_cert: self.ca_cert.clone(),
-            min_group_size: Some(self.min_group_size),
-            retries: Some(self.retries),
-            progress: Some(self.progress),
-            tools: Some(
-                self.tools
-                    .iter()
-                    .map(|t| Spanned::new(0..0, t.clone()))
-                    .collect(),
-            ),
-            simulator: Some(SimTable {
-                tool_rounds: Some(sim.tool_rounds),
-                answer_tokens: Some(sim.answer_tokens),
-                correct_rate: Some(Spanned::new(0..0, sim.correct_rate)),
-                latency: duration(sim.latency),
-                per_token: duration(sim.per_token),
-                error_503: Some(Spanned::new(0..0, sim.error_503)),
-                max_model_len: Some(sim.max_model_len),
-                fault_seed: Some(sim.fault_seed),
-            }),
-        };
-        toml::to_string(&file).context("cannot write the settings as TOML")
-    }
-
-    /// Merges the flags, the file `--config` names and the defaults, and checks every value.
-    pub(crate) fn resolve(args: RolloutArgs) -> anyhow::Result<Settings> {
-        let source = args.config.as_deref().map(Source::read).transpose()?;
-        let file = match &source {
-            Some(source) => source.parse()?,
-            None => FileSettings::default(),
-        };
-        let cwd = std::env::current_dir().context("cannot read the current directory")?;
-        let base = source.as_ref().map_or(cwd.as_path(), |s| s.dir.as_path());
-        // `FILE:LINE key` for a value of the file, for error messages.
-        let key_at = |key: &str, span: Range<usize>| match &source {
-            Some(source) => format!("{}: {key}", source.at(span)),
-            None => key.to_owned(),
-        };
-        let file_name = source
-            .as_ref()
-            .map_or_else(String::new, |s| format!(" in {}", s.path.display()));
-        // A path: the flag's against the current directory, the file's against its directory.
-        let path = |flag: Option<PathBuf>, key: Option<PathBuf>| -> Option<PathBuf> {
-            flag.map(|p| cwd.join(p))
-                .or_else(|| key.map(|p| base.join(p)))
-        };
-
-        let servers = if args.servers.is_empty() {
-            file.servers.unwrap_or_default()
-        } else {
-            args.servers
-        };
-        for server in &servers {
-            if !(server.starts_with("http://") || server.starts_with("https://")) {
-                bail!("server '{server}' must start with http:// or https://");
-            }
-        }
-
-        let Some(tokenizer) = path(args.tokenizer, file.tokenizer) else {
-            bail!(
-                "no tokenizer: set --tokenizer PATH or `tokenizer = \"PATH\"`{file_name} (a \
-                 directory with tokenizer.json and tokenizer_config.json, whose chat template \
-                 renders the conversations)"
-            );
-        };
-        let tokenizer = tokenizer_dir(tokenizer)?;
-        let chat_template = path(args.chat_template, file.chat_template);
-        if let Some(template) = &chat_template
-            && !template.is_file()
-        {
-            bail!("chat template {}: no such file", template.display());
-        }
-
-        let tool_parser = match (args.tool_parser, file.tool_parser) {
-            (Some(name), _) => Some((name, from_flag("tool-parser"))),
-            (None, Some(name)) => {
-                let place = key_at("tool_parser", name.span());
-                Some((name.into_inner(), place))
-            }
-            (None, None) => None,
-        };
-        if let Some((name, place)) = &tool_parser {
-            rollout_core::parse::parser_by_name(name)
-                .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-        }
-
-        let Some(dataset) = path(args.dataset, file.dataset) else {
-            bail!(
-                "no dataset: set --dataset FILE.jsonl or `dataset = \"FILE.jsonl\"`{file_name} \
-                 (JSON Lines of {{\"prompt\": ..., ...columns}})"
-            );
-        };
-        if !dataset.is_file() {
-            bail!("dataset {}: no such file", dataset.display());
-        }
-
-        let num_generations = args.num_generations.or(file.num_generations).unwrap_or(8);
-        let max_inflight = args.max_inflight.or(file.max_inflight).unwrap_or(64);
-        let max_turns = args.max_turns.or(file.max_turns).unwrap_or(8);
-        let max_tokens = args.max_tokens.or(file.max_tokens).unwrap_or(512);
-        let min_group_size = args.min_group_size.or(file.min_group_size).unwrap_or(2);
-        for (name, value) in [
-            ("num_generations", num_generations),
-            ("max_inflight", max_inflight),
-            ("max_turns", max_turns),
-            ("max_tokens", max_tokens as usize),
-            ("min_group_size", min_group_size),
-        ] {
-            if value == 0 {
-                bail!(
-                    "{name} must be at least 1 (--{} or `{name}`)",
-                    name.replace('_', "-")
-                );
-            }
-        }
-        if min_group_size > num_generations {
-            bail!(
-                "min_group_size {min_group_size} is more than num_generations {num_generations}: \
-                 no group could ever be kept"
-            );
-        }
-
-        let sampling = SamplingParams {
-            temperature: Some(args.temperature.or(file.temperature).unwrap_or(1.0)),
-            top_p: args.top_p.or(file.top_p),
-            top_k: args.top_k.or(file.top_k),
-            min_p: args.min_p.or(file.min_p),
-            seed: args.seed.or(file.seed),
-            ..SamplingParams::default()
-        };
-        check_sampling(&sampling)?;
-
-        let rewards = if args.rewards.is_empty() {
-            let mut rewards = Vec::new();
-            for (i, table) in file.rewards.unwrap_or_default().into_iter().enumerate() {
-                let place = key_at(&format!("rewards[{i}]"), table.span());
-                let table = table.into_inner();
-                let (reward, table) =
-                    reward_from_table(table, base).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-                rewards.push(RewardSetting {
-                    reward,
-                    table,
-                    place,
-                });
-            }
-            rewards
-        } else {
-            args.rewards
-                .iter()
-                .map(|spec| {
-                    let reward = scoring::builtin::from_spec(spec)
-                        .map_err(|e| anyhow::anyhow!("--reward: {e}"))?;
-                    Ok(RewardSetting {
-                        reward,
-                        table: RewardTable {
-                            spec: Some(spec.clone()),
-                            ..RewardTable::default()
-                        },
-                        place: format!("--reward {spec}"),
-                    })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?
-        };
-        for (i, reward) in rewards.iter().enumerate() {
-            let name = reward.reward.name();
-            if rewards[..i].iter().any(|r| r.reward.name() == name) {
-                bail!(
-                    "{}: a second reward named '{name}'; give each its own `name = \"...\"` in \
-                     its [[rewards]] table{file_name} (rewards given with --reward cannot be \
-                     named: list them as [[rewards]] tables instead)",
-                    reward.place
-                );
-            }
-            if let Some(program) = reward.program() {
-                check_program(program).map_err(|e| anyhow::anyhow!("{}: {e}", reward.place))?;
-            }
-        }
-        if rewards.is_empty() {
-            bail!(
-                "no reward function: a run without rewards has nothing to train on; add \
-                 --reward numeric:answer (or exact:COLUMN, regex:PATTERN, command:PROGRAM, \
-                 length:MAX) or a [[rewards]] table with spec = \"numeric:answer\"{file_name}"
-            );
-        }
-
-        let (estimator, place) = match (args.estimator, file.estimator) {
-            (Some(name), _) => (name, from_flag("estimator")),
-            (None, Some(name)) => {
-                let place = key_at("estimator", name.span());
-                (name.into_inner(), place)
-            }
-            (None, None) => ("trl".to_owned(), String::new()),
-        };
-        let Some(advantage) = AdvantageConfig::preset(&estimator) else {
-            bail!(
-                "{place}: unknown estimator '{estimator}'; expected one of {}",
-                scoring::PRESETS.join(", ")
-            );
-        };
-
-        let duration = |flag: Option<String>,
-                        key: Option<Spanned<String>>,
-                        name: &str,
-                        default: Duration|
-         -> anyhow::Result<Duration> {
-            let (text, place) = match (flag, key) {
-                (Some(text), _) => (text, from_flag(&name.replace('_', "-"))),
-                (None, Some(text)) => {
-                    let place = key_at(name, text.span());
-                    (text.into_inner(), place)
-                }
-                (None, None) => return Ok(default),
-            };
-            parse_duration(&text).map_err(|e| anyhow::anyhow!("{place}: {e}"))
-        };
-        let drain_timeout = duration(
-            args.drain_timeout,
-            file.drain_timeout,
-            "drain_timeout",
-            Duration::from_secs(30),
-        )?;
-        let rollout_timeout = duration(
-            args.rollout_timeout,
-            file.rollout_timeout,
-            "rollout_timeout",
-            Duration::from_secs(600),
-        )?;
-        let server_wait = duration(
-            args.server_wait,
-            file.server_wait,
-            "server_wait",
-            Duration::from_secs(600),
-        )?;
-        for (name, value) in [
-            ("rollout_timeout", rollout_timeout),
-            ("server_wait", server_wait),
-        ] {
-            if value.is_zero() {
-                bail!(
-                    "{name} must be longer than 0s (--{} or `{name}`)",
-                    name.replace('_', "-")
-                );
-            }
-        }
-        let max_failure_rate = args
-            .max_failure_rate
-            .or(file.max_failure_rate)
-            .unwrap_or(0.5);
-        if !(0.0..=1.0).contains(&max_failure_rate) {
-            bail!(
-                "max_failure_rate must be a fraction between 0 and 1 (--max-failure-rate or \
-                 `max_failure_rate`), got {max_failure_rate}"
-            );
-        }
-        let ca_cert = path(args.ca_cert, file.ca_cert);
-        if let Some(pem) = &ca_cert {
-            let text = std::fs::read(pem)
-                .with_context(|| format!("--ca-cert {}: cannot read the file", pem.display()))?;
-            vllm_client::Client::new(
-                vllm_client::ClientConfig::new("https://localhost").root_certificates_pem(text),
-            )
-            .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
-        }
-
-        let mut tools: Vec<ToolConfig> = Vec::new();
-        // Built as the run builds them, so that what the registry refuses (an empty name, a
-        // schema that is not an object, a name twice) is refused here too.
-        let mut registry = Registry::new();
-        for (i, table) in file.tools.unwrap_or_default().into_iter().enumerate() {
-            let place = key_at(&format!("tools[{i}]"), table.span());
-            let mut tool = table.into_inner();
-            if let Some(program) = tool.command.as_mut().and_then(|argv| argv.first_mut()) {
-                *program = program_path(base, program);
-            }
-            let built = tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-            registry
-                .add(built)
-                .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-            let program = match tool.kind {
-                ToolKind::Command => tool.command.as_ref().and_then(|argv| argv.first()).cloned(),
-                ToolKind::Python => Some(
-                    tool.interpreter
-                        .clone()
-                        .unwrap_or_else(|| "python3".to_owned()),
-                ),
-                ToolKind::Http | ToolKind::Calculator => None,
-            };
-            if let Some(program) = program {
-                check_program(&program).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-            }
-            tools.push(tool);
-        }
-
-        let simulator = sim_settings(file.simulator.unwrap_or_default(), &key_at)?;
-
-        Ok(Settings {
-            config_file: source.as_ref().map(|s| s.path.clone()),
-            servers,
-            model: args.model.or(file.model),
-            tokenizer,
-            chat_template,
-            tool_parser: tool_parser.map(|(name, _)| name),
-            dataset,
-            skip_bad_rows: args.skip_bad_rows || file.skip_bad_rows.unwrap_or(false),
-            overwrite: args.overwrite || file.overwrite.unwrap_or(false),
-            num_generations,
-            max_inflight,
-            max_turns,
-            max_tokens,
-            max_total_tokens: args.max_total_tokens.or(file.max_total_tokens),
-            max_model_len: args.max_model_len.or(file.max_model_len),
-            sampling,
-            rewards,
-            estimator,
-            advantage,
-            groups: args.groups.or(file.groups),
-            out: path(args.out, file.out).unwrap_or_else(|| cwd.join("rollouts.jsonl")),
-            prompt_mode: args.prompt_mode.or(file.prompt_mode).unwrap_or_default(),
-            fork_threshold_tokens: args
-                .fork_threshold_tokens
-                .or(file.fork_threshold_tokens)
-                .unwrap_or(16),
-            drain_timeout,
-            rollout_timeout,
-            server_wait,
-            max_failure_rate,
-            ca_cert,
-            min_group_size,
-            retries: args.retries.or(file.retries).unwrap_or(1),
-            progress: args.progress.or(file.progress).unwrap_or_default(),
-            tools,
-            simulator,
-        })
-    }
-}
-
-/// `500ms`, `30s`, `10m`, `2h`: the largest unit that says `value` exactly, as
-/// [`parse_duration`] reads it back.
-fn format_duration(value: Duration) -> String {
-    let millis = value.as_millis();
-    if !millis.is_multiple_of(1000) {
-        return format!("{millis}ms");
-    }
-    let secs = value.as_secs();
-    match secs {
-        0 => "0s".to_owned(),
-        s if s.is_multiple_of(3600) => format!("{}h", s / 3600),
-        s if s.is_multiple_of(60) => format!("{}m", s / 60),
-        s => format!("{s}s"),
-    }
-}
-
 /// The tokenizer directory of `path`, a directory or a tokenizer.json in one.
 fn tokenizer_dir(path: PathBuf) -> anyhow::Result<PathBuf> {
     let dir = if path.is_file() {
@@ -898,159 +961,6 @@ fn tokenizer_dir(path: PathBuf) -> anyhow::Result<PathBuf> {
         }
     }
     Ok(dir)
-}
-
-fn check_sampling(sampling: &SamplingParams) -> anyhow::Result<()> {
-    if let Some(t) = sampling.temperature
-        && !(t.is_finite() && t >= 0.0)
-    {
-        bail!("temperature must be a number >= 0, got {t}");
-    }
-    if let Some(p) = sampling.top_p
-        && !(p > 0.0 && p <= 1.0)
-    {
-        bail!("top_p must be in (0, 1], got {p}");
-    }
-    if let Some(p) = sampling.min_p
-        && !(0.0..=1.0).contains(&p)
-    {
-        bail!("min_p must be in [0, 1], got {p}");
-    }
-    if let Some(k) = sampling.top_k
-        && (k == 0 || k < -1)
-    {
-        bail!("top_k must be -1 (all tokens) or at least 1, got {k}");
-    }
-    Ok(())
-}
-
-/// A `[[rewards]]` table built: `spec`, or `kind` with the field that kind takes; and the
-/// table again, its program's path made absolute.
-fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<(Reward, RewardTable)> {
-    let written = table.clone();
-    let RewardTable {
-        name,
-        spec,
-        kind,
-        column,
-        pattern,
-        program,
-        max,
-        buffer,
-        weight,
-    } = table;
-    let given = [
-        ("column", column.is_some()),
-        ("pattern", pattern.is_some()),
-        ("program", program.is_some()),
-        ("max", max.is_some()),
-        ("buffer", buffer.is_some()),
-    ];
-    let (reward, absolute_spec) = match (spec, kind) {
-        (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
-        (None, None) => {
-            bail!("expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field")
-        }
-        (Some(spec), None) => {
-            if let Some((field, _)) = given.iter().find(|(_, present)| *present) {
-                bail!("`{field}` goes with `kind`, not with `spec`");
-            }
-            if weight.is_some()
-                && spec
-                    .rsplit_once('@')
-                    .is_some_and(|(_, w)| w.trim().parse::<f64>().is_ok())
-            {
-                bail!(
-                    "the weight is given twice, in `spec` (\"...@WEIGHT\") and as `weight`: \
-                     keep one"
-                );
-            }
-            let spec = match spec.strip_prefix("command:") {
-                Some(rest) => {
-                    let program = rest.split_whitespace().next().unwrap_or_default();
-                    format!(
-                        "command:{}{}",
-                        program_path(base, program),
-                        &rest.trim_start()[program.len()..]
-                    )
-                }
-                None => spec,
-            };
-            let reward = scoring::builtin::from_spec(&spec)?;
-            (reward, Some(spec))
-        }
-        (None, Some(kind)) => {
-            let wants: &[&str] = match kind.as_str() {
-                "numeric" | "exact" => &["column"],
-                "regex" => &["pattern"],
-                "command" => &["program"],
-                "length" => &["max", "buffer"],
-                other => bail!(
-                    "unknown kind '{other}'; expected numeric, exact, regex, command or length"
-                ),
-            };
-            if let Some((field, _)) = given
-                .iter()
-                .find(|(field, present)| *present && !wants.contains(field))
-            {
-                bail!(
-                    "`{field}` is not a field of kind \"{kind}\" (it takes {})",
-                    wants.join(", ")
-                );
-            }
-            let missing = || anyhow::anyhow!("kind \"{kind}\" needs `{}`", wants[0]);
-            let reward = match kind.as_str() {
-                "numeric" | "exact" => {
-                    let column = column.ok_or_else(missing)?;
-                    scoring::builtin::from_spec(&format!("{kind}:{column}"))?
-                }
-                "regex" => {
-                    let pattern = pattern.ok_or_else(missing)?;
-                    scoring::builtin::from_spec(&format!("regex:{pattern}"))?
-                }
-                "command" => {
-                    let argv = program.ok_or_else(missing)?;
-                    let Some((program, args)) = argv.split_first() else {
-                        bail!("`program` needs at least the program: [\"./score.py\", ...]");
-                    };
-                    let stem = Path::new(program)
-                        .file_stem()
-                        .map_or_else(|| program.clone(), |s| s.to_string_lossy().into_owned());
-                    Reward::from_async(
-                        format!("command_{stem}"),
-                        CommandReward::new(program_path(base, program), args.iter().cloned()),
-                    )
-                }
-                _ => {
-                    let max = max.ok_or_else(missing)?;
-                    let spec = match buffer {
-                        Some(buffer) => format!("length:{max}:{buffer}"),
-                        None => format!("length:{max}"),
-                    };
-                    scoring::builtin::from_spec(&spec)?
-                }
-            };
-            (reward, None)
-        }
-    };
-    let reward = match weight {
-        Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
-        Some(weight) => reward.weight(weight),
-        None => reward,
-    };
-    let reward = match name {
-        Some(name) if name.trim().is_empty() => bail!("`name` must not be empty"),
-        Some(name) => reward.named(name),
-        None => reward,
-    };
-    let mut written = written;
-    if absolute_spec.is_some() {
-        written.spec = absolute_spec;
-    }
-    if let Some(program) = written.program.as_mut().and_then(|argv| argv.first_mut()) {
-        *program = program_path(base, program);
-    }
-    Ok((reward, written))
 }
 
 /// Checks that `program` can be started: a path to a file, or a name found on PATH.
@@ -1075,36 +985,37 @@ fn check_program(program: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sim_settings(
-    table: SimTable,
-    key_at: &dyn Fn(&str, Range<usize>) -> String,
-) -> anyhow::Result<SimSettings> {
-    let fraction = |value: Option<Spanned<f64>>, key: &str, default: f64| {
-        let Some(value) = value else {
-            return Ok(default);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_are_the_keys_serde_reads() {
+        let names = field_names::<RolloutConfig>();
+        assert!(names.contains(&"max_inflight"), "{names:?}");
+        assert!(names.contains(&"groups"), "renamed: {names:?}");
+        assert!(!names.contains(&"max_groups"), "{names:?}");
+        assert!(!names.contains(&"heartbeat"), "skipped: {names:?}");
+    }
+
+    #[test]
+    fn the_help_shows_the_defaults_of_the_default_impls() {
+        let command = RolloutArgs::augment_args(clap::Command::new("rollout"));
+        let help = |long: &str| {
+            command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .and_then(|a| a.get_help().map(ToString::to_string))
+                .unwrap_or_default()
         };
-        let place = key_at(key, value.span());
-        let value = value.into_inner();
-        if !(0.0..=1.0).contains(&value) {
-            bail!("{place}: expected a fraction between 0 and 1, got {value}");
-        }
-        Ok(value)
-    };
-    let duration = |value: Option<Spanned<String>>, key: &str| {
-        let Some(value) = value else {
-            return Ok(Duration::ZERO);
-        };
-        let place = key_at(key, value.span());
-        parse_duration(value.get_ref()).map_err(|e| anyhow::anyhow!("{place}: {e}"))
-    };
-    Ok(SimSettings {
-        tool_rounds: table.tool_rounds.unwrap_or(0),
-        answer_tokens: table.answer_tokens.unwrap_or(32),
-        correct_rate: fraction(table.correct_rate, "simulator.correct_rate", 0.5)?,
-        latency: duration(table.latency, "simulator.latency")?,
-        per_token: duration(table.per_token, "simulator.per_token")?,
-        error_503: fraction(table.error_503, "simulator.error_503", 0.0)?,
-        max_model_len: table.max_model_len.unwrap_or(4096),
-        fault_seed: table.fault_seed.unwrap_or(0),
-    })
+        let defaults = RolloutConfig::default();
+        assert!(
+            help("max-inflight").ends_with(&format!("[default: {}]", defaults.max_inflight)),
+            "{}",
+            help("max-inflight")
+        );
+        assert!(help("rollout-timeout").ends_with("[default: 10m]"));
+        assert!(help("estimator").ends_with("[default: trl]"));
+        assert!(help("groups").find("[default").is_none());
+    }
 }

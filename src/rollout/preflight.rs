@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, time::Instant};
 use anyhow::bail;
 use rollout_core::{ChatTokenizer, DatasetReader, RenderOptions};
 
-use super::config::Settings;
+use super::config::Resolved;
 
 /// What the checks found, for the run to use.
 #[derive(Debug)]
@@ -21,13 +21,14 @@ pub(crate) struct Checked {
 }
 
 /// Runs every check that needs no server; the first failure is the error.
-pub(crate) fn check(settings: &Settings) -> anyhow::Result<Checked> {
+pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
+    let settings = &resolved.settings;
     let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
     if let Some(template) = &settings.chat_template {
         tokenizer = tokenizer.with_template_file(template)?;
     }
     tokenizer.template(&RenderOptions::generation())?;
-    let (rows, bad_rows) = scan_dataset(settings)?;
+    let (rows, bad_rows) = scan_dataset(resolved)?;
     let holds_rows = std::fs::metadata(&settings.out).is_ok_and(|m| m.len() > 0);
     if holds_rows && !settings.overwrite {
         bail!(
@@ -45,9 +46,10 @@ pub(crate) fn check(settings: &Settings) -> anyhow::Result<Checked> {
 /// Reads every row once: each must parse (or, with `--skip-bad-rows`, is counted), there must
 /// be at least one, and each column a reward reads must be in some row. Returns the rows and
 /// the bad rows.
-fn scan_dataset(settings: &Settings) -> anyhow::Result<(u64, u64)> {
+fn scan_dataset(resolved: &Resolved) -> anyhow::Result<(u64, u64)> {
+    let settings = &resolved.settings;
     let path = &settings.dataset;
-    let mut reader = DatasetReader::open(path)?.skip_bad_rows(settings.skip_bad_rows);
+    let mut reader = DatasetReader::open(path)?.skip_bad_rows(settings.engine.skip_bad_rows);
     let started = Instant::now();
     let mut said = started;
     let mut rows = 0u64;
@@ -79,7 +81,7 @@ fn scan_dataset(settings: &Settings) -> anyhow::Result<(u64, u64)> {
             }
         );
     }
-    for reward in &settings.rewards {
+    for reward in &resolved.rewards {
         if let Some(column) = reward.reward.column()
             && !columns.contains(column)
         {

@@ -22,7 +22,7 @@ use vllm_client::{
 };
 
 use super::{
-    config::Settings,
+    config::{Resolved, Settings},
     preflight::{self, Checked},
     progress::{Progress, Totals},
 };
@@ -33,9 +33,9 @@ const EXIT_UNCLEAN_DRAIN: u8 = 2;
 const EXIT_INTERRUPTED_AT_START: u8 = 130;
 
 /// Runs the settings to the end (or to a signal) and returns the exit code.
-pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
-    let checked = preflight::check(&settings)?;
-    if settings.servers.is_empty() {
+pub(crate) fn run(resolved: Resolved) -> anyhow::Result<ExitCode> {
+    let checked = preflight::check(&resolved)?;
+    if resolved.settings.servers.is_empty() {
         eprintln!(
             "async-grpo: no --server given: rolling out against the built-in simulator (scripted answers, not a model)"
         );
@@ -45,22 +45,24 @@ pub(crate) fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         .thread_name("rollout")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(rollout(settings, checked))
+    runtime.block_on(rollout(resolved, checked))
 }
 
-async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCode> {
+async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
+    let settings = &resolved.settings;
     // Listening from the start: a signal before the loop runs ends the start-up.
     let mut signals = Signals::new()?;
     let tokenizer = checked.tokenizer;
     let total = Some(
         settings
-            .groups
+            .engine
+            .max_groups
             .map_or(checked.rows, |g| g.min(checked.rows)),
     );
 
     let simulator = if settings.servers.is_empty() {
-        Some(start_simulator(&settings, &tokenizer).await?)
+        Some(start_simulator(settings, &tokenizer).await?)
     } else {
         None
     };
@@ -77,9 +79,9 @@ async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCod
         client_config = client_config.root_certificates_pem(pem);
     }
     let client = Client::new(client_config)?;
-    tracing::info!(servers = ?servers, wait = ?settings.server_wait, "waiting for the servers to be ready");
+    tracing::info!(servers = ?servers, wait = ?settings.engine.server_wait, "waiting for the servers to be ready");
     let card = tokio::select! {
-        card = client.wait_until_ready(settings.server_wait) => {
+        card = client.wait_until_ready(settings.engine.server_wait) => {
             card.context("the servers did not become ready (--server-wait sets how long to wait)")?
         }
         signal = signals.next() => {
@@ -100,16 +102,12 @@ async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCod
         registry.add(tool.build()?)?;
     }
     let tool_count = registry.len();
-    let scorer = Scorer::new(settings.reward_functions(), ScorerConfig::default())?;
-    let config = settings.rollout_config();
-    let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
+    let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
+    let mut builder = Engine::builder(client, tokenizer, scorer).config(settings.engine.clone());
     if tool_count > 0 {
-        // Sync tools get a thread per rollout in flight, up to a bound: threads start on
-        // demand, and past a few hundred blocking calls the machine is the limit.
-        let threads = settings.max_inflight.clamp(1, 512);
         builder = builder.tools(ToolDispatcher::new(
             registry,
-            DispatcherConfig::new(threads),
+            DispatcherConfig::new(settings.tool_threads),
         ));
     }
     if let Some(name) = &settings.tool_parser {
@@ -118,13 +116,13 @@ async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCod
     let (engine, groups) = builder.start(reader)?;
     let engine = Arc::new(engine);
     tracing::info!(
-        config = ?settings.config_file,
+        config = ?resolved.config_file,
         dataset = %settings.dataset.display(),
         estimator = %settings.estimator,
         out = %settings.out.display(),
         groups = ?total,
-        num_generations = settings.num_generations,
-        max_inflight = settings.max_inflight,
+        num_generations = settings.engine.num_generations,
+        max_inflight = settings.engine.max_inflight,
         tools = tool_count,
         max_model_len = ?engine.max_model_len(),
         "rolling out"
@@ -186,7 +184,7 @@ async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCod
     if let Some(simulator) = simulator {
         simulator.stop().await;
     }
-    summary(&settings, &report, &totals, started.elapsed());
+    summary(settings, &report, &totals, started.elapsed());
     let (groups_written, samples_written) =
         written.with_context(|| format!("cannot write {}", settings.out.display()))?;
     eprintln!(

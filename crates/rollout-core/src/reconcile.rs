@@ -25,12 +25,14 @@ use crate::TurnRecord;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RolloutId(pub u64);
 
-/// How the reconciler treats drift.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the reconciler treats drift (a settings file key and, with the `clap` feature, a flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[serde(default)]
 pub struct ReconcilerConfig {
-    /// A turn whose prompt differs from the held tokens only inside the last answer, in
-    /// fewer than this many held tokens, is realigned; at this many or more it forks.
-    /// `0` never realigns.
+    /// Re-rendered prompts drifting from the sampled ids by more than this many tokens start
+    /// a new training row; fewer are realigned (0: never realign)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub fork_threshold_tokens: usize,
 }
 

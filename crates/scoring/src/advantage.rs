@@ -107,20 +107,28 @@ impl AdvantageConfig {
     /// Checks the knobs a configuration file can get wrong: `eps` finite and `>= 0`, `clip`
     /// finite and `>= 0`. The estimators never panic on a bad value (a NaN or negative
     /// clip is ignored), but a loader should refuse it with this message.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidAdvantageConfig> {
         if !(self.eps.is_finite() && self.eps >= 0.0) {
-            return Err(format!(
-                "eps must be a finite number >= 0, got {}",
-                self.eps
-            ));
+            return Err(InvalidAdvantageConfig::Eps(self.eps));
         }
         if let Some(clip) = self.clip
             && !(clip.is_finite() && clip >= 0.0)
         {
-            return Err(format!("clip must be a finite number >= 0, got {clip}"));
+            return Err(InvalidAdvantageConfig::Clip(clip));
         }
         Ok(())
     }
+}
+
+/// A knob of [`AdvantageConfig`] that [`AdvantageConfig::validate`] refuses.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum InvalidAdvantageConfig {
+    /// `eps` is negative or not finite.
+    #[error("eps must be a finite number >= 0, got {0}")]
+    Eps(f64),
+    /// `clip` is negative or not finite.
+    #[error("clip must be a finite number >= 0, got {0}")]
+    Clip(f64),
 }
 
 impl Default for AdvantageConfig {

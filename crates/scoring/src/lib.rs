@@ -62,7 +62,7 @@ mod sync;
 pub use crate::{
     advantage::{
         AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupAdvantages, GroupKind,
-        PRESETS, StdKind, batch_advantages, group_advantages,
+        InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
     },
     group::{Completion, Group},
     reward::{AsyncReward, BoxError, Reward, Scores, SyncReward},

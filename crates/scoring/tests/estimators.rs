@@ -232,7 +232,7 @@ fn bad_clip_and_eps_values_are_refused_by_validate_and_never_panic() {
         ..preset("trl")
     };
     assert_eq!(
-        negative.validate(),
+        negative.validate().map_err(|e| e.to_string()),
         Err("clip must be a finite number >= 0, got -1".to_owned())
     );
     // Ignored rather than a panic in `f64::clamp`.
@@ -254,7 +254,7 @@ fn bad_clip_and_eps_values_are_refused_by_validate_and_never_panic() {
         ..preset("trl")
     };
     assert_eq!(
-        eps.validate(),
+        eps.validate().map_err(|e| e.to_string()),
         Err("eps must be a finite number >= 0, got -0.00000001".to_owned())
     );
     assert_eq!(preset("trl").validate(), Ok(()));

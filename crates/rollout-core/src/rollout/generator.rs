@@ -2,21 +2,37 @@
 
 use std::{fmt, future::Future};
 
+use super::ConfigError;
 use crate::RolloutId;
 
-/// Sampling settings shared by every request of a run.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Sampling settings shared by every request of a run (settings file keys and, with the
+/// `clap` feature, flags of the same names).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[serde(default)]
 pub struct Sampling {
-    /// Temperature (default 1.0: the policy itself, as RL needs).
+    /// Sampling temperature (1.0: the policy itself, as RL needs)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "T"))]
     pub temperature: f32,
-    /// Nucleus sampling.
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass
+    #[cfg_attr(feature = "clap", arg(long, value_name = "P"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f32>,
-    /// Top-k sampling.
+    /// Keep the K most likely tokens (-1: all)
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "K", allow_negative_numbers = true)
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub top_k: Option<i32>,
-    /// Min-p sampling.
+    /// Drop tokens less likely than this fraction of the most likely one
+    #[cfg_attr(feature = "clap", arg(long, value_name = "P"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_p: Option<f32>,
-    /// The run's seed: each request gets a distinct seed derived from it, the rollout and the
-    /// turn, so a run can be replayed. `None` lets the generator choose.
+    /// Base seed of the requests: each gets a distinct seed derived from it, the rollout and
+    /// the turn, so a run can be replayed (default: the server chooses)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
 }
 
@@ -29,6 +45,44 @@ impl Default for Sampling {
             min_p: None,
             seed: None,
         }
+    }
+}
+
+impl Sampling {
+    /// Checks that a server would accept these values, saying which one it would not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(ConfigError::new(
+                "temperature",
+                format!("must be a number >= 0, got {t}"),
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(ConfigError::new(
+                "top_p",
+                format!("must be in (0, 1], got {p}"),
+            ));
+        }
+        if let Some(p) = self.min_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return Err(ConfigError::new(
+                "min_p",
+                format!("must be in [0, 1], got {p}"),
+            ));
+        }
+        if let Some(k) = self.top_k
+            && (k == 0 || k < -1)
+        {
+            return Err(ConfigError::new(
+                "top_k",
+                format!("must be -1 (all tokens) or at least 1, got {k}"),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -63,6 +63,7 @@ use crate::{
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum PromptMode {
     /// Token-in/token-out: the previous prompt, the ids the model sampled as it sampled
@@ -112,56 +113,102 @@ impl std::str::FromStr for PromptMode {
 }
 
 /// How the loop runs.
-#[derive(Debug, Clone)]
+///
+/// Its serde form is the settings file's (flat keys, durations as `10m`, `500ms`), and with
+/// the `clap` feature it is also a set of flags (`--max-inflight N`, ...), each documented
+/// here once. `sampling` and `reconciler` are settings of their own, read from the same
+/// table (their keys sit beside these), and the fields marked *not a setting* are the
+/// embedding program's to set.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[serde(default)]
 #[non_exhaustive]
 pub struct RolloutConfig {
-    /// Rollouts per dataset row (the group size).
+    /// Completions per prompt: the group size
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub num_generations: usize,
-    /// Most rollouts running at once.
+    /// Rollouts in flight at once
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub max_inflight: usize,
-    /// Most generation calls per rollout.
+    /// Assistant turns (generation calls) per rollout
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub max_turns: usize,
-    /// Most tokens sampled per turn (clipped further to the context left).
+    /// Tokens sampled per assistant turn (clipped further to the context left)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub max_tokens: u32,
-    /// Most tokens sampled per rollout over all its turns.
+    /// Completion tokens per rollout, every turn together (default: no limit but the context)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_total_tokens: Option<u32>,
-    /// The context length; `None` takes the generator's.
+    /// The context length, instead of what the server reports
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<u32>,
-    /// How long one attempt at a rollout may take.
+    /// How long one attempt at a rollout may take, every turn and tool call together
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", value_parser = humantime::parse_duration))]
+    #[serde(with = "humantime_serde")]
     pub rollout_timeout: Duration,
-    /// Fewest successful rollouts a group is scored with.
+    /// Completions a group needs to be scored and kept
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub min_group_size: usize,
-    /// Attempts after the first for a rollout that failed (same prompt, fresh sampling).
+    /// Times a failed rollout is tried again on the same prompt (fresh sampling)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub retries: usize,
-    /// Go on past a bad dataset row (counted, logged) instead of stopping admission.
+    /// Set malformed dataset rows aside (counted, reported at the end) instead of stopping
+    #[cfg_attr(feature = "clap", arg(long))]
     pub skip_bad_rows: bool,
-    /// Stop admitting after this many groups; `None` reads the whole dataset.
+    /// Stop after N groups (default: one pass over the dataset)
+    #[cfg_attr(feature = "clap", arg(long = "groups", value_name = "N"))]
+    #[serde(rename = "groups", skip_serializing_if = "Option::is_none")]
     pub max_groups: Option<u64>,
     /// Cancel a group whose first turn was sampled more than this many model versions before
     /// the current one (see [`Engine::set_model_version`]); `None` never does. Match the
-    /// trainer's own bound (TRL's `max_staleness`), past which it drops samples anyway.
+    /// trainer's own bound (TRL's `max_staleness`), past which it drops samples anyway. *Not
+    /// a setting*: only a program that sets model versions can use it.
+    #[cfg_attr(feature = "clap", arg(skip))]
+    #[serde(skip)]
     pub max_staleness: Option<u64>,
-    /// Stop the run (drain, and report why) once more than this fraction of the rollouts
-    /// that ended have failed, counted from [`FAILURE_RATE_MIN_ROLLOUTS`] rollouts on and
-    /// again at the end; rollouts that failed because no server could be reached do not
-    /// count (see `server_wait`). `None` never stops.
+    /// Stop the run (drain, exit 1) once more than this fraction of the rollouts that ended
+    /// failed, judged from 16 rollouts on and at the end; failures because no server could
+    /// be reached do not count (see --server-wait)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FRACTION"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_failure_rate: Option<f64>,
-    /// How long admission waits while the generator says no server can take requests
-    /// ([`Generator::unavailable`]) before the run stops with an error.
+    /// How long to wait for the servers: at start, and whenever every server is down mid-run
+    /// (admission pauses meanwhile); past it the run drains and stops with an error
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", value_parser = humantime::parse_duration))]
+    #[serde(with = "humantime_serde")]
     pub server_wait: Duration,
     /// Sampling.
+    #[cfg_attr(feature = "clap", command(flatten))]
+    #[serde(skip)]
     pub sampling: Sampling,
-    /// How the prompt of each turn after the first is built.
+    /// How the prompts of later turns are built: append (the previous prompt, the ids the
+    /// model sampled, and the chat template's ids for what follows: one exact row per
+    /// rollout) or rerender (the whole conversation rendered each turn, as TRL does)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "MODE"))]
     pub prompt_mode: PromptMode,
     /// How turns become training rows.
+    #[cfg_attr(feature = "clap", command(flatten))]
+    #[serde(skip)]
     pub reconciler: ReconcilerConfig,
-    /// How rewards become advantages.
+    /// How rewards become advantages. *Not a setting*: a program picks a preset
+    /// ([`AdvantageConfig::preset`]) or builds one.
+    #[cfg_attr(feature = "clap", arg(skip))]
+    #[serde(skip)]
     pub advantages: AdvantageConfig,
-    /// Scored groups the output holds for a slow consumer before admission waits.
+    /// Scored groups the output holds for a slow consumer before admission waits. *Not a
+    /// setting.*
+    #[cfg_attr(feature = "clap", arg(skip))]
+    #[serde(skip)]
     pub output_buffer: usize,
-    /// The heartbeat's period.
+    /// The heartbeat's period. *Not a setting.*
+    #[cfg_attr(feature = "clap", arg(skip))]
+    #[serde(skip)]
     pub heartbeat: Duration,
-    /// A heartbeat later than this is logged as a warning.
+    /// A heartbeat later than this is logged as a warning. *Not a setting.*
+    #[cfg_attr(feature = "clap", arg(skip))]
+    #[serde(skip)]
     pub lag_warning: Duration,
 }
 
@@ -198,42 +245,69 @@ impl Default for RolloutConfig {
 
 impl RolloutConfig {
     /// Checks that the settings can run, saying which one cannot.
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let fail = |message: String| Err(EngineError::Config(message));
-        if self.num_generations == 0 {
-            return fail("num_generations must be at least 1".to_owned());
-        }
-        if self.max_inflight == 0 {
-            return fail("max_inflight must be at least 1".to_owned());
-        }
-        if self.max_turns == 0 {
-            return fail("max_turns must be at least 1".to_owned());
-        }
-        if self.max_tokens == 0 {
-            return fail("max_tokens must be at least 1".to_owned());
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let at_least_one = [
+            ("num_generations", self.num_generations),
+            ("max_inflight", self.max_inflight),
+            ("max_turns", self.max_turns),
+            ("max_tokens", self.max_tokens as usize),
+            ("min_group_size", self.min_group_size),
+        ];
+        for (setting, value) in at_least_one {
+            if value == 0 {
+                return Err(ConfigError::new(setting, "must be at least 1"));
+            }
         }
         if self.min_group_size > self.num_generations {
-            return fail(format!(
-                "min_group_size ({}) is larger than num_generations ({}): no group could be scored",
-                self.min_group_size, self.num_generations
+            return Err(ConfigError::new(
+                "min_group_size",
+                format!(
+                    "({}) is more than num_generations ({}): no group could ever be kept",
+                    self.min_group_size, self.num_generations
+                ),
             ));
         }
-        if self.heartbeat.is_zero() {
-            return fail("heartbeat must be longer than zero".to_owned());
-        }
-        if self.rollout_timeout.is_zero() {
-            return fail("rollout_timeout must be longer than zero".to_owned());
+        for (setting, value) in [
+            ("rollout_timeout", self.rollout_timeout),
+            ("server_wait", self.server_wait),
+            ("heartbeat", self.heartbeat),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::new(setting, "must be longer than 0s"));
+            }
         }
         if let Some(rate) = self.max_failure_rate
             && !(0.0..=1.0).contains(&rate)
         {
-            return fail(format!(
-                "max_failure_rate must be a fraction between 0 and 1, got {rate}"
+            return Err(ConfigError::new(
+                "max_failure_rate",
+                format!("must be a fraction between 0 and 1, got {rate}"),
             ));
         }
+        self.sampling.validate()?;
         self.advantages
             .validate()
-            .map_err(|e| EngineError::Config(format!("advantages: {e}")))
+            .map_err(|e| ConfigError::new("advantages", e.to_string()))
+    }
+}
+
+/// A setting of [`RolloutConfig`] that cannot work: which one (its field name, which is also
+/// its settings-file key) and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{setting} {problem}")]
+pub struct ConfigError {
+    /// The setting's name.
+    pub setting: &'static str,
+    /// What is wrong with its value, a phrase that follows the name.
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(setting: &'static str, problem: impl Into<String>) -> ConfigError {
+        ConfigError {
+            setting,
+            problem: problem.into(),
+        }
     }
 }
 
@@ -242,8 +316,8 @@ impl RolloutConfig {
 #[non_exhaustive]
 pub enum EngineError {
     /// A setting cannot work.
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The chat template could not be found or compiled.
     #[error(transparent)]
     Render(#[from] RenderError),

@@ -5,6 +5,22 @@ use crate::{
     reward::{BoxError, Scores, SyncReward},
 };
 
+/// Why [`LengthPenalty::new`] refused its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LengthPenaltyError {
+    /// `max_tokens` is 0.
+    #[error("MAX must be at least 1 token")]
+    NoTokens,
+    /// The buffer is larger than `max_tokens`.
+    #[error("BUFFER ({buffer}) cannot exceed MAX ({max_tokens})")]
+    BufferTooLarge {
+        /// The buffer given.
+        buffer: usize,
+        /// The limit given.
+        max_tokens: usize,
+    },
+}
+
 /// DAPO's soft overlong penalty on the completion's token count `L`: 0 while
 /// `L <= max - buffer`, falling linearly to -1 at `L = max`, and -1 beyond. A completion whose
 /// token ids are unknown (none recorded for a non-empty answer) scores `None`.
@@ -16,14 +32,12 @@ pub struct LengthPenalty {
 
 impl LengthPenalty {
     /// A penalty that starts `buffer` tokens before `max_tokens`.
-    pub fn new(max_tokens: usize, buffer: usize) -> Result<LengthPenalty, String> {
+    pub fn new(max_tokens: usize, buffer: usize) -> Result<LengthPenalty, LengthPenaltyError> {
         if max_tokens == 0 {
-            return Err("MAX must be at least 1 token".to_owned());
+            return Err(LengthPenaltyError::NoTokens);
         }
         if buffer > max_tokens {
-            return Err(format!(
-                "BUFFER ({buffer}) cannot exceed MAX ({max_tokens})"
-            ));
+            return Err(LengthPenaltyError::BufferTooLarge { buffer, max_tokens });
         }
         Ok(LengthPenalty { max_tokens, buffer })
     }
@@ -72,7 +86,10 @@ mod tests {
             Ok((0.0, -1.0))
         );
         assert_eq!(
-            LengthPenalty::new(10, 11).err().as_deref(),
+            LengthPenalty::new(10, 11)
+                .err()
+                .map(|e| e.to_string())
+                .as_deref(),
             Some("BUFFER (11) cannot exceed MAX (10)")
         );
     }

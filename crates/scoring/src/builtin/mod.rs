@@ -20,7 +20,7 @@ mod pattern;
 
 pub use command::CommandReward;
 pub use exact::{ExactMatch, Normalization};
-pub use length::LengthPenalty;
+pub use length::{LengthPenalty, LengthPenaltyError};
 pub use numeric::{NumericMatch, extract_number};
 pub use pattern::RegexMatch;
 
@@ -80,39 +80,24 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
         ));
     }
     let reward = match kind {
-        "exact" => Reward::from_sync(format!("exact_{argument}"), ExactMatch::new(argument))
-            .reads_column(argument),
-        "numeric" => Reward::from_sync(format!("numeric_{argument}"), NumericMatch::new(argument))
-            .reads_column(argument),
-        "regex" => Reward::from_sync(
-            "regex",
-            RegexMatch::new(argument)
-                .map_err(|e| SpecError::new(spec, format!("bad pattern: {e}")))?,
-        ),
+        "exact" => exact(argument),
+        "numeric" => numeric(argument),
+        "regex" => regex(argument).map_err(|e| SpecError::new(spec, e.reason))?,
         "length" => {
             let mut parts = argument.split(':');
             let max = parse_tokens(spec, parts.next(), "MAX")?;
             let buffer = match parts.next() {
-                Some(text) => parse_tokens(spec, Some(text), "BUFFER")?,
-                None => max / 4,
+                Some(text) => Some(parse_tokens(spec, Some(text), "BUFFER")?),
+                None => None,
             };
-            let penalty =
-                LengthPenalty::new(max, buffer).map_err(|reason| SpecError::new(spec, reason))?;
-            Reward::from_sync("length_penalty", penalty)
+            length(max, buffer).map_err(|e| SpecError::new(spec, e.to_string()))?
         }
         "command" => {
             let mut words = argument.split_whitespace();
             let program = words
                 .next()
                 .ok_or_else(|| SpecError::new(spec, "no program given"))?;
-            let stem = std::path::Path::new(program).file_stem().map_or_else(
-                || program.to_owned(),
-                |stem| stem.to_string_lossy().into_owned(),
-            );
-            Reward::from_async(
-                format!("command_{stem}"),
-                CommandReward::new(program, words.map(str::to_owned)),
-            )
+            command(program, words.map(str::to_owned))
         }
         other => {
             return Err(SpecError::new(
@@ -124,6 +109,40 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
         }
     };
     Ok(reward.weight(weight))
+}
+
+/// `exact:COLUMN`: 1 when the answer equals the row's `column` (normalized), else 0.
+pub fn exact(column: &str) -> Reward {
+    Reward::from_sync(format!("exact_{column}"), ExactMatch::new(column)).reads_column(column)
+}
+
+/// `numeric:COLUMN`: 1 when the answer's number equals the row's `column`, else 0.
+pub fn numeric(column: &str) -> Reward {
+    Reward::from_sync(format!("numeric_{column}"), NumericMatch::new(column)).reads_column(column)
+}
+
+/// `regex:PATTERN`: 1 when the answer matches `pattern`, else 0.
+pub fn regex(pattern: &str) -> Result<Reward, SpecError> {
+    let matcher = RegexMatch::new(pattern)
+        .map_err(|e| SpecError::new(pattern, format!("bad pattern: {e}")))?;
+    Ok(Reward::from_sync("regex", matcher))
+}
+
+/// `length:MAX[:BUFFER]`: DAPO's soft overlong penalty; the buffer is a quarter of `max`
+/// when not given.
+pub fn length(max: usize, buffer: Option<usize>) -> Result<Reward, LengthPenaltyError> {
+    let penalty = LengthPenalty::new(max, buffer.unwrap_or(max / 4))?;
+    Ok(Reward::from_sync("length_penalty", penalty))
+}
+
+/// `command:PROGRAM ARGS..`: the group on the program's stdin, its scores on its stdout;
+/// named `command_STEM` after the program's file stem.
+pub fn command(program: &str, args: impl IntoIterator<Item = String>) -> Reward {
+    let stem = std::path::Path::new(program).file_stem().map_or_else(
+        || program.to_owned(),
+        |stem| stem.to_string_lossy().into_owned(),
+    );
+    Reward::from_async(format!("command_{stem}"), CommandReward::new(program, args))
 }
 
 fn parse_tokens(spec: &str, text: Option<&str>, what: &str) -> Result<usize, SpecError> {

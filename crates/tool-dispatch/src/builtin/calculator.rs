@@ -8,7 +8,16 @@ use crate::tool::{Arguments, BoxError};
 /// right-associative), parentheses, unary minus, the constants `pi` and `e`, and `sqrt`,
 /// `abs`, `round`, `floor`, `ceil`, `ln`, `log10`. An error says where the expression stops
 /// making sense.
-pub fn evaluate(expression: &str) -> Result<f64, String> {
+pub fn evaluate(expression: &str) -> Result<f64, ExpressionError> {
+    evaluate_text(expression).map_err(ExpressionError)
+}
+
+/// Why an expression has no value: where it stops making sense, or what its value is not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ExpressionError(String);
+
+fn evaluate_text(expression: &str) -> Result<f64, String> {
     let mut parser = Parser {
         text: expression.as_bytes(),
         at: 0,
@@ -266,28 +275,28 @@ mod tests {
 
     #[test]
     fn errors_say_where_and_what_was_expected() {
-        assert_eq!(evaluate("1 / 0"), Err("division by zero".to_owned()));
+        assert_eq!(evaluate_text("1 / 0"), Err("division by zero".to_owned()));
         assert_eq!(
-            evaluate("2 +"),
+            evaluate_text("2 +"),
             Err("expected a number, '(' or a function at the end of the expression".to_owned())
         );
         assert_eq!(
-            evaluate("(1 + 2"),
+            evaluate_text("(1 + 2"),
             Err("expected ')' at the end of the expression".to_owned())
         );
         assert_eq!(
-            evaluate("3 $ 4"),
+            evaluate_text("3 $ 4"),
             Err(
                 "expected an operator or the end of the expression at position 3 but found '$'"
                     .to_owned()
             )
         );
         assert!(
-            evaluate("import os")
+            evaluate_text("import os")
                 .is_err_and(|e| e.starts_with("unknown name 'import' at position 1"))
         );
         assert_eq!(
-            evaluate("10 ^ 400"),
+            evaluate_text("10 ^ 400"),
             Err("the result is not a finite number".to_owned())
         );
     }
