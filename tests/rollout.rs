@@ -339,7 +339,7 @@ fn assert_trl_advantages(rows: &[TrainingSample]) {
 }
 
 /// The tool messages of a row's completion.
-fn tool_messages(row: &TrainingSample) -> Vec<&Value> {
+fn tool_messages(row: &TrainingSample) -> Vec<&rollout_core::Message> {
     row.completion
         .iter()
         .filter(|m| m["role"] == "tool")

@@ -43,6 +43,23 @@ impl Message {
         message
     }
 
+    /// A `tool` message naming its tool: `{"role": "tool", "name", "content",
+    /// "tool_call_id"}`, the id when the call had one.
+    pub fn tool_result(
+        name: impl Into<String>,
+        content: impl Into<String>,
+        tool_call_id: Option<String>,
+    ) -> Self {
+        let mut map = Map::new();
+        map.insert("role".into(), Value::from("tool"));
+        map.insert("name".into(), Value::from(name.into()));
+        map.insert("content".into(), Value::from(content.into()));
+        if let Some(id) = tool_call_id {
+            map.insert("tool_call_id".into(), Value::from(id));
+        }
+        Self(map)
+    }
+
     /// Sets a field (`reasoning_content`, `name`, ...), keeping the position of an
     /// existing key.
     #[must_use]
@@ -121,5 +138,24 @@ impl TryFrom<Map<String, Value>> for Message {
 impl From<Message> for Map<String, Value> {
     fn from(message: Message) -> Self {
         message.0
+    }
+}
+
+/// `message["content"]`: the value of a key, `null` when the message has none (as
+/// `serde_json::Value` indexes).
+impl std::ops::Index<&str> for Message {
+    type Output = Value;
+
+    fn index(&self, key: &str) -> &Value {
+        static NULL: Value = Value::Null;
+        self.0.get(key).unwrap_or(&NULL)
+    }
+}
+
+/// The message as compact JSON.
+impl std::fmt::Display for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = serde_json::to_string(&self.0).map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
     }
 }

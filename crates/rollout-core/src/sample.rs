@@ -10,7 +10,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::reconcile::RolloutId;
+use crate::{Message, reconcile::RolloutId};
 
 /// One training row with everything a trainer needs to learn from it. A forked conversation
 /// gives several samples with the same `rollout_id`.
@@ -21,9 +21,9 @@ pub struct TrainingSample {
     /// The rollout (conversation) it comes from.
     pub rollout_id: RolloutId,
     /// The prompt messages.
-    pub prompt: Vec<Value>,
+    pub prompt: Vec<Message>,
     /// The messages the rollout added: assistant turns and tool results.
-    pub completion: Vec<Value>,
+    pub completion: Vec<Message>,
     /// Every token of the row.
     pub input_ids: Vec<u32>,
     /// `1` for a sampled token that is trained on, `0` elsewhere.
@@ -145,8 +145,8 @@ mod tests {
         TrainingSample {
             group_id,
             rollout_id: RolloutId(rollout),
-            prompt: vec![json!({"role": "user", "content": "What is 6 * 7?"})],
-            completion: vec![json!({"role": "assistant", "content": "42"})],
+            prompt: vec![Message::user("What is 6 * 7?")],
+            completion: vec![Message::assistant("42")],
             input_ids: vec![1, 2, 3, 4],
             completion_mask: vec![0, 0, 1, 1],
             old_log_probs: vec![0.0, 0.0, -0.25, -1.5],

@@ -227,13 +227,7 @@ fn turns_by_rollout(run: &Run, realign: bool) -> BTreeMap<RolloutId, Vec<&Sample
 
 /// The conversation of a sample: its prompt and completion messages.
 fn conversation(sample: &TrainingSample) -> (Vec<Message>, Vec<Message>) {
-    let messages = |values: &[Value]| -> Vec<Message> {
-        values
-            .iter()
-            .map(|m| serde_json::from_value(m.clone()).expect("a message"))
-            .collect()
-    };
-    (messages(&sample.prompt), messages(&sample.completion))
+    (sample.prompt.clone(), sample.completion.clone())
 }
 
 /// The prompt's messages followed by those of the completion before its `turn`-th answer.

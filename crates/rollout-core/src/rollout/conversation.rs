@@ -8,158 +8,22 @@
 //! mode, the whole conversation is rendered (incrementally) instead and the reconciler
 //! compares it with the sampled ids.
 
-use std::{fmt, panic::AssertUnwindSafe, slice};
+use std::{panic::AssertUnwindSafe, slice};
 
 use futures::FutureExt;
-
-use serde::Serialize;
 use serde_json::Value;
 
-use super::group::GroupState;
 use super::{
     PromptMode, Shared,
     generator::{Finish, GenerateRequest, Generator},
+    group::GroupState,
     health::Counters,
+    outcome::{Failure, FailureCause, Finished, RolloutFailure, Stop},
 };
 use crate::{
-    Message, NoExactDelta, Reconciler, RenderError, RolloutId, Tally, TrainingRow, TurnRecord,
+    Message, NoExactDelta, Reconciler, RenderError, RolloutId, Tally, TurnRecord,
     parse::split_reasoning,
 };
-
-/// A rollout that ended with a conversation.
-#[derive(Debug)]
-pub(crate) struct Finished {
-    pub(crate) rollout_id: RolloutId,
-    /// The messages the rollout added: assistant turns and tool results.
-    pub(crate) messages: Vec<Message>,
-    pub(crate) rows: Vec<TrainingRow>,
-    pub(crate) tally: Tally,
-    /// Every sampled id, in order (what length rewards measure).
-    pub(crate) sampled: Vec<u32>,
-    pub(crate) turns: u64,
-    pub(crate) tool_calls: u64,
-    pub(crate) tool_errors: u64,
-    pub(crate) versions: (u64, u64),
-    pub(crate) stop: Stop,
-    pub(crate) attempts: u32,
-    /// Turns whose next prompt append mode re-rendered whole (no exact token delta).
-    pub(crate) fallbacks: u64,
-}
-
-impl Finished {
-    /// The last assistant message's content: what answer rewards read.
-    pub(crate) fn answer(&self) -> String {
-        self.messages
-            .iter()
-            .rev()
-            .find(|m| m.role() == "assistant")
-            .and_then(Message::content)
-            .unwrap_or_default()
-            .to_owned()
-    }
-}
-
-/// Why a conversation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stop {
-    /// The model answered without a tool call.
-    Answer,
-    /// `max_turns` generation calls were made.
-    MaxTurns,
-    /// The rollout's token budget was spent.
-    TokenBudget,
-    /// The context is full.
-    Context,
-    /// The last answer was cut at `max_tokens`.
-    Length,
-}
-
-/// Why a rollout failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum FailureCause {
-    /// The generator failed (after its own retries).
-    Generation,
-    /// No server could be reached (after the generator's own retries).
-    Unavailable,
-    /// The prompt does not fit in the context.
-    PromptTooLong,
-    /// The chat template or the tokenizer failed.
-    Render,
-    /// The turns could not be made into training rows.
-    Reconcile,
-    /// The rollout ran past its deadline.
-    Deadline,
-    /// A drain cancelled it.
-    Cancelled,
-    /// Something it ran panicked (a generator, the tokenizer): a bug, isolated.
-    Panic,
-    /// Its group fell more than `max_staleness` model versions behind.
-    Stale,
-}
-
-impl FailureCause {
-    /// The cause's name: `generation`, `prompt_too_long`, ...
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureCause::Generation => "generation",
-            FailureCause::Unavailable => "unavailable",
-            FailureCause::PromptTooLong => "prompt_too_long",
-            FailureCause::Render => "render",
-            FailureCause::Reconcile => "reconcile",
-            FailureCause::Deadline => "deadline",
-            FailureCause::Cancelled => "cancelled",
-            FailureCause::Panic => "panic",
-            FailureCause::Stale => "stale",
-        }
-    }
-
-    /// Whether trying the same prompt again may succeed.
-    fn is_retryable(self) -> bool {
-        !matches!(
-            self,
-            FailureCause::PromptTooLong
-                | FailureCause::Cancelled
-                | FailureCause::Panic
-                | FailureCause::Stale
-        )
-    }
-}
-
-/// A rollout that failed, with its cause; its group is scored without it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RolloutFailure {
-    /// The rollout.
-    pub rollout_id: RolloutId,
-    /// The group it belonged to.
-    pub group_id: u64,
-    /// The dataset line of its prompt (0 when the rows did not come from a file).
-    pub line: usize,
-    /// Attempts made.
-    pub attempts: u32,
-    /// Why the last attempt failed.
-    pub cause: FailureCause,
-    /// What happened, for a person.
-    pub message: String,
-}
-
-impl fmt::Display for RolloutFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "rollout {} (group {}, line {}) failed after {} attempt(s): {}: {}",
-            self.rollout_id.0,
-            self.group_id,
-            self.line,
-            self.attempts,
-            self.cause.as_str(),
-            self.message
-        )
-    }
-}
-
-pub(crate) type Failure = (FailureCause, String);
 
 /// Runs a rollout with its retries, its deadline and cancellation.
 pub(crate) async fn run<G: Generator>(
@@ -427,7 +291,7 @@ async fn converse<G: Generator>(
         let calls = parsed
             .tool_calls
             .into_iter()
-            .map(|call| tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id))
+            .map(tool_dispatch::ToolCall::from)
             .collect::<Vec<_>>();
         finished.tool_calls += calls.len() as u64;
         Counters::add(&counters.tool_calls, calls.len() as u64);
@@ -441,12 +305,7 @@ async fn converse<G: Generator>(
                 finished.tool_errors += 1;
                 Counters::add(&counters.tool_errors, 1);
             }
-            let Value::Object(map) = result.to_message() else {
-                unreachable!("a tool result's message is an object");
-            };
-            let message = Message::try_from(map)
-                .unwrap_or_else(|e| unreachable!("a tool result's message has a role: {e}"));
-            finished.messages.push(message);
+            finished.messages.push(Message::from(&result));
         }
         render.push(&finished.messages[start..]);
         if append {
@@ -490,5 +349,19 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// A parsed call as the dispatcher runs it.
+impl From<crate::ToolCall> for tool_dispatch::ToolCall {
+    fn from(call: crate::ToolCall) -> Self {
+        tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id)
+    }
+}
+
+/// A tool's result as the conversation's next message.
+impl From<&tool_dispatch::ToolResult> for Message {
+    fn from(result: &tool_dispatch::ToolResult) -> Self {
+        Message::tool_result(&result.name, &result.content, result.call_id.clone())
     }
 }

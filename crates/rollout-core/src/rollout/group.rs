@@ -10,12 +10,12 @@ use tokio::sync::mpsc::OwnedPermit;
 
 use super::{
     PromptMode, Shared,
-    conversation::{FailureCause, Finished, RolloutFailure, Stop},
     generator::Generator,
     health::Counters,
+    outcome::{FailureCause, Finished, RolloutFailure, Stop},
 };
 use crate::{
-    DatasetRow, RenderError, RenderState, TrainingSample,
+    DatasetRow, Message, RenderError, RenderState, TrainingSample,
     sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
 };
 
@@ -152,8 +152,8 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         return;
     }
 
-    // What the samples need of each rollout is taken before its messages and ids move
-    // into the group the rewards see; rows move into the samples: nothing is copied twice.
+    // What the samples need of each rollout is taken before its ids move into the group
+    // the rewards see; the rewards see copies of the messages (the samples keep them typed).
     let append = shared.config.prompt_mode == PromptMode::Append;
     let metrics: Vec<Map<String, Value>> = finished
         .iter()
@@ -161,44 +161,30 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         .collect();
     // Versions only grow, so the group's oldest turn is its first.
     let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
-    let prompt: Vec<Value> = group
-        .row
-        .prompt
-        .iter()
-        .map(|m| Value::Object(m.as_map().clone()))
-        .collect();
     let completions = finished
         .iter_mut()
         .map(|done| Completion {
             text: done.answer(),
-            messages: std::mem::take(&mut done.messages)
-                .into_iter()
-                .map(|m| Value::Object(m.into()))
-                .collect(),
+            messages: done.messages.iter().map(message_value).collect(),
             token_ids: std::mem::take(&mut done.sampled),
             has_training_row: !done.rows.is_empty(),
         })
         .collect();
     let scored = Arc::new(Group::new(
-        Value::Array(prompt),
+        Value::Array(group.row.prompt.iter().map(message_value).collect()),
         completions,
         group.row.columns.clone(),
     ));
     let scores = shared.scorer.score(Arc::clone(&scored)).await;
     let advantages = scores.advantages(&scored, &shared.config.advantages);
+    drop(scored);
     if advantages.dropped {
         Counters::add(&counters.groups_zero_variance, 1);
         return;
     }
-    // The scorer has let go of the group unless a reward still runs past its timeout.
-    let scored = Arc::try_unwrap(scored).unwrap_or_else(|shared| (*shared).clone());
-    let Value::Array(prompt) = scored.prompt else {
-        unreachable!("the prompt was built as an array");
-    };
 
     let mut samples = Vec::new();
-    let rollouts = finished.into_iter().zip(scored.completions).zip(metrics);
-    for (index, ((done, completion), metrics)) in rollouts.enumerate() {
+    for (index, (done, metrics)) in finished.into_iter().zip(metrics).enumerate() {
         let rewards: Map<String, Value> = scores
             .columns
             .iter()
@@ -211,8 +197,8 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             samples.push(TrainingSample {
                 group_id: group.group_id,
                 rollout_id: done.rollout_id,
-                prompt: prompt.clone(),
-                completion: completion.messages.clone(),
+                prompt: group.row.prompt.clone(),
+                completion: done.messages.clone(),
                 input_ids: row.input_ids,
                 completion_mask: row.completion_mask,
                 old_log_probs: row.old_log_probs,
@@ -232,6 +218,11 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         failures,
         metrics: scores.metrics.to_map(),
     });
+}
+
+/// A message as the rewards see it: the JSON object it is.
+fn message_value(message: &Message) -> Value {
+    Value::Object(message.as_map().clone())
 }
 
 /// A sample's metrics (floats, as TRL's `RolloutSample.metrics`): `prompt_mode_append` is 1

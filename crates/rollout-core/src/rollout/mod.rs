@@ -31,6 +31,7 @@ mod conversation;
 mod generator;
 mod group;
 mod health;
+mod outcome;
 
 use std::{
     fmt,
@@ -43,10 +44,10 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 pub use self::{
-    conversation::{FailureCause, RolloutFailure},
     generator::{Finish, GenerateError, GenerateRequest, Generation, Generator, Sampling},
     group::ScoredGroup,
     health::{Health, Stats},
+    outcome::{FailureCause, RolloutFailure},
 };
 use self::{
     group::GroupState,
