@@ -19,7 +19,7 @@
 //! - **Datasets** ([`DatasetReader`]): JSON Lines of `{"prompt": text | messages, ...}`, read
 //!   lazily; a bad row names its file and line.
 //! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
-//!   Mistral outputs into content and [`ToolCall`]s; a malformed call stays content and is
+//!   Mistral outputs into content and [`ParsedCall`]s; a malformed call stays content and is
 //!   reported, never a panic.
 //!
 //! ```
@@ -75,7 +75,7 @@ mod turn;
 pub use crate::{
     dataset::{DatasetError, DatasetReader, DatasetRow},
     message::Message,
-    parse::{ParsedOutput, ToolCall, ToolCallParser},
+    parse::{ParsedCall, ParsedOutput, ToolCallParser},
     reconcile::{
         ReconcileError, Reconciled, Reconciler, ReconcilerConfig, RolloutId, Tally, TrainingRow,
         Transition, reconcile,

@@ -71,10 +71,10 @@ impl Message {
     /// Attaches tool calls in the OpenAI / transformers shape
     /// (`{"id", "type": "function", "function": {"name", "arguments"}}`).
     #[must_use]
-    pub fn with_tool_calls(self, calls: &[crate::ToolCall]) -> Self {
+    pub fn with_tool_calls(self, calls: &[crate::ParsedCall]) -> Self {
         self.with(
             "tool_calls",
-            Value::Array(calls.iter().map(crate::ToolCall::to_json).collect()),
+            Value::Array(calls.iter().map(crate::ParsedCall::to_json).collect()),
         )
     }
 

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use proptest::prelude::*;
 use rollout_core::{
-    ChatTemplate, ChatTokenizer, Message, NoExactDelta, RenderOptions, RenderState, ToolCall,
+    ChatTemplate, ChatTokenizer, Message, NoExactDelta, ParsedCall, RenderOptions, RenderState,
 };
 use serde_json::{Value, json};
 
@@ -134,12 +134,12 @@ fn turn() -> impl Strategy<Value = Turn> {
 
 /// The messages of `turn` for `family`: the assistant message and what follows it.
 fn messages(family: &Family, index: usize, turn: &Turn) -> (Message, Vec<Message>) {
-    let calls: Vec<ToolCall> = turn
+    let calls: Vec<ParsedCall> = turn
         .calls
         .iter()
         .take(family.max_calls)
         .enumerate()
-        .map(|(i, (q, n))| ToolCall {
+        .map(|(i, (q, n))| ParsedCall {
             // Mistral's templates take ids of 9 alphanumerics.
             id: format!("call{index:02}x{i:02}"),
             name: "search".to_owned(),
@@ -304,7 +304,7 @@ fn qwen3_dropping_an_empty_think_block_leaves_the_delta_exact() {
     let sampled_text = "<think>\n\n</think>\n\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"rust\"}}\n</tool_call>";
     let mut sampled = tokenizer.encode(sampled_text).expect("encodes");
     sampled.push(stop);
-    let call = ToolCall {
+    let call = ParsedCall {
         id: "call_0".into(),
         name: "search".into(),
         arguments: json!({"q": "rust"}),
@@ -344,7 +344,7 @@ fn gpt_oss_with_a_tokenizer_whose_stop_token_it_never_writes_has_no_exact_delta(
     render.push(&prompt(false));
     render.prompt().expect("renders");
     let start = render.state();
-    let call = ToolCall {
+    let call = ParsedCall {
         id: "call_0".into(),
         name: "search".into(),
         arguments: json!({"q": "rust"}),

@@ -2,7 +2,7 @@
 //! and whole; loading tokenizer folders; template errors.
 
 use proptest::prelude::*;
-use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderError, RenderOptions, ToolCall};
+use rollout_core::{ChatTemplate, ChatTokenizer, Message, ParsedCall, RenderError, RenderOptions};
 use serde_json::{Map, Value, json};
 
 use crate::{fixture, llama31_with_its_template, qwen3, qwen25};
@@ -28,7 +28,7 @@ fn qwen3_renders_and_tokenizes_a_conversation_as_transformers_does() {
 #[test]
 fn qwen3_renders_tools_tool_calls_and_results() {
     let tokenizer = qwen3();
-    let call = ToolCall {
+    let call = ParsedCall {
         id: "call_1".into(),
         name: "get_weather".into(),
         arguments: json!({"city": "Paris", "unit": "°C"}),
@@ -404,7 +404,7 @@ fn message() -> impl Strategy<Value = Message> {
             0 => Message::user(text),
             1 => Message::assistant(text),
             2 => Message::tool("call_0", text),
-            _ => Message::assistant(text).with_tool_calls(&[ToolCall {
+            _ => Message::assistant(text).with_tool_calls(&[ParsedCall {
                 id: "call_0".into(),
                 name: "f".into(),
                 arguments: json!({"q": "x y", "n": 3}),

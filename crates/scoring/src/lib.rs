@@ -65,7 +65,7 @@ pub use crate::{
         InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
     },
     group::{Completion, Group},
-    reward::{AsyncReward, BoxError, Reward, Scores, SyncReward},
+    reward::{AsyncReward, Reward, RewardError, Scores, SyncReward},
     scorer::{
         Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
         Scorer, ScorerConfig, ScorerError,

@@ -7,41 +7,41 @@ use futures::future::BoxFuture;
 use crate::{group::Group, sync::Arc};
 
 /// The error type reward functions return.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type RewardError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One optional score per completion of the group, in order; `None` means "cannot score this
 /// one" (the completion is then unscorable for this column).
 pub type Scores = Vec<Option<f64>>;
 
 /// A reward function that blocks or computes: it runs on the scorer's own thread pool, never
-/// on the async runtime. Implemented for every `Fn(&Group) -> Result<Scores, BoxError>`.
+/// on the async runtime. Implemented for every `Fn(&Group) -> Result<Scores, RewardError>`.
 pub trait SyncReward: Send + Sync + 'static {
     /// Scores every completion of `group`.
-    fn score(&self, group: &Group) -> Result<Scores, BoxError>;
+    fn score(&self, group: &Group) -> Result<Scores, RewardError>;
 }
 
 impl<F> SyncReward for F
 where
-    F: Fn(&Group) -> Result<Scores, BoxError> + Send + Sync + 'static,
+    F: Fn(&Group) -> Result<Scores, RewardError> + Send + Sync + 'static,
 {
-    fn score(&self, group: &Group) -> Result<Scores, BoxError> {
+    fn score(&self, group: &Group) -> Result<Scores, RewardError> {
         self(group)
     }
 }
 
 /// A reward function that waits on I/O (a judge model, a sandbox): awaited on the runtime.
-/// Implemented for every `Fn(Arc<Group>) -> impl Future<Output = Result<Scores, BoxError>>`.
+/// Implemented for every `Fn(Arc<Group>) -> impl Future<Output = Result<Scores, RewardError>>`.
 pub trait AsyncReward: Send + Sync + 'static {
     /// Scores every completion of `group`.
-    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, BoxError>>;
+    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, RewardError>>;
 }
 
 impl<F, Fut> AsyncReward for F
 where
     F: Fn(Arc<Group>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Scores, BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<Scores, RewardError>> + Send + 'static,
 {
-    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, BoxError>> {
+    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, RewardError>> {
         Box::pin(self(group))
     }
 }
@@ -67,7 +67,7 @@ impl Reward {
     /// A sync reward from a function or closure.
     pub fn new_sync<F>(name: impl Into<String>, function: F) -> Reward
     where
-        F: Fn(&Group) -> Result<Scores, BoxError> + Send + Sync + 'static,
+        F: Fn(&Group) -> Result<Scores, RewardError> + Send + Sync + 'static,
     {
         Reward::from_sync(name, function)
     }
@@ -76,7 +76,7 @@ impl Reward {
     pub fn new_async<F, Fut>(name: impl Into<String>, function: F) -> Reward
     where
         F: Fn(Arc<Group>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Scores, BoxError>> + Send + 'static,
+        Fut: Future<Output = Result<Scores, RewardError>> + Send + 'static,
     {
         Reward::from_async(name, function)
     }

@@ -6,7 +6,7 @@ use std::{
 };
 
 use scoring::{
-    BoxError, Completion, FailureKind, Group, Reward, Scorer, ScorerConfig, ScorerError, Scores,
+    Completion, FailureKind, Group, Reward, RewardError, Scorer, ScorerConfig, ScorerError, Scores,
 };
 use serde_json::json;
 
@@ -59,16 +59,19 @@ async fn a_blocking_sync_reward_does_not_delay_an_async_one_in_the_same_group() 
     let signal = Signal::default();
     let waiter = {
         let signal = signal.clone();
-        Reward::new_sync("waits", move |group: &Group| -> Result<Scores, BoxError> {
-            if !signal.wait() {
-                return Err("the async reward never ran while this one blocked".into());
-            }
-            let thread = std::thread::current().name().unwrap_or_default().to_owned();
-            if !thread.starts_with("reward-") {
-                return Err(format!("ran on {thread:?}, not on the scorer's pool").into());
-            }
-            Ok(vec![Some(1.0); group.len()])
-        })
+        Reward::new_sync(
+            "waits",
+            move |group: &Group| -> Result<Scores, RewardError> {
+                if !signal.wait() {
+                    return Err("the async reward never ran while this one blocked".into());
+                }
+                let thread = std::thread::current().name().unwrap_or_default().to_owned();
+                if !thread.starts_with("reward-") {
+                    return Err(format!("ran on {thread:?}, not on the scorer's pool").into());
+                }
+                Ok(vec![Some(1.0); group.len()])
+            },
+        )
     };
     let raiser = {
         let signal = signal.clone();
@@ -93,10 +96,10 @@ async fn a_blocking_sync_reward_does_not_delay_an_async_one_in_the_same_group() 
 async fn errors_panics_timeouts_and_wrong_lengths_leave_the_other_columns_intact() {
     let rewards = vec![
         constant("good", 1.0).weight(2.0),
-        Reward::new_sync("error", |_: &Group| -> Result<Scores, BoxError> {
+        Reward::new_sync("error", |_: &Group| -> Result<Scores, RewardError> {
             Err("judge unavailable".into())
         }),
-        Reward::new_sync("panic", |_: &Group| -> Result<Scores, BoxError> {
+        Reward::new_sync("panic", |_: &Group| -> Result<Scores, RewardError> {
             panic!("index out of range")
         }),
         Reward::new_async("async_panic", |_: Arc<Group>| async {

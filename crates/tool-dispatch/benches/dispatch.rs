@@ -17,7 +17,7 @@ use std::{
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tool_dispatch::{
-    Arguments, BoxError, DispatcherConfig, Registry, Tool, ToolCall, ToolDispatcher, ToolSpec,
+    Arguments, DispatcherConfig, Registry, Tool, ToolCall, ToolDispatcher, ToolError, ToolSpec,
 };
 
 fn histogram() -> Histogram<u64> {
@@ -32,7 +32,7 @@ fn micros_at(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-fn noop_sync(_: Arguments) -> Result<Value, BoxError> {
+fn noop_sync(_: Arguments) -> Result<Value, ToolError> {
     Ok(Value::Null)
 }
 
@@ -45,7 +45,7 @@ fn dispatcher(config: DispatcherConfig) -> ToolDispatcher {
         .and_then(|r| {
             r.with(Tool::new_async(
                 ToolSpec::new("noop_async", "Does nothing"),
-                |_: Arguments| async { Ok::<_, BoxError>(Value::Null) },
+                |_: Arguments| async { Ok::<_, ToolError>(Value::Null) },
             ))
         })
         .and_then(|r| {

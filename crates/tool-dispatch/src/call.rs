@@ -18,7 +18,7 @@ use crate::{
     registry::{Registry, validate_arguments},
     sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore},
     tool::{
-        Arguments, AsyncTool, BoxError, Outcome, Runner, SyncTool, ToolCall, ToolResult,
+        Arguments, AsyncTool, Outcome, Runner, SyncTool, ToolCall, ToolError, ToolResult,
         error_content, value_content,
     },
 };
@@ -321,7 +321,7 @@ impl Engine {
     }
 }
 
-fn returned(name: &str, result: Result<Value, BoxError>) -> Ended {
+fn returned(name: &str, result: Result<Value, ToolError>) -> Ended {
     match result {
         Ok(value) => Ended::new(Outcome::Ok, value_content(value)),
         Err(error) => Ended::error(Outcome::Failed, &format!("tool '{name}' failed: {error}")),
@@ -379,7 +379,7 @@ impl Drop for Running<'_> {
 /// What a sync tool's pool job sends back, besides the slot.
 struct Finished {
     /// The tool's result, or the message of its panic.
-    result: Result<Result<Value, BoxError>, String>,
+    result: Result<Result<Value, ToolError>, String>,
     queue_wait: Duration,
 }
 

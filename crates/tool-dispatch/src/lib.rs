@@ -3,7 +3,7 @@
 //! [`ToolDispatcher`] is a [`tower::Service`] that takes the tool calls of one assistant turn
 //! and answers with one [`ToolResult`] per call, in the same order:
 //!
-//! - **Sync tools** (`Fn(Arguments) -> Result<Value, BoxError>`) run on a dedicated, bounded
+//! - **Sync tools** (`Fn(Arguments) -> Result<Value, ToolError>`) run on a dedicated, bounded
 //!   pool of threads sized by the caller (an RL engine passes its maximum rollouts in flight).
 //!   Not on the runtime's workers, where one slow tool would freeze every other rollout and
 //!   the heartbeat; not on tokio's shared blocking pool, where tools and reward scoring would
@@ -106,6 +106,6 @@ pub use crate::{
     registry::Registry,
     service::{DispatcherConfig, ShutdownReport, ToolDispatcher},
     tool::{
-        Arguments, AsyncTool, BoxError, Outcome, SyncTool, Tool, ToolCall, ToolResult, ToolSpec,
+        Arguments, AsyncTool, Outcome, SyncTool, Tool, ToolCall, ToolError, ToolResult, ToolSpec,
     },
 };

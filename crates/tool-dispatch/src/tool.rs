@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use crate::sync::Arc;
 
 /// The error type tools return: any error that can cross threads.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ToolError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the chat template renders for a tool: its name, description and JSON-schema
 /// parameters, in the OpenAI function-calling shape (see [`ToolSpec::to_openai`]).
@@ -85,38 +85,38 @@ impl Arguments {
 }
 
 /// A tool that blocks: it runs on the dispatcher's dedicated thread pool, never on the async
-/// runtime. Implemented for every `Fn(Arguments) -> Result<Value, BoxError>`, closures included.
+/// runtime. Implemented for every `Fn(Arguments) -> Result<Value, ToolError>`, closures included.
 ///
 /// Sync tools run on up to `max_threads` threads at once, so a tool that keeps shared state
 /// must be thread-safe: the `Send + Sync` bounds make the compiler check that it is.
 pub trait SyncTool: Send + Sync + 'static {
     /// Runs the tool. A returned string becomes the tool message as is; any other value is
     /// serialized as JSON.
-    fn call(&self, args: Arguments) -> Result<Value, BoxError>;
+    fn call(&self, args: Arguments) -> Result<Value, ToolError>;
 }
 
 impl<F> SyncTool for F
 where
-    F: Fn(Arguments) -> Result<Value, BoxError> + Send + Sync + 'static,
+    F: Fn(Arguments) -> Result<Value, ToolError> + Send + Sync + 'static,
 {
-    fn call(&self, args: Arguments) -> Result<Value, BoxError> {
+    fn call(&self, args: Arguments) -> Result<Value, ToolError> {
         self(args)
     }
 }
 
 /// A tool that is awaited on the async runtime. Implemented for every
-/// `Fn(Arguments) -> impl Future<Output = Result<Value, BoxError>>`, async closures included.
+/// `Fn(Arguments) -> impl Future<Output = Result<Value, ToolError>>`, async closures included.
 pub trait AsyncTool: Send + Sync + 'static {
     /// Starts the tool; the dispatcher awaits the future.
-    fn call(&self, args: Arguments) -> BoxFuture<'static, Result<Value, BoxError>>;
+    fn call(&self, args: Arguments) -> BoxFuture<'static, Result<Value, ToolError>>;
 }
 
 impl<F, Fut> AsyncTool for F
 where
     F: Fn(Arguments) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Value, BoxError>> + Send + 'static,
+    Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
 {
-    fn call(&self, args: Arguments) -> BoxFuture<'static, Result<Value, BoxError>> {
+    fn call(&self, args: Arguments) -> BoxFuture<'static, Result<Value, ToolError>> {
         Box::pin(self(args))
     }
 }
@@ -145,7 +145,7 @@ impl Tool {
     /// A blocking tool from a function or closure, run on the dispatcher's thread pool.
     pub fn new_sync<F>(spec: ToolSpec, tool: F) -> Tool
     where
-        F: Fn(Arguments) -> Result<Value, BoxError> + Send + Sync + 'static,
+        F: Fn(Arguments) -> Result<Value, ToolError> + Send + Sync + 'static,
     {
         Tool::from_sync(spec, tool)
     }
@@ -154,7 +154,7 @@ impl Tool {
     pub fn new_async<F, Fut>(spec: ToolSpec, tool: F) -> Tool
     where
         F: Fn(Arguments) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Value, BoxError>> + Send + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
     {
         Tool::from_async(spec, tool)
     }

@@ -203,7 +203,7 @@ async fn an_idle_pool_thread_wakes_for_the_next_call() {
 struct Counter(AtomicUsize);
 
 impl tool_dispatch::SyncTool for Counter {
-    fn call(&self, _: Arguments) -> Result<serde_json::Value, tool_dispatch::BoxError> {
+    fn call(&self, _: Arguments) -> Result<serde_json::Value, tool_dispatch::ToolError> {
         Ok(json!(self.0.fetch_add(1, Ordering::SeqCst) + 1))
     }
 }
@@ -217,7 +217,7 @@ impl tool_dispatch::AsyncTool for Echo {
     fn call(
         &self,
         args: Arguments,
-    ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, tool_dispatch::BoxError>>
+    ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, tool_dispatch::ToolError>>
     {
         let text = format!(
             "{}{}",

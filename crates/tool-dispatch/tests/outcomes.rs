@@ -9,7 +9,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use tool_dispatch::{Arguments, BoxError, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
+use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolError, ToolSpec};
 
 use crate::{Gate, dispatcher, error_of, gated, ok_value, quick, wait_for, within};
 
@@ -95,7 +95,7 @@ async fn bad_arguments_are_refused_before_the_tool_runs() {
 async fn a_tool_error_becomes_an_error_message() {
     let tool = Tool::new_sync(
         ToolSpec::new("open", "Opens a file"),
-        |_: Arguments| -> Result<Value, BoxError> { Err("no such file: notes.txt".into()) },
+        |_: Arguments| -> Result<Value, ToolError> { Err("no such file: notes.txt".into()) },
     );
     let dispatcher = dispatcher(vec![tool], DispatcherConfig::new(1));
     let results = within(
@@ -117,7 +117,7 @@ async fn a_tool_error_becomes_an_error_message() {
 async fn a_panicking_sync_tool_is_reported_and_its_thread_survives() {
     let boom = Tool::new_sync(
         ToolSpec::new("boom", "Panics"),
-        |_: Arguments| -> Result<Value, BoxError> { panic!("index out of bounds: the len is 0") },
+        |_: Arguments| -> Result<Value, ToolError> { panic!("index out of bounds: the len is 0") },
     );
     let dispatcher = dispatcher(vec![boom, quick("after")], DispatcherConfig::new(1));
     let results = within(

@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::{Value, json};
 use tool_dispatch::{
-    Arguments, BoxError, DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec,
+    Arguments, DispatcherConfig, Registry, Tool, ToolDispatcher, ToolError, ToolSpec,
 };
 
 /// How long a test waits for anything before it fails, in real time. Nothing here takes
@@ -118,7 +118,7 @@ pub(crate) fn error_of(content: &str) -> String {
         .to_owned()
 }
 
-pub(crate) fn ok_value(value: Value) -> Result<Value, BoxError> {
+pub(crate) fn ok_value(value: Value) -> Result<Value, ToolError> {
     Ok(value)
 }
 

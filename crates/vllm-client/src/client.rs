@@ -114,7 +114,7 @@ pub struct GenerateParams {
 /// One sampled turn: the ids the server sampled and their logprobs, which a trainer learns
 /// from (never re-tokenized text).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Completion {
+pub struct GenerateOutput {
     /// The sampled token ids; a finished turn ends with the EOS id.
     pub token_ids: Vec<u32>,
     /// One logprob per sampled id; `-9999.0` (vLLM's clamp of `-inf`) is kept as such.
@@ -554,7 +554,7 @@ impl Client {
         &self,
         prompt_ids: &[u32],
         params: &GenerateParams,
-    ) -> Result<Completion, Error> {
+    ) -> Result<GenerateOutput, Error> {
         const ENDPOINT: &str = "POST /v1/completions";
         let seed = params.sampling.seed.unwrap_or_else(|| self.next_seed());
         let request = generate_request(self.require_model(ENDPOINT)?, prompt_ids, params, seed);
@@ -605,7 +605,7 @@ impl Client {
                     format!("the logprob of sampled token {i} is null"),
                 ))
             })?;
-        Ok(Completion {
+        Ok(GenerateOutput {
             token_ids,
             logprobs,
             finish_reason: choice.finish_reason.unwrap_or(FinishReason::Other),

@@ -25,7 +25,7 @@ mod sync;
 pub mod types;
 
 pub use crate::{
-    client::{Client, ClientConfig, ClientStats, Completion, GenerateParams},
+    client::{Client, ClientConfig, ClientStats, GenerateOutput, GenerateParams},
     error::Error,
     retry::RetryPolicy,
     types::{FinishReason, PauseMode, SamplingParams, StructuredOutputs},

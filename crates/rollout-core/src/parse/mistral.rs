@@ -51,7 +51,7 @@ impl ToolCallParser for MistralParser {
     }
 }
 
-fn mistral_id(call: &mut super::ToolCall, had_id: bool) {
+fn mistral_id(call: &mut super::ParsedCall, had_id: bool) {
     if !had_id {
         call.id = generate_id("", 9);
     }
@@ -105,7 +105,7 @@ fn parse_named_call(text: &str, output: &mut ParsedOutput) -> Result<usize, Stri
     let arguments_text = &text[args + ARGS.len()..];
     let (arguments, used) = leading_json(arguments_text)
         .map_err(|error| format!("invalid JSON arguments after [ARGS]: {error}"))?;
-    output.tool_calls.push(super::ToolCall {
+    output.tool_calls.push(super::ParsedCall {
         id: id
             .filter(|id| !id.is_empty())
             .unwrap_or_else(|| generate_id("", 9)),

@@ -34,7 +34,7 @@ pub use self::{
 
 /// One tool call the model made.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ToolCall {
+pub struct ParsedCall {
     /// The call's id: the model's own when the format has one, generated otherwise.
     pub id: String,
     /// The tool's name.
@@ -43,7 +43,7 @@ pub struct ToolCall {
     pub arguments: Value,
 }
 
-impl ToolCall {
+impl ParsedCall {
     /// The call in the shape chat templates and OpenAI clients read:
     /// `{"id", "type": "function", "function": {"name", "arguments"}}`.
     pub fn to_json(&self) -> Value {
@@ -71,7 +71,7 @@ pub struct ParsedOutput {
     /// malformed call, and any other non-blank text between or after calls.
     pub content: String,
     /// The calls, in the model's order.
-    pub tool_calls: Vec<ToolCall>,
+    pub tool_calls: Vec<ParsedCall>,
     /// Calls that were left as content, with the reason.
     pub failures: Vec<ParseFailure>,
 }
@@ -229,7 +229,7 @@ pub(crate) fn generate_id(prefix: &str, len: usize) -> String {
 }
 
 /// Reads `{"name": .., "arguments" | "parameters": ..}` into a call.
-pub(crate) fn call_from_object(value: Value, id: Option<String>) -> Result<ToolCall, String> {
+pub(crate) fn call_from_object(value: Value, id: Option<String>) -> Result<ParsedCall, String> {
     let Value::Object(mut object) = value else {
         return Err(format!(
             "expected a JSON object with \"name\" and \"arguments\", got {}",
@@ -257,7 +257,7 @@ pub(crate) fn call_from_object(value: Value, id: Option<String>) -> Result<ToolC
             _ => None,
         })
         .unwrap_or_else(|| generate_id("call_", 24));
-    Ok(ToolCall {
+    Ok(ParsedCall {
         id,
         name,
         arguments,

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{ParsedOutput, ToolCall, ToolCallParser, generate_id};
+use super::{ParsedCall, ParsedOutput, ToolCallParser, generate_id};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -68,7 +68,7 @@ impl Qwen3CoderParser {
     }
 
     /// Parses one `<function=...>...</function>` body; `Err` says why it is not a call.
-    fn parse_function(&self, block: &str) -> Result<ToolCall, String> {
+    fn parse_function(&self, block: &str) -> Result<ParsedCall, String> {
         let start = block
             .find(FUNCTION)
             .ok_or_else(|| "no <function=NAME> inside <tool_call>".to_owned())?;
@@ -108,7 +108,7 @@ impl Qwen3CoderParser {
             };
             body = &value_text[consumed..];
         }
-        Ok(ToolCall {
+        Ok(ParsedCall {
             id: generate_id("call_", 24),
             name: name.to_owned(),
             arguments: Value::Object(arguments),

@@ -353,8 +353,8 @@ mod tests {
 }
 
 /// A parsed call as the dispatcher runs it.
-impl From<crate::ToolCall> for tool_dispatch::ToolCall {
-    fn from(call: crate::ToolCall) -> Self {
+impl From<crate::ParsedCall> for tool_dispatch::ToolCall {
+    fn from(call: crate::ParsedCall) -> Self {
         tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id)
     }
 }

@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     group::Group,
-    reward::{AsyncReward, BoxError, Scores},
+    reward::{AsyncReward, RewardError, Scores},
     sync::Arc,
 };
 
@@ -37,7 +37,7 @@ impl CommandReward {
 }
 
 impl AsyncReward for CommandReward {
-    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, BoxError>> {
+    fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, RewardError>> {
         let (program, args) = (self.program.clone(), self.args.clone());
         Box::pin(async move {
             let input = serde_json::to_vec(&*group)?;

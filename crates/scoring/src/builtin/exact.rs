@@ -3,7 +3,7 @@
 use crate::{
     builtin::column_text,
     group::Group,
-    reward::{BoxError, Scores, SyncReward},
+    reward::{RewardError, Scores, SyncReward},
 };
 
 /// How both sides are normalised before comparing.
@@ -79,7 +79,7 @@ impl ExactMatch {
 }
 
 impl SyncReward for ExactMatch {
-    fn score(&self, group: &Group) -> Result<Scores, BoxError> {
+    fn score(&self, group: &Group) -> Result<Scores, RewardError> {
         let Some(expected) = column_text(group, &self.column) else {
             return Ok(vec![None; group.len()]);
         };

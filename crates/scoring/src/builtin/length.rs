@@ -2,7 +2,7 @@
 
 use crate::{
     group::Group,
-    reward::{BoxError, Scores, SyncReward},
+    reward::{RewardError, Scores, SyncReward},
 };
 
 /// Why [`LengthPenalty::new`] refused its arguments.
@@ -56,7 +56,7 @@ impl LengthPenalty {
 }
 
 impl SyncReward for LengthPenalty {
-    fn score(&self, group: &Group) -> Result<Scores, BoxError> {
+    fn score(&self, group: &Group) -> Result<Scores, RewardError> {
         Ok(group
             .completions
             .iter()

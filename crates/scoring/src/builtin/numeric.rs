@@ -4,7 +4,7 @@ use regex::Regex;
 
 use crate::{
     group::Group,
-    reward::{BoxError, Scores, SyncReward},
+    reward::{RewardError, Scores, SyncReward},
     sync::LazyLock,
 };
 
@@ -116,7 +116,7 @@ impl NumericMatch {
 }
 
 impl SyncReward for NumericMatch {
-    fn score(&self, group: &Group) -> Result<Scores, BoxError> {
+    fn score(&self, group: &Group) -> Result<Scores, RewardError> {
         let expected = match group.column(&self.column) {
             Some(serde_json::Value::Number(number)) => number.as_f64(),
             Some(serde_json::Value::String(text)) => extract_number(text),

@@ -4,7 +4,7 @@ use regex::Regex;
 
 use crate::{
     group::Group,
-    reward::{BoxError, Scores, SyncReward},
+    reward::{RewardError, Scores, SyncReward},
 };
 
 /// 1.0 when the pattern matches anywhere in a completion's answer, else 0.0. Anchor the
@@ -24,7 +24,7 @@ impl RegexMatch {
 }
 
 impl SyncReward for RegexMatch {
-    fn score(&self, group: &Group) -> Result<Scores, BoxError> {
+    fn score(&self, group: &Group) -> Result<Scores, RewardError> {
         Ok(group
             .completions
             .iter()

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::tool::{Arguments, BoxError};
+use crate::tool::{Arguments, ToolError};
 
 /// Evaluates `expression`: numbers (`12`, `3.5`, `1e3`), `+ - * / %`, `^` or `**` (power,
 /// right-associative), parentheses, unary minus, the constants `pi` and `e`, and `sqrt`,
@@ -34,7 +34,7 @@ fn evaluate_text(expression: &str) -> Result<f64, String> {
 }
 
 /// The `calculator` tool: `{"expression": "17 * 23"}` answers `391`.
-pub(crate) fn call(args: Arguments) -> Result<Value, BoxError> {
+pub(crate) fn call(args: Arguments) -> Result<Value, ToolError> {
     let expression = args
         .get("expression")
         .and_then(Value::as_str)

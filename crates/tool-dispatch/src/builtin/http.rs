@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::tool::{Arguments, BoxError};
+use crate::tool::{Arguments, ToolError};
 
 /// POSTs the call's arguments as JSON to `url`; a 2xx body is the result, anything else a
 /// tool error with the status and the start of the body. Awaited on the runtime; the
@@ -14,7 +14,7 @@ pub(crate) struct HttpTool {
 }
 
 impl HttpTool {
-    pub(crate) async fn call(self, args: Arguments) -> Result<Value, BoxError> {
+    pub(crate) async fn call(self, args: Arguments) -> Result<Value, ToolError> {
         let response = self
             .client
             .post(&self.url)

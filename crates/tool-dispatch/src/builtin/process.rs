@@ -18,7 +18,7 @@ use tokio::{
     process::Command,
 };
 
-use crate::tool::{Arguments, BoxError};
+use crate::tool::{Arguments, ToolError};
 
 /// What a finished program left.
 #[derive(Debug)]
@@ -147,7 +147,7 @@ pub(crate) struct CommandTool {
 }
 
 impl CommandTool {
-    pub(crate) async fn call(self, args: Arguments) -> Result<Value, BoxError> {
+    pub(crate) async fn call(self, args: Arguments) -> Result<Value, ToolError> {
         let input = serde_json::to_vec(&Value::Object(args.into_inner()))?;
         let finished = run(&self.argv, input, self.timeout, self.max_output).await?;
         if !finished.status.success() {
@@ -182,7 +182,7 @@ pub(crate) struct PythonTool {
 }
 
 impl PythonTool {
-    pub(crate) async fn call(self, args: Arguments) -> Result<Value, BoxError> {
+    pub(crate) async fn call(self, args: Arguments) -> Result<Value, ToolError> {
         let code = args
             .get("code")
             .and_then(Value::as_str)
