@@ -21,8 +21,8 @@ use super::{
     outcome::{Failure, FailureCause, Finished, RolloutFailure, Stop},
 };
 use crate::{
-    Message, NoExactDelta, Reconciler, RenderError, RolloutId, Tally, TurnRecord,
-    parse::split_reasoning,
+    IncrementalRender, Message, NoExactDelta, ParsedCall, Reconciler, RenderError, RenderState,
+    RolloutId, TurnRecord, parse::split_reasoning,
 };
 
 /// Runs a rollout with its retries, its deadline and cancellation.
@@ -101,113 +101,179 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// aborts requests; the tokens so far stay and sampling resumes after them).
 const MAX_CONTINUATIONS: usize = 8;
 
-/// One attempt at a conversation.
+/// One attempt at a conversation: turn after turn until the model answers without a call,
+/// `max_turns`, the token budget or the context.
 async fn converse<G: Generator>(
     shared: &Shared<G>,
     group: &GroupState,
     rollout_id: RolloutId,
     attempt: u32,
 ) -> Result<Finished, Failure> {
-    let first = &group.first;
-    let config = &shared.config;
-    let counters = &shared.counters;
-    let render_error = |e: RenderError| (FailureCause::Render, e.to_string());
-    let first = first.as_ref().map_err(|e| render_error(e.clone()))?;
-    let mut render = shared
-        .tokenizer
-        .resume(first.clone())
-        .map_err(render_error)?;
-    let mut reconciler = Reconciler::new(rollout_id, config.reconciler);
-    let mut finished = Finished {
-        rollout_id,
-        messages: Vec::new(),
-        rows: Vec::new(),
-        tally: Tally::default(),
-        sampled: Vec::new(),
-        turns: 0,
-        tool_calls: 0,
-        tool_errors: 0,
-        versions: (u64::MAX, 0),
-        stop: Stop::MaxTurns,
-        attempts: attempt,
-        fallbacks: 0,
+    let first = group.first.as_ref().map_err(|e| render_error(e.clone()))?;
+    let mut conversation = Conversation {
+        shared,
+        group,
+        first,
+        render: shared
+            .tokenizer
+            .resume(first.clone())
+            .map_err(render_error)?,
+        reconciler: Reconciler::new(rollout_id, shared.config.reconciler),
+        finished: Finished::new(rollout_id, attempt),
+        last: None,
     };
-    let append = config.prompt_mode == PromptMode::Append;
-    // Append mode: the last turn's prompt and answer, where the answer's message is in the
-    // conversation, and the id the answer ended on.
-    let mut last: Option<(Vec<u32>, usize, Option<u32>)> = None;
-    for turn in 0..config.max_turns {
-        // The group's prompt was rendered once with a generation prompt: turn 0 sends it.
-        let mut prompt_ids = if turn == 0 {
-            render.ids().to_vec()
-        } else {
-            let delta = last.take().map(|(ids, assistant, stop)| {
-                let delta = match stop {
-                    Some(stop) => render.delta(first, assistant, stop),
-                    None => Err(NoExactDelta::NoStopToken { last: None }),
-                };
-                (ids, delta)
-            });
-            match delta {
-                Some((mut ids, Ok(delta))) => {
-                    ids.extend_from_slice(&delta);
-                    ids
-                }
-                Some((_, Err(reason))) => {
-                    finished.fallbacks += 1;
-                    shared.fell_back(&reason);
-                    render.prompt().map_err(render_error)?.ids.to_vec()
-                }
-                None => render.prompt().map_err(render_error)?.ids.to_vec(),
-            }
+    for turn in 0..shared.config.max_turns {
+        let prompt_ids = conversation.prompt(turn)?;
+        let Some(limit) = conversation.limit(turn, prompt_ids.len())? else {
+            break;
         };
-        let room = match shared.max_model_len {
-            Some(limit) => {
-                let room = (limit as usize).saturating_sub(prompt_ids.len());
-                if room == 0 {
-                    if turn == 0 {
-                        return Err((
-                            FailureCause::PromptTooLong,
-                            format!(
-                                "the prompt is {} tokens, the model's context is {limit}: nothing is left to sample",
-                                prompt_ids.len()
-                            ),
-                        ));
-                    }
-                    finished.stop = Stop::Context;
-                    break;
-                }
-                room
+        let (prompt_ids, answer, finish) = conversation.sample(turn, prompt_ids, limit).await?;
+        let (assistant_at, calls) = conversation.answer(&answer)?;
+        if finish != Finish::Stop {
+            conversation.finished.stop = limit.cut_by();
+            break;
+        }
+        if !conversation.call_tools(calls).await? {
+            conversation.finished.stop = Stop::Answer;
+            break;
+        }
+        if shared.config.prompt_mode == PromptMode::Append {
+            conversation.last = Some((prompt_ids, assistant_at, answer.last().copied()));
+        }
+    }
+    Ok(conversation.finish())
+}
+
+fn render_error(error: RenderError) -> Failure {
+    (FailureCause::Render, error.to_string())
+}
+
+/// How much one turn may sample, and what limits it.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    /// Tokens the turn may sample: `max_tokens`, the context left and the rollout's budget.
+    max_tokens: usize,
+    /// Whether the context left is what limits it.
+    by_context: bool,
+}
+
+impl Limit {
+    /// Why an answer that did not stop by itself was cut.
+    fn cut_by(self) -> Stop {
+        if self.by_context {
+            Stop::Context
+        } else {
+            Stop::Length
+        }
+    }
+}
+
+/// A conversation in progress: its rendering, its reconciler and what it has produced.
+struct Conversation<'a, G> {
+    shared: &'a Shared<G>,
+    group: &'a GroupState,
+    /// The group's prompt, rendered once.
+    first: &'a RenderState,
+    render: IncrementalRender<'a>,
+    reconciler: Reconciler,
+    finished: Finished,
+    /// Append mode: the last turn's prompt and answer, where the answer's message is in the
+    /// conversation, and the id the answer ended on.
+    last: Option<(Vec<u32>, usize, Option<u32>)>,
+}
+
+impl<G: Generator> Conversation<'_, G> {
+    /// The prompt of `turn`: the group's prompt first; then, in append mode, the previous
+    /// prompt + the sampled ids + the template's delta, or the conversation rendered when
+    /// there is no exact delta (counted) or in rerender mode.
+    fn prompt(&mut self, turn: usize) -> Result<Vec<u32>, Failure> {
+        // The group's prompt was rendered once with a generation prompt: turn 0 sends it.
+        if turn == 0 {
+            return Ok(self.render.ids().to_vec());
+        }
+        let delta = self.last.take().map(|(ids, assistant, stop)| {
+            let delta = match stop {
+                Some(stop) => self.render.delta(self.first, assistant, stop),
+                None => Err(NoExactDelta::NoStopToken { last: None }),
+            };
+            (ids, delta)
+        });
+        match delta {
+            Some((mut ids, Ok(delta))) => {
+                ids.extend_from_slice(&delta);
+                Ok(ids)
             }
+            Some((_, Err(reason))) => {
+                self.finished.fallbacks += 1;
+                self.shared.fell_back(&reason);
+                Ok(self.render.prompt().map_err(render_error)?.ids.to_vec())
+            }
+            None => Ok(self.render.prompt().map_err(render_error)?.ids.to_vec()),
+        }
+    }
+
+    /// What `turn` may sample after a prompt of `prompt_len` tokens; `None` when nothing is
+    /// left (the stop recorded), an error when even the first prompt fills the context.
+    fn limit(&mut self, turn: usize, prompt_len: usize) -> Result<Option<Limit>, Failure> {
+        let config = &self.shared.config;
+        let room = match self.shared.max_model_len {
+            Some(limit) => (limit as usize).saturating_sub(prompt_len),
             None => usize::MAX,
         };
+        if room == 0 {
+            if turn == 0 {
+                return Err((
+                    FailureCause::PromptTooLong,
+                    format!(
+                        "the prompt is {prompt_len} tokens, the model's context is {}: nothing is \
+                         left to sample",
+                        self.shared.max_model_len.unwrap_or(0)
+                    ),
+                ));
+            }
+            self.finished.stop = Stop::Context;
+            return Ok(None);
+        }
         let budget = match config.max_total_tokens {
-            Some(total) => (total as usize).saturating_sub(finished.sampled.len()),
+            Some(total) => (total as usize).saturating_sub(self.finished.sampled.len()),
             None => usize::MAX,
         };
         if budget == 0 {
-            finished.stop = Stop::TokenBudget;
-            break;
+            self.finished.stop = Stop::TokenBudget;
+            return Ok(None);
         }
         let max_tokens = (config.max_tokens as usize).min(room).min(budget);
+        Ok(Some(Limit {
+            max_tokens,
+            by_context: max_tokens < config.max_tokens as usize && max_tokens == room,
+        }))
+    }
 
-        // Sample the answer, continuing after aborts; each segment is its own turn record.
+    /// Samples one answer, continuing after aborts (each segment its own turn record, fed
+    /// to the reconciler). Returns the prompt extended by the answer, the answer and how it
+    /// finished.
+    async fn sample(
+        &mut self,
+        turn: usize,
+        mut prompt_ids: Vec<u32>,
+        limit: Limit,
+    ) -> Result<(Vec<u32>, Vec<u32>, Finish), Failure> {
+        let (shared, rollout_id) = (self.shared, self.finished.rollout_id);
+        let sampling = &shared.config.sampling;
         let mut answer: Vec<u32> = Vec::new();
-        let mut finish;
         let mut segment = 0;
         loop {
             let version = shared.model_version();
-            group.sampled_under(version);
+            self.group.sampled_under(version);
             let request = GenerateRequest {
                 rollout: rollout_id,
                 turn,
                 prompt_ids: &prompt_ids,
-                max_tokens: (max_tokens - answer.len()) as u32,
-                sampling: &config.sampling,
-                seed: config
-                    .sampling
-                    .seed
-                    .map(|seed| request_seed(seed, rollout_id, attempt, turn, segment)),
+                max_tokens: (limit.max_tokens - answer.len()) as u32,
+                sampling,
+                seed: sampling.seed.map(|seed| {
+                    request_seed(seed, rollout_id, self.finished.attempts, turn, segment)
+                }),
             };
             let generation = shared.generator.generate(request).await.map_err(|e| {
                 let cause = if e.is_prompt_too_long() {
@@ -219,19 +285,23 @@ async fn converse<G: Generator>(
                 };
                 (cause, e.to_string())
             })?;
-            Counters::add(&counters.turns, 1);
-            Counters::add(&counters.sampled_tokens, generation.token_ids.len() as u64);
+            Counters::add(&shared.counters.turns, 1);
+            Counters::add(
+                &shared.counters.sampled_tokens,
+                generation.token_ids.len() as u64,
+            );
+            let finished = &mut self.finished;
             finished.turns += 1;
             finished.versions.0 = finished.versions.0.min(version);
             finished.versions.1 = finished.versions.1.max(version);
-            finish = generation.finish;
+            let finish = generation.finish;
             let record = TurnRecord::new(
                 prompt_ids,
                 generation.token_ids,
                 generation.logprobs,
                 version,
             );
-            reconciler
+            self.reconciler
                 .push(&record)
                 .map_err(|e| (FailureCause::Reconcile, e.to_string()))?;
             let TurnRecord {
@@ -244,23 +314,34 @@ async fn converse<G: Generator>(
             prompt_ids.extend_from_slice(&sampled_ids);
             answer.extend_from_slice(&sampled_ids);
             segment += 1;
-            if finish != Finish::Abort || answer.len() >= max_tokens || segment > MAX_CONTINUATIONS
+            if finish != Finish::Abort
+                || answer.len() >= limit.max_tokens
+                || segment > MAX_CONTINUATIONS
             {
-                break;
+                self.finished.sampled.extend_from_slice(&answer);
+                return Ok((prompt_ids, answer, finish));
             }
         }
-        finished.sampled.extend_from_slice(&answer);
+    }
 
-        let text = shared.decode(&answer).map_err(render_error)?;
+    /// The answer as an assistant message, added to the conversation: decoded, its
+    /// reasoning apart in append mode, its tool calls parsed. Returns where the message is in
+    /// the rendering and the calls.
+    fn answer(&mut self, answer: &[u32]) -> Result<(usize, Vec<ParsedCall>), Failure> {
+        let shared = self.shared;
+        let text = shared.decode(answer).map_err(render_error)?;
         // Append mode never renders the answer into the next prompt, so its reasoning can go
         // to a field of its own; rerender mode keeps the text as the template will read it.
-        let (reasoning, text) = if append {
+        let (reasoning, text) = if shared.config.prompt_mode == PromptMode::Append {
             split_reasoning(&text)
         } else {
             (None, text.as_str())
         };
         let parsed = shared.parser.parse(text);
-        Counters::add(&counters.parse_failures, parsed.failures.len() as u64);
+        Counters::add(
+            &shared.counters.parse_failures,
+            parsed.failures.len() as u64,
+        );
         let mut message = Message::assistant(parsed.content);
         if let Some(reasoning) = reasoning {
             message = message.with("reasoning_content", Value::from(reasoning));
@@ -268,58 +349,50 @@ async fn converse<G: Generator>(
         if !parsed.tool_calls.is_empty() {
             message = message.with_tool_calls(&parsed.tool_calls);
         }
-        let assistant_at = render.len();
-        render.push(slice::from_ref(&message));
-        finished.messages.push(message);
+        let assistant_at = self.render.len();
+        self.render.push(slice::from_ref(&message));
+        self.finished.messages.push(message);
+        Ok((assistant_at, parsed.tool_calls))
+    }
 
-        if finish != Finish::Stop {
-            finished.stop = if max_tokens < config.max_tokens as usize && max_tokens == room {
-                Stop::Context
-            } else {
-                Stop::Length
-            };
-            break;
-        }
-        let Some(tools) = shared
-            .tools
-            .as_ref()
-            .filter(|_| !parsed.tool_calls.is_empty())
-        else {
-            finished.stop = Stop::Answer;
-            break;
+    /// Runs the calls of an answer in order and adds their results to the conversation.
+    /// `false` when there is nothing to run (no call, or no tools): the episode is over.
+    async fn call_tools(&mut self, calls: Vec<ParsedCall>) -> Result<bool, Failure> {
+        let shared = self.shared;
+        let Some(tools) = shared.tools.as_ref().filter(|_| !calls.is_empty()) else {
+            return Ok(false);
         };
-        let calls = parsed
-            .tool_calls
-            .into_iter()
-            .map(tool_dispatch::ToolCall::from)
-            .collect::<Vec<_>>();
-        finished.tool_calls += calls.len() as u64;
-        Counters::add(&counters.tool_calls, calls.len() as u64);
+        let calls: Vec<tool_dispatch::ToolCall> = calls.into_iter().map(Into::into).collect();
+        self.finished.tool_calls += calls.len() as u64;
+        Counters::add(&shared.counters.tool_calls, calls.len() as u64);
         let results = tools
             .run(calls)
             .await
             .map_err(|e| (FailureCause::Cancelled, format!("tools: {e}")))?;
-        let start = finished.messages.len();
+        let start = self.finished.messages.len();
         for result in results {
             if !result.is_ok() {
-                finished.tool_errors += 1;
-                Counters::add(&counters.tool_errors, 1);
+                self.finished.tool_errors += 1;
+                Counters::add(&shared.counters.tool_errors, 1);
             }
-            finished.messages.push(Message::from(&result));
+            self.finished.messages.push(Message::from(&result));
         }
-        render.push(&finished.messages[start..]);
-        if append {
-            last = Some((prompt_ids, assistant_at, answer.last().copied()));
+        self.render.push(&self.finished.messages[start..]);
+        Ok(true)
+    }
+
+    /// The rollout's outcome: its rows and tally from the reconciler.
+    fn finish(self) -> Finished {
+        let mut finished = self.finished;
+        let reconciled = self.reconciler.finish();
+        finished.tally = reconciled.tally;
+        finished.rows = reconciled.rows;
+        if finished.versions.0 == u64::MAX {
+            finished.versions.0 = self.shared.model_version();
+            finished.versions.1 = finished.versions.0;
         }
+        finished
     }
-    let reconciled = reconciler.finish();
-    finished.tally = reconciled.tally;
-    finished.rows = reconciled.rows;
-    if finished.versions.0 == u64::MAX {
-        finished.versions.0 = shared.model_version();
-        finished.versions.1 = finished.versions.0;
-    }
-    Ok(finished)
 }
 
 /// A request's seed: distinct for each run seed, rollout, attempt, turn and continuation,

@@ -29,6 +29,25 @@ pub(crate) struct Finished {
 }
 
 impl Finished {
+    /// A conversation about to start: nothing produced yet, stopped by `max_turns` unless
+    /// something else stops it first.
+    pub(crate) fn new(rollout_id: RolloutId, attempts: u32) -> Finished {
+        Finished {
+            rollout_id,
+            messages: Vec::new(),
+            rows: Vec::new(),
+            tally: Tally::default(),
+            sampled: Vec::new(),
+            turns: 0,
+            tool_calls: 0,
+            tool_errors: 0,
+            versions: (u64::MAX, 0),
+            stop: Stop::MaxTurns,
+            attempts,
+            fallbacks: 0,
+        }
+    }
+
     /// The last assistant message's content: what answer rewards read.
     pub(crate) fn answer(&self) -> String {
         self.messages
