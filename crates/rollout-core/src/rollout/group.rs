@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use scoring::{Completion, Group};
+use scoring::{Completion, Group, GroupAdvantages, GroupScores};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
@@ -111,46 +111,9 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
     let Some(output) = lock(&group.output).take() else {
         return;
     };
-    let mut finished = Vec::new();
-    let mut failures = Vec::new();
-    for outcome in outcomes {
-        match outcome {
-            Ok(done) => finished.push(done),
-            Err(failure) => failures.push(failure),
-        }
-    }
-    if failures.iter().any(|f| f.cause == FailureCause::Stale) {
-        // A trainer would drop every sample of the group: none is sent.
-        Counters::add(&counters.groups_stale, 1);
-        tracing::debug!(group = group.group_id, "group dropped: stale");
+    let Some((mut finished, failures)) = kept(shared, group, outcomes) else {
         return;
-    }
-    let cancelled = failures
-        .iter()
-        .filter(|f| f.cause == FailureCause::Cancelled)
-        .count();
-    if cancelled > 0 {
-        // Scoring on the rollouts that happened to finish first would favour short answers.
-        Counters::add(&counters.groups_cancelled, 1);
-        tracing::debug!(
-            group = group.group_id,
-            cancelled,
-            "group dropped: the drain cancelled some of its rollouts"
-        );
-        return;
-    }
-    if finished.len() < shared.config.min_group_size.max(1) {
-        Counters::add(&counters.groups_too_small, 1);
-        tracing::warn!(
-            group = group.group_id,
-            line = group.row.line,
-            succeeded = finished.len(),
-            min_group_size = shared.config.min_group_size,
-            first_failure = %failures.first().map(ToString::to_string).unwrap_or_default(),
-            "group dropped: too few rollouts succeeded"
-        );
-        return;
-    }
+    };
 
     // What the samples need of each rollout is taken before its ids move into the group
     // the rewards see; the rewards see copies of the messages (the samples keep them typed).
@@ -161,23 +124,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         .collect();
     // Versions only grow, so the group's oldest turn is its first.
     let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
-    let completions = finished
-        .iter_mut()
-        .map(|done| Completion {
-            text: done.answer(),
-            messages: done.messages.iter().map(message_value).collect(),
-            token_ids: std::mem::take(&mut done.sampled),
-            has_training_row: !done.rows.is_empty(),
-        })
-        .collect();
-    let scored = Arc::new(Group::new(
-        Value::Array(group.row.prompt.iter().map(message_value).collect()),
-        completions,
-        group.row.columns.clone(),
-    ));
-    let scores = shared.scorer.score(Arc::clone(&scored)).await;
-    let advantages = scores.advantages(&scored, &shared.config.advantages);
-    drop(scored);
+    let (scores, advantages) = score(shared, group, &mut finished).await;
     if advantages.dropped {
         Counters::add(&counters.groups_zero_variance, 1);
         return;
@@ -218,6 +165,78 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         failures,
         metrics: scores.metrics.to_map(),
     });
+}
+
+/// The rollouts a group is scored on, and its failures; `None` (counted) when the group is
+/// dropped: stale, cut by the drain, or with fewer than `min_group_size` successes.
+fn kept<G>(
+    shared: &Shared<G>,
+    group: &GroupState,
+    outcomes: Vec<Result<Finished, RolloutFailure>>,
+) -> Option<(Vec<Finished>, Vec<RolloutFailure>)> {
+    let counters = &shared.counters;
+    let (finished, failures): (Vec<_>, Vec<_>) = outcomes.into_iter().partition(Result::is_ok);
+    let finished: Vec<Finished> = finished.into_iter().filter_map(Result::ok).collect();
+    let failures: Vec<RolloutFailure> = failures.into_iter().filter_map(Result::err).collect();
+    if failures.iter().any(|f| f.cause == FailureCause::Stale) {
+        // A trainer would drop every sample of the group: none is sent.
+        Counters::add(&counters.groups_stale, 1);
+        tracing::debug!(group = group.group_id, "group dropped: stale");
+        return None;
+    }
+    let cancelled = failures
+        .iter()
+        .filter(|f| f.cause == FailureCause::Cancelled)
+        .count();
+    if cancelled > 0 {
+        // Scoring on the rollouts that happened to finish first would favour short answers.
+        Counters::add(&counters.groups_cancelled, 1);
+        tracing::debug!(
+            group = group.group_id,
+            cancelled,
+            "group dropped: the drain cancelled some of its rollouts"
+        );
+        return None;
+    }
+    if finished.len() < shared.config.min_group_size.max(1) {
+        Counters::add(&counters.groups_too_small, 1);
+        tracing::warn!(
+            group = group.group_id,
+            line = group.row.line,
+            succeeded = finished.len(),
+            min_group_size = shared.config.min_group_size,
+            first_failure = %failures.first().map(ToString::to_string).unwrap_or_default(),
+            "group dropped: too few rollouts succeeded"
+        );
+        return None;
+    }
+
+    Some((finished, failures))
+}
+
+/// Scores the group on its rollouts' answers and computes their advantages.
+async fn score<G>(
+    shared: &Shared<G>,
+    group: &GroupState,
+    finished: &mut [Finished],
+) -> (GroupScores, GroupAdvantages) {
+    let completions = finished
+        .iter_mut()
+        .map(|done| Completion {
+            text: done.answer(),
+            messages: done.messages.iter().map(message_value).collect(),
+            token_ids: std::mem::take(&mut done.sampled),
+            has_training_row: !done.rows.is_empty(),
+        })
+        .collect();
+    let scored = Arc::new(Group::new(
+        Value::Array(group.row.prompt.iter().map(message_value).collect()),
+        completions,
+        group.row.columns.clone(),
+    ));
+    let scores = shared.scorer.score(Arc::clone(&scored)).await;
+    let advantages = scores.advantages(&scored, &shared.config.advantages);
+    (scores, advantages)
 }
 
 /// A message as the rewards see it: the JSON object it is.

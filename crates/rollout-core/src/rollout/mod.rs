@@ -358,7 +358,9 @@ pub struct DrainReport {
 pub const FAILURE_RATE_MIN_ROLLOUTS: u64 = 16;
 
 /// A dataset row read ahead, its prompt rendered (or refused) on the reader thread.
-type ReadRow = Result<(DatasetRow, Result<RenderState, RenderError>), DatasetError>;
+type ReadRow = Result<ReadOk, DatasetError>;
+/// A row that parsed, and its prompt rendered or why it could not be.
+type ReadOk = (DatasetRow, Result<RenderState, RenderError>);
 
 /// State shared by the driver, the rollouts and the heartbeat.
 pub(crate) struct Shared<G> {
@@ -911,7 +913,7 @@ async fn admit<G: Generator>(
     let config = &shared.config;
     let n = config.num_generations;
     let mut group_id = 0u64;
-    'admission: loop {
+    loop {
         if config.max_groups.is_some_and(|max| group_id >= max) {
             break;
         }
@@ -927,106 +929,133 @@ async fn admit<G: Generator>(
                 Err(_) => break,
             },
         };
-        let (row, first) = loop {
-            let next = tokio::select! {
-                biased;
-                () = shared.admission.cancelled() => break 'admission,
-                next = rows.recv() => next,
-            };
-            match next {
-                None => break 'admission,
-                Some(Ok(read)) => break read,
-                Some(Err(error))
-                    if config.skip_bad_rows && matches!(error, DatasetError::Row { .. }) =>
-                {
-                    Counters::add(&shared.counters.bad_rows, 1);
-                    tracing::warn!(%error, "skipping a bad dataset row");
-                    let mut bad = lock(&shared.bad_rows);
-                    if bad.len() < 100 {
-                        bad.push(error.to_string());
-                    }
-                }
-                Some(Err(error)) => {
-                    tracing::error!(%error, "stopping admission");
-                    *lock(&shared.error) = Some(error.to_string());
-                    break 'admission;
-                }
-            }
+        let Some((row, first)) = next_row(&shared, &mut rows).await else {
+            break;
         };
         Counters::add(&shared.counters.groups_admitted, 1);
         let group = Arc::new(GroupState::new(group_id, row, first, n, slot));
-        let base = group_id * n as u64;
-        shared.queued.fetch_add(n, Ordering::Relaxed);
-        // A group that fits takes its slots all at once, so that a drain never finds it half
-        // started (its started rollouts would be thrown away with it); a group larger than
-        // `max_inflight` can only start rollout by rollout.
-        let mut whole = None;
-        if let Ok(count) = u32::try_from(n)
-            && n <= config.max_inflight
-        {
-            whole = tokio::select! {
-                biased;
-                () = shared.admission.cancelled() => None,
-                permits = Arc::clone(&shared.in_flight).acquire_many_owned(count) => permits.ok(),
-            };
-        }
-        for index in 0..n {
-            let permit = match whole.as_mut() {
-                Some(permits) if index + 1 < n => permits.split(1),
-                Some(_) => whole.take(),
-                None => tokio::select! {
-                    biased;
-                    () = shared.admission.cancelled() => None,
-                    permit = Arc::clone(&shared.in_flight).acquire_owned() => permit.ok(),
-                },
-            };
-            let Some(permit) = permit else {
-                shared.queued.fetch_sub(n - index, Ordering::Relaxed);
-                Counters::add(&shared.counters.rollouts_cancelled, (n - index) as u64);
-                // Even with no rollout started the group must be finished: that counts it
-                // as cancelled, so admitted groups always add up.
-                if group.abandon_from(index, base) {
-                    group::finish(&shared, &group).await;
-                }
-                break 'admission;
-            };
-            shared.queued.fetch_sub(1, Ordering::Relaxed);
-            let rollout_shared = Arc::clone(&shared);
-            let group = Arc::clone(&group);
-            shared.tracker.spawn(async move {
-                let shared = rollout_shared;
-                let rollout_id = RolloutId(base + index as u64);
-                let outcome = conversation::run(&shared, &group, rollout_id).await;
-                drop(permit);
-                shared.generator.release(rollout_id);
-                match &outcome {
-                    Ok(_) => Counters::add(&shared.counters.rollouts_completed, 1),
-                    Err(failure) if failure.cause == FailureCause::Cancelled => {
-                        Counters::add(&shared.counters.rollouts_cancelled, 1);
-                    }
-                    Err(failure) => {
-                        Counters::add(&shared.counters.rollouts_failed, 1);
-                        if failure.cause == FailureCause::Unavailable {
-                            Counters::add(&shared.counters.rollouts_unavailable, 1);
-                        }
-                        tracing::warn!(%failure, "rollout failed");
-                        {
-                            let mut failures = lock(&shared.failures);
-                            if failures.len() < 100 {
-                                failures.push(failure.clone());
-                            }
-                        }
-                        if let Some(reason) = shared.failure_rate_exceeded(false) {
-                            shared.stop_run(reason);
-                        }
-                    }
-                }
-                if group.complete(index, outcome) {
-                    group::finish(&shared, &group).await;
-                }
-            });
+        if !start_group(&shared, group).await {
+            break;
         }
         group_id += 1;
     }
     shared.admission_closed.store(true, Ordering::Release);
+}
+
+/// The next dataset row to admit, its prompt rendered; bad rows skipped with
+/// `skip_bad_rows`. `None` at the end of the dataset, on an error (recorded) or when
+/// admission closes.
+async fn next_row<G>(shared: &Shared<G>, rows: &mut mpsc::Receiver<ReadRow>) -> Option<ReadOk> {
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return None,
+            next = rows.recv() => next?,
+        };
+        match next {
+            Ok(read) => return Some(read),
+            Err(error)
+                if shared.config.skip_bad_rows && matches!(error, DatasetError::Row { .. }) =>
+            {
+                Counters::add(&shared.counters.bad_rows, 1);
+                tracing::warn!(%error, "skipping a bad dataset row");
+                let mut bad = lock(&shared.bad_rows);
+                if bad.len() < 100 {
+                    bad.push(error.to_string());
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "stopping admission");
+                *lock(&shared.error) = Some(error.to_string());
+                return None;
+            }
+        }
+    }
+}
+
+/// Starts a group's rollouts as slots in flight free up. `false` when admission closed
+/// before every rollout started (the rest are cancelled, and the group finished if none
+/// runs).
+async fn start_group<G: Generator>(shared: &Arc<Shared<G>>, group: Arc<GroupState>) -> bool {
+    let n = shared.config.num_generations;
+    let base = group.group_id * n as u64;
+    shared.queued.fetch_add(n, Ordering::Relaxed);
+    // A group that fits takes its slots all at once, so that a drain never finds it half
+    // started (its started rollouts would be thrown away with it); a group larger than
+    // `max_inflight` can only start rollout by rollout.
+    let mut whole = None;
+    if let Ok(count) = u32::try_from(n)
+        && n <= shared.config.max_inflight
+    {
+        whole = tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => None,
+            permits = Arc::clone(&shared.in_flight).acquire_many_owned(count) => permits.ok(),
+        };
+    }
+    for index in 0..n {
+        let permit = match whole.as_mut() {
+            Some(permits) if index + 1 < n => permits.split(1),
+            Some(_) => whole.take(),
+            None => tokio::select! {
+                biased;
+                () = shared.admission.cancelled() => None,
+                permit = Arc::clone(&shared.in_flight).acquire_owned() => permit.ok(),
+            },
+        };
+        let Some(permit) = permit else {
+            shared.queued.fetch_sub(n - index, Ordering::Relaxed);
+            Counters::add(&shared.counters.rollouts_cancelled, (n - index) as u64);
+            // Even with no rollout started the group must be finished: that counts it as
+            // cancelled, so admitted groups always add up.
+            if group.abandon_from(index, base) {
+                group::finish(shared, &group).await;
+            }
+            return false;
+        };
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        let rollout_shared = Arc::clone(shared);
+        let group = Arc::clone(&group);
+        shared.tracker.spawn(async move {
+            let shared = rollout_shared;
+            let rollout_id = RolloutId(base + index as u64);
+            let outcome = conversation::run(&shared, &group, rollout_id).await;
+            drop(permit);
+            shared.generator.release(rollout_id);
+            shared.rollout_ended(&outcome);
+            if group.complete(index, outcome) {
+                group::finish(&shared, &group).await;
+            }
+        });
+    }
+    true
+}
+
+impl<G> Shared<G> {
+    /// Counts a rollout that ended, keeps its failure for the report, and stops the run
+    /// when failures pass `max_failure_rate`.
+    fn rollout_ended(&self, outcome: &Result<outcome::Finished, RolloutFailure>) {
+        match outcome {
+            Ok(_) => Counters::add(&self.counters.rollouts_completed, 1),
+            Err(failure) if failure.cause == FailureCause::Cancelled => {
+                Counters::add(&self.counters.rollouts_cancelled, 1);
+            }
+            Err(failure) => {
+                Counters::add(&self.counters.rollouts_failed, 1);
+                if failure.cause == FailureCause::Unavailable {
+                    Counters::add(&self.counters.rollouts_unavailable, 1);
+                }
+                tracing::warn!(%failure, "rollout failed");
+                {
+                    let mut failures = lock(&self.failures);
+                    if failures.len() < 100 {
+                        failures.push(failure.clone());
+                    }
+                }
+                if let Some(reason) = self.failure_rate_exceeded(false) {
+                    self.stop_run(reason);
+                }
+            }
+        }
+    }
 }
