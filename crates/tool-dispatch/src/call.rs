@@ -168,33 +168,10 @@ impl Engine {
         slot: &mut Option<OwnedSemaphorePermit>,
     ) -> Ended {
         let deadline = far(tokio::time::Instant::now(), timeout);
-        let permit = match slot.take() {
-            Some(permit) => permit,
-            // An earlier call of this turn timed out and its thread still holds the turn's
-            // slot: wait for another, so the pool never holds more jobs than it has room for.
-            None => tokio::select! {
-                biased;
-                () = self.closing.cancelled() => {
-                    return Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string());
-                }
-                acquired = tokio::time::timeout_at(deadline, Arc::clone(&self.slots).acquire_owned()) => {
-                    match acquired {
-                        Ok(Ok(permit)) => permit,
-                        Ok(Err(_closed)) => {
-                            return Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string());
-                        }
-                        Err(_elapsed) => return Ended::error(
-                            Outcome::TimedOut,
-                            &format!(
-                                "tool '{name}' timed out after {} waiting for a pool thread",
-                                human(timeout)
-                            ),
-                        ),
-                    }
-                }
-            },
+        let permit = match self.slot_for(slot.take(), deadline, name, timeout).await {
+            Ok(permit) => permit,
+            Err(ended) => return ended,
         };
-
         let (call, state, mut replied) = handshake(permit);
         let job = SyncJob {
             tool: Arc::clone(tool),
@@ -235,43 +212,42 @@ impl Engine {
             },
         };
         waiting.disarm();
+        finished(reply.ok(), slot, name)
+    }
 
-        match reply {
-            Ok(Reply::Finished {
-                outcome: Finished { result, queue_wait },
-                slot: permit,
-            }) => {
-                *slot = Some(permit);
-                let mut ended = match result {
-                    Ok(result) => returned(name, result),
-                    Err(panic) => Ended::error(
-                        Outcome::Panicked,
-                        &format!("tool '{name}' panicked: {panic}"),
-                    ),
-                };
-                ended.queue_wait = Some(queue_wait);
-                ended
+    /// The turn's slot for a sync call: the one it holds, or, when an earlier call of this
+    /// turn timed out and its thread still holds the slot, another (so the pool never holds
+    /// more jobs than it has room for), waited for until the call's deadline.
+    async fn slot_for(
+        &self,
+        held: Option<OwnedSemaphorePermit>,
+        deadline: tokio::time::Instant,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<OwnedSemaphorePermit, Ended> {
+        if let Some(permit) = held {
+            return Ok(permit);
+        }
+        tokio::select! {
+            biased;
+            () = self.closing.cancelled() => {
+                Err(Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string()))
             }
-            Ok(Reply::Cancelled {
-                reason,
-                slot: permit,
-            }) => {
-                *slot = Some(permit);
-                match reason {
-                    Rejected::ShuttingDown => Ended::error(Outcome::Cancelled, &reason.to_string()),
-                    // The dispatcher is open; the operating system refused a thread.
-                    Rejected::NoThread => Ended::error(
-                        Outcome::Failed,
-                        &format!("tool '{name}' could not run: {reason}"),
-                    ),
+            acquired = tokio::time::timeout_at(deadline, Arc::clone(&self.slots).acquire_owned()) => {
+                match acquired {
+                    Ok(Ok(permit)) => Ok(permit),
+                    Ok(Err(_closed)) => {
+                        Err(Ended::error(Outcome::Cancelled, &Rejected::ShuttingDown.to_string()))
+                    }
+                    Err(_elapsed) => Err(Ended::error(
+                        Outcome::TimedOut,
+                        &format!(
+                            "tool '{name}' timed out after {} waiting for a pool thread",
+                            human(timeout)
+                        ),
+                    )),
                 }
             }
-            // Unreachable by the pool's contract (every job is run or cancelled, loom-checked);
-            // still a message, never a panic.
-            Err(_) => Ended::error(
-                Outcome::Failed,
-                "internal error: the tool pool dropped the call",
-            ),
         }
     }
 
@@ -318,6 +294,51 @@ impl Engine {
             latency,
             queue_wait,
         }
+    }
+}
+
+/// What a sync call's reply from its pool job says, the turn's slot handed back.
+fn finished(
+    reply: Option<Reply<Finished>>,
+    slot: &mut Option<OwnedSemaphorePermit>,
+    name: &str,
+) -> Ended {
+    match reply {
+        Some(Reply::Finished {
+            outcome: Finished { result, queue_wait },
+            slot: permit,
+        }) => {
+            *slot = Some(permit);
+            let mut ended = match result {
+                Ok(result) => returned(name, result),
+                Err(panic) => Ended::error(
+                    Outcome::Panicked,
+                    &format!("tool '{name}' panicked: {panic}"),
+                ),
+            };
+            ended.queue_wait = Some(queue_wait);
+            ended
+        }
+        Some(Reply::Cancelled {
+            reason,
+            slot: permit,
+        }) => {
+            *slot = Some(permit);
+            match reason {
+                Rejected::ShuttingDown => Ended::error(Outcome::Cancelled, &reason.to_string()),
+                // The dispatcher is open; the operating system refused a thread.
+                Rejected::NoThread => Ended::error(
+                    Outcome::Failed,
+                    &format!("tool '{name}' could not run: {reason}"),
+                ),
+            }
+        }
+        // Unreachable by the pool's contract (every job is run or cancelled, loom-checked);
+        // still a message, never a panic.
+        None => Ended::error(
+            Outcome::Failed,
+            "internal error: the tool pool dropped the call",
+        ),
     }
 }
 
