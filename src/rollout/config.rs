@@ -136,7 +136,7 @@ pub(crate) enum Progress {
     /// A bar when stderr is a terminal, else log lines.
     #[default]
     Auto,
-    /// A progress bar.
+    /// A progress bar (log lines when stderr is not a terminal).
     Bar,
     /// A log line now and then.
     Log,

@@ -1,35 +1,39 @@
-//! Progress of a run: a bar redrawn in place when stderr is a terminal, a log line now and
-//! then otherwise.
+//! Progress of a run: an `indicatif` bar when stderr is a terminal (log lines print above
+//! it), a log line now and then otherwise.
 
 use std::{
     io::{IsTerminal, Write},
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rollout_core::rollout::{Engine, Health};
 use vllm_client::Client;
 
 use super::config::Progress as Mode;
 
-/// Whether a bar is on stderr's last line now: log lines clear it first ([`LogWriter`]).
-static BAR_SHOWN: AtomicBool = AtomicBool::new(false);
+/// The bar on stderr, if one is shown: log lines are written with it suspended.
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
 
-/// Stderr for log lines: when a bar occupies the last line, it is cleared first (the bar
-/// is redrawn on its next tick), so log lines and the bar do not run into each other.
+fn shown_bar() -> Option<ProgressBar> {
+    BAR.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+/// Stderr for log lines: while a bar is shown, each line is written with the bar cleared
+/// and redrawn below it ([`ProgressBar::suspend`]), so the two never run into each other.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut stderr = std::io::stderr().lock();
-        if BAR_SHOWN.swap(false, Ordering::Relaxed) {
-            stderr.write_all(b"\r\x1b[2K")?;
+        match shown_bar() {
+            Some(bar) => bar.suspend(|| std::io::stderr().lock().write(buf)),
+            None => std::io::stderr().lock().write(buf),
         }
-        stderr.write(buf)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -48,25 +52,24 @@ pub(crate) struct Totals {
 
 impl Totals {
     pub(crate) fn add_reward(&self, reward: f64) {
-        let mut rewards = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rewards = self.rewards.lock().unwrap_or_else(PoisonError::into_inner);
         rewards.0 += reward;
         rewards.1 += 1;
     }
 
     /// The mean of the groups' mean rewards.
     pub(crate) fn mean_reward(&self) -> Option<f64> {
-        let rewards = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        let rewards = self.rewards.lock().unwrap_or_else(PoisonError::into_inner);
         (rewards.1 > 0).then(|| rewards.0 / rewards.1 as f64)
     }
 }
 
-/// The progress display, running on a task of its own.
+/// The progress display, updated by a task of its own.
 pub(crate) struct Progress {
     task: Option<tokio::task::JoinHandle<()>>,
-    bar: bool,
+    bar: Option<ProgressBar>,
     paused: Arc<AtomicBool>,
     totals: Arc<Totals>,
-    total: Option<u64>,
     started: Instant,
 }
 
@@ -78,16 +81,20 @@ impl Progress {
         engine: Arc<Engine<Client>>,
     ) -> Progress {
         let terminal = std::io::stderr().is_terminal();
-        let (bar, period) = match mode {
-            Mode::Off => (false, None),
-            Mode::Bar => (true, Some(Duration::from_millis(200))),
-            Mode::Auto if terminal => (true, Some(Duration::from_millis(200))),
-            Mode::Auto | Mode::Log => (false, Some(Duration::from_secs(10))),
+        let bar = match mode {
+            Mode::Bar | Mode::Auto if terminal => Some(new_bar(total)),
+            Mode::Bar | Mode::Auto | Mode::Log | Mode::Off => None,
         };
+        let period = match (&bar, mode) {
+            (Some(_), _) => Some(Duration::from_millis(200)),
+            (None, Mode::Off) => None,
+            (None, _) => Some(Duration::from_secs(10)),
+        };
+        *BAR.lock().unwrap_or_else(PoisonError::into_inner) = bar.clone();
         let paused = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let task = period.map(|period| {
-            let (paused, totals) = (Arc::clone(&paused), Arc::clone(&totals));
+            let (paused, totals, bar) = (Arc::clone(&paused), Arc::clone(&totals), bar.clone());
             tokio::spawn(async move {
                 let mut ticks = tokio::time::interval(period);
                 ticks.tick().await;
@@ -96,14 +103,15 @@ impl Progress {
                     if paused.load(Ordering::Relaxed) {
                         continue;
                     }
-                    let line = status(&engine.health(), &totals, total, started.elapsed());
-                    if bar {
-                        let mut stderr = std::io::stderr().lock();
-                        let _ = write!(stderr, "\r\x1b[2K{line}");
-                        let _ = stderr.flush();
-                        BAR_SHOWN.store(true, Ordering::Relaxed);
-                    } else {
-                        tracing::info!("{line}");
+                    let health = engine.health();
+                    match &bar {
+                        Some(bar) => {
+                            bar.set_position(totals.groups.load(Ordering::Relaxed));
+                            bar.set_message(rates(&health, &totals, started.elapsed()));
+                        }
+                        None => {
+                            tracing::info!("{}", status(&health, &totals, total, started.elapsed()))
+                        }
                     }
                 }
             })
@@ -113,59 +121,71 @@ impl Progress {
             bar,
             paused,
             totals,
-            total,
             started,
         }
     }
 
-    /// Stops drawing (a message is about to be printed).
+    /// Stops drawing (a message is about to be printed, and the run is ending).
     pub(crate) fn pause(&self) {
         self.paused.store(true, Ordering::Relaxed);
         self.clear();
     }
 
     fn clear(&self) {
-        if self.bar && BAR_SHOWN.swap(false, Ordering::Relaxed) {
-            let mut stderr = std::io::stderr().lock();
-            let _ = write!(stderr, "\r\x1b[2K");
-            let _ = stderr.flush();
+        *BAR.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
         }
     }
 
     /// Stops the display, leaving the last status on its own line.
-    pub(crate) async fn finish(mut self, health: &Health) {
+    pub(crate) async fn finish(mut self, health: &Health, total: Option<u64>) {
         if let Some(task) = self.task.take() {
             task.abort();
             let _ = task.await;
             self.clear();
             eprintln!(
                 "{}",
-                status(health, &self.totals, self.total, self.started.elapsed())
+                status(health, &self.totals, total, self.started.elapsed())
             );
         }
     }
 }
 
-/// One status line.
+/// A bar of `total` groups, or a spinner counting them when the total is not known.
+fn new_bar(total: Option<u64>) -> ProgressBar {
+    let (bar, template) = match total {
+        Some(total) => (
+            ProgressBar::new(total),
+            "[{bar:20}] {pos}/{len} groups | {msg}",
+        ),
+        None => (ProgressBar::new_spinner(), "{spinner} {pos} groups | {msg}"),
+    };
+    let style = ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_draw_target(ProgressDrawTarget::stderr_with_hz(5));
+    bar
+}
+
+/// One status line: groups done, then the rates and counts of [`rates`].
 fn status(health: &Health, totals: &Totals, total: Option<u64>, elapsed: Duration) -> String {
-    let seconds = elapsed.as_secs_f64().max(1e-3);
     let groups = totals.groups.load(Ordering::Relaxed);
+    let done = match total {
+        Some(total) => format!("{groups}/{total} groups"),
+        None => format!("{groups} groups"),
+    };
+    format!("{done} | {}", rates(health, totals, elapsed))
+}
+
+/// Samples/s, tokens/s, rollouts in flight, tool calls, failed rollouts, mean reward.
+fn rates(health: &Health, totals: &Totals, elapsed: Duration) -> String {
+    let seconds = elapsed.as_secs_f64().max(1e-3);
     let samples = totals.samples.load(Ordering::Relaxed);
     let stats = &health.stats;
-    let done = match total {
-        Some(total) if total > 0 => {
-            let width = 20;
-            let filled = ((groups.min(total) * width) / total) as usize;
-            format!(
-                "[{}{}] {groups}/{total} groups",
-                "=".repeat(filled),
-                " ".repeat(width as usize - filled)
-            )
-        }
-        _ => format!("{groups} groups"),
-    };
     format!(
-        "{done} | {:.1} samples/s | {:.0} tokens/s | {} in flight | {} tool calls | {} failed | reward {}",
+        "{:.1} samples/s | {:.0} tokens/s | {} in flight | {} tool calls | {} failed | reward {}",
         samples as f64 / seconds,
         stats.sampled_tokens as f64 / seconds,
         health.in_flight,

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use rollout_core::{
     ChatTokenizer, DatasetReader, JsonlSink,
     parse::parser_by_name,
-    rollout::{DrainReport, Engine, Groups},
+    rollout::{DrainReport, Engine, EngineBuilder, Groups},
 };
 use scoring::{Scorer, ScorerConfig};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
@@ -66,53 +66,20 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     } else {
         None
     };
-    let servers = match &simulator {
-        Some(simulator) => vec![simulator.url()],
-        None => settings.servers.clone(),
-    };
-    let mut client_config = ClientConfig::with_servers(servers.clone());
-    if let Some(model) = &settings.model {
-        client_config = client_config.model(model.clone());
-    }
-    if let Some(pem) = &settings.ca_cert {
-        let pem = std::fs::read(pem).with_context(|| format!("cannot read {}", pem.display()))?;
-        client_config = client_config.root_certificates_pem(pem);
-    }
-    let client = Client::new(client_config)?;
-    tracing::info!(servers = ?servers, wait = ?settings.engine.server_wait, "waiting for the servers to be ready");
-    let card = tokio::select! {
-        card = client.wait_until_ready(settings.engine.server_wait) => {
-            card.context("the servers did not become ready (--server-wait sets how long to wait)")?
-        }
+    let client = tokio::select! {
+        client = connect(settings, simulator.as_ref()) => client?,
         signal = signals.next() => {
             eprintln!("async-grpo: {signal} while waiting for the servers: nothing was rolled out");
             return Ok(ExitCode::from(EXIT_INTERRUPTED_AT_START));
         }
     };
-    tracing::info!(model = %card.id, max_model_len = ?client.max_model_len(), "servers ready");
     // Probes servers that failed, so that a run paused for want of a server resumes as soon
     // as one answers.
     let health_checks = client.spawn_health_checks(Duration::from_secs(2));
     // Only now is the output touched: every check that could fail has passed.
     let sink = create_output(&settings.out)?;
     let reader = DatasetReader::open(&settings.dataset)?;
-
-    let mut registry = Registry::new();
-    for tool in &settings.tools {
-        registry.add(tool.build()?)?;
-    }
-    let tool_count = registry.len();
-    let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
-    let mut builder = Engine::builder(client, tokenizer, scorer).config(settings.engine.clone());
-    if tool_count > 0 {
-        builder = builder.tools(ToolDispatcher::new(
-            registry,
-            DispatcherConfig::new(settings.tool_threads),
-        ));
-    }
-    if let Some(name) = &settings.tool_parser {
-        builder = builder.parser(parser_by_name(name)?);
-    }
+    let (builder, tool_count) = engine_builder(&resolved, client, tokenizer)?;
     let (engine, groups) = builder.start(reader)?;
     let engine = Arc::new(engine);
     tracing::info!(
@@ -148,38 +115,19 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         Arc::clone(&engine),
     );
 
-    // Until the dataset is done (the writer sees the output end) or a signal comes.
-    let interrupted = tokio::select! {
-        _ = done_rx => false,
-        signal = signals.next() => {
-            progress.pause();
-            eprintln!(
-                "async-grpo: {signal}: draining (up to {:?}; {signal} again cancels at once)",
-                settings.drain_timeout
-            );
-            true
-        }
-    };
-    let mut cancelled = false;
-    let report = {
-        let drain = engine.shutdown(settings.drain_timeout);
-        tokio::pin!(drain);
-        loop {
-            tokio::select! {
-                report = &mut drain => break report,
-                signal = signals.next(), if !cancelled => {
-                    eprintln!("async-grpo: {signal} again: cancelling the rollouts in flight");
-                    engine.cancel();
-                    cancelled = true;
-                }
-            }
-        }
-    };
+    let (interrupted, report) = wait_and_drain(
+        &engine,
+        &mut signals,
+        done_rx,
+        &progress,
+        settings.drain_timeout,
+    )
+    .await;
     let written = tokio::task::spawn_blocking(move || writer.join())
         .await
         .context("the writer thread was lost")?
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
-    progress.finish(&engine.health()).await;
+    progress.finish(&engine.health(), total).await;
     health_checks.abort();
     if let Some(simulator) = simulator {
         simulator.stop().await;
@@ -208,6 +156,95 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits until the dataset is done (the writer sees the output end) or a signal comes, then
+/// drains the engine; a second signal cancels the rollouts in flight. Returns whether a
+/// signal stopped the run, and the drain's report.
+async fn wait_and_drain(
+    engine: &Engine<Client>,
+    signals: &mut Signals,
+    done: tokio::sync::oneshot::Receiver<()>,
+    progress: &Progress,
+    drain_timeout: Duration,
+) -> (bool, DrainReport) {
+    let interrupted = tokio::select! {
+        _ = done => false,
+        signal = signals.next() => {
+            progress.pause();
+            eprintln!(
+                "async-grpo: {signal}: draining (up to {}; {signal} again cancels at once)",
+                humantime::format_duration(drain_timeout)
+            );
+            true
+        }
+    };
+    let mut cancelled = false;
+    let drain = engine.shutdown(drain_timeout);
+    tokio::pin!(drain);
+    let report = loop {
+        tokio::select! {
+            report = &mut drain => break report,
+            signal = signals.next(), if !cancelled => {
+                eprintln!("async-grpo: {signal} again: cancelling the rollouts in flight");
+                engine.cancel();
+                cancelled = true;
+            }
+        }
+    };
+    (interrupted, report)
+}
+
+/// The client of the servers (or of the simulator), once they are ready.
+async fn connect(settings: &Settings, simulator: Option<&Simulator>) -> anyhow::Result<Client> {
+    let servers = match simulator {
+        Some(simulator) => vec![simulator.url()],
+        None => settings.servers.clone(),
+    };
+    let mut client_config = ClientConfig::with_servers(servers.clone());
+    if let Some(model) = &settings.model {
+        client_config = client_config.model(model.clone());
+    }
+    if let Some(pem) = &settings.ca_cert {
+        let pem = std::fs::read(pem).with_context(|| format!("cannot read {}", pem.display()))?;
+        client_config = client_config.root_certificates_pem(pem);
+    }
+    let client = Client::new(client_config)?;
+    let wait = settings.engine.server_wait;
+    tracing::info!(servers = ?servers, wait = %humantime::format_duration(wait), "waiting for the servers to be ready");
+    let card = client
+        .wait_until_ready(wait)
+        .await
+        .context("the servers did not become ready (--server-wait sets how long to wait)")?;
+    tracing::info!(model = %card.id, max_model_len = ?client.max_model_len(), "servers ready");
+    Ok(client)
+}
+
+/// The engine, configured with the run's settings, tools, rewards and parser; and how many
+/// tools it has.
+fn engine_builder(
+    resolved: &Resolved,
+    client: Client,
+    tokenizer: ChatTokenizer,
+) -> anyhow::Result<(EngineBuilder<Client>, usize)> {
+    let settings = &resolved.settings;
+    let mut registry = Registry::new();
+    for tool in &settings.tools {
+        registry.add(tool.build()?)?;
+    }
+    let tool_count = registry.len();
+    let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
+    let mut builder = Engine::builder(client, tokenizer, scorer).config(settings.engine.clone());
+    if tool_count > 0 {
+        builder = builder.tools(ToolDispatcher::new(
+            registry,
+            DispatcherConfig::new(settings.tool_threads),
+        ));
+    }
+    if let Some(name) = &settings.tool_parser {
+        builder = builder.parser(parser_by_name(name)?);
+    }
+    Ok((builder, tool_count))
 }
 
 /// The built-in simulator, answering in the run's tokenizer and calling its first tool.

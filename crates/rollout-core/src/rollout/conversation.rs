@@ -406,6 +406,20 @@ fn request_seed(seed: u64, rollout: RolloutId, attempt: u32, turn: usize, segmen
     x >> 1
 }
 
+/// A parsed call as the dispatcher runs it.
+impl From<crate::ParsedCall> for tool_dispatch::ToolCall {
+    fn from(call: crate::ParsedCall) -> Self {
+        tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id)
+    }
+}
+
+/// A tool's result as the conversation's next message.
+impl From<&tool_dispatch::ToolResult> for Message {
+    fn from(result: &tool_dispatch::ToolResult) -> Self {
+        Message::tool_result(&result.name, &result.content, result.call_id.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,19 +436,5 @@ mod tests {
                 }
             }
         }
-    }
-}
-
-/// A parsed call as the dispatcher runs it.
-impl From<crate::ParsedCall> for tool_dispatch::ToolCall {
-    fn from(call: crate::ParsedCall) -> Self {
-        tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id)
-    }
-}
-
-/// A tool's result as the conversation's next message.
-impl From<&tool_dispatch::ToolResult> for Message {
-    fn from(result: &tool_dispatch::ToolResult) -> Self {
-        Message::tool_result(&result.name, &result.content, result.call_id.clone())
     }
 }
