@@ -248,11 +248,7 @@ impl IncrementalRender<'_> {
             .tokenizer
             .tokenizer()
             .encode(chunk, false)
-            .map_err(|error| {
-                NoExactDelta::Template(RenderError::Tokenize {
-                    message: error.to_string(),
-                })
-            })?;
+            .map_err(|error| NoExactDelta::Template(RenderError::tokenize(error)))?;
         self.state.stats.encoded_bytes += chunk.len() as u64;
         let ids = encoding.get_ids();
         if ids.first() != Some(&stop) || encoding.get_offsets().first().map(|o| o.0) != Some(0) {

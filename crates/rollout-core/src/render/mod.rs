@@ -101,14 +101,18 @@ pub enum RenderError {
     Load {
         /// The file or folder.
         path: PathBuf,
-        /// What was expected.
+        /// What was expected, or what could not be done.
         message: String,
+        /// The error behind it (reading the file, parsing its JSON, loading the tokenizer).
+        #[source]
+        cause: Option<Cause>,
     },
     /// The tokenizer failed on the text.
-    #[error("tokenizer: {message}")]
+    #[error("the tokenizer failed")]
     Tokenize {
-        /// The tokenizer's message.
-        message: String,
+        /// The tokenizer's error.
+        #[source]
+        cause: Cause,
     },
     /// No template has the requested name.
     #[error("no chat template named {name:?}; available: {available}")]
@@ -120,7 +124,57 @@ pub enum RenderError {
     },
 }
 
+/// The error behind a [`RenderError`], shared so that the error stays cheap to clone; two
+/// are equal when they say the same.
+#[derive(Debug, Clone)]
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+
+impl Cause {
+    pub(crate) fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Cause {
+        Cause(std::sync::Arc::from(error.into()))
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Cause) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Cause {}
+
 impl RenderError {
+    /// The tokenizer's failure on a text.
+    pub(crate) fn tokenize(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        RenderError::Tokenize {
+            cause: Cause::new(error),
+        }
+    }
+
+    /// This error and its causes, each after a colon: what a message to a person says.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+
     pub(crate) fn from_minijinja(template: &str, error: &minijinja::Error) -> Self {
         let message = match (error.kind(), error.detail()) {
             (minijinja::ErrorKind::InvalidOperation, Some(detail)) => detail.to_owned(),

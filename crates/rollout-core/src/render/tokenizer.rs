@@ -10,6 +10,7 @@ use tokenizers::Tokenizer;
 
 use super::{ChatTemplate, IncrementalRender, RenderError, RenderOptions};
 use crate::Message;
+use crate::render::Cause;
 
 /// The special tokens transformers passes to templates (`special_tokens_map`), when set.
 const SPECIAL_TOKEN_KEYS: [&str; 7] = [
@@ -66,12 +67,14 @@ impl ChatTokenizer {
             return Err(RenderError::Load {
                 path: dir.to_owned(),
                 message: "expected a Hugging Face tokenizer folder holding tokenizer.json".into(),
+                cause: None,
             });
         }
         let tokenizer =
             Tokenizer::from_file(&tokenizer_path).map_err(|error| RenderError::Load {
                 path: tokenizer_path.clone(),
-                message: format!("not a tokenizers tokenizer.json: {error}"),
+                message: "not a tokenizers tokenizer.json".into(),
+                cause: Some(Cause::new(error)),
             })?;
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
@@ -80,7 +83,11 @@ impl ChatTokenizer {
                 Ok(Value::Object(config)) => config,
                 Ok(_) => return Err(load_error(&config_path, "expected a JSON object")),
                 Err(error) => {
-                    return Err(load_error(&config_path, &format!("invalid JSON: {error}")));
+                    return Err(RenderError::Load {
+                        path: config_path,
+                        message: "invalid JSON".into(),
+                        cause: Some(Cause::new(error)),
+                    });
                 }
             }
         } else {
@@ -327,9 +334,7 @@ impl ChatTokenizer {
         self.tokenizer
             .encode(text, false)
             .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|error| RenderError::Tokenize {
-                message: error.to_string(),
-            })
+            .map_err(RenderError::tokenize)
     }
 
     /// Ids of `text` and where each of its special tokens is, in order.
@@ -337,12 +342,10 @@ impl ChatTokenizer {
         &self,
         text: &str,
     ) -> Result<(Vec<u32>, Vec<Anchor>), RenderError> {
-        let encoding =
-            self.tokenizer
-                .encode(text, false)
-                .map_err(|error| RenderError::Tokenize {
-                    message: error.to_string(),
-                })?;
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(RenderError::tokenize)?;
         let ids = encoding.get_ids();
         let offsets = encoding.get_offsets();
         let anchors = ids
@@ -381,13 +384,17 @@ fn display(path: &Path) -> String {
 }
 
 fn read(path: &Path) -> Result<String, RenderError> {
-    std::fs::read_to_string(path)
-        .map_err(|error| load_error(path, &format!("cannot read: {error}")))
+    std::fs::read_to_string(path).map_err(|error| RenderError::Load {
+        path: path.to_owned(),
+        message: "cannot read it".into(),
+        cause: Some(Cause::new(error)),
+    })
 }
 
 fn load_error(path: &Path, message: &str) -> RenderError {
     RenderError::Load {
         path: path.to_owned(),
         message: message.to_owned(),
+        cause: None,
     }
 }

@@ -145,7 +145,7 @@ async fn converse<G: Generator>(
 }
 
 fn render_error(error: RenderError) -> Failure {
-    (FailureCause::Render, error.to_string())
+    (FailureCause::Render, error.chain())
 }
 
 /// How much one turn may sample, and what limits it.

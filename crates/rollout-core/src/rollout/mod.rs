@@ -517,9 +517,7 @@ impl<G> Shared<G> {
         self.tokenizer
             .tokenizer()
             .decode(ids, false)
-            .map_err(|e| RenderError::Tokenize {
-                message: e.to_string(),
-            })
+            .map_err(RenderError::tokenize)
     }
 }
 
