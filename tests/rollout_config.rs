@@ -337,3 +337,46 @@ fn the_quickstart_config_resolves() {
     assert_eq!(value(&settings, "num_generations"), "8");
     assert!(output.contains("tool_rounds = 1"), "{output}");
 }
+
+#[test]
+fn a_flag_not_given_leaves_the_file_s_value_switches_included() {
+    let dir = workspace("layers");
+    let file = format!(
+        "skip_bad_rows = true\nmax_inflight = 5\nrollout_timeout = \"90s\"\ntop_k = 7\n{CONFIG}"
+    );
+    std::fs::write(dir.join("run.toml"), file).expect("write");
+    // Other flags given: none of these four is, so the file's values stand.
+    let output = rollout(
+        &dir,
+        &[
+            "--config",
+            "run.toml",
+            "--num-generations",
+            "2",
+            "--overwrite",
+        ],
+    );
+    let settings = resolved(&output);
+    for (key, expected) in [
+        ("skip_bad_rows", "true"),
+        ("max_inflight", "5"),
+        ("rollout_timeout", "\"1m 30s\""),
+        ("top_k", "7"),
+        ("num_generations", "2"),
+        ("overwrite", "true"),
+    ] {
+        assert_eq!(value(&settings, key), expected, "{key} in {output}");
+    }
+    // A switch given on the command line is on whatever the file says.
+    std::fs::write(
+        dir.join("off.toml"),
+        format!("skip_bad_rows = false\n{CONFIG}"),
+    )
+    .expect("write");
+    let output = rollout(&dir, &["--config", "off.toml", "--skip-bad-rows"]);
+    assert_eq!(
+        value(&resolved(&output), "skip_bad_rows"),
+        "true",
+        "{output}"
+    );
+}
