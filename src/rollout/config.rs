@@ -549,7 +549,9 @@ impl Places<'_> {
             "groups" => "max_groups",
             other => other,
         };
-        self.matches.value_source(id) == Some(ValueSource::CommandLine)
+        // `ids` first: asking clap about an id it does not know panics in debug builds.
+        self.matches.ids().any(|known| known.as_str() == id)
+            && self.matches.value_source(id) == Some(ValueSource::CommandLine)
     }
 
     /// `--flag`, `FILE:LINE: key` or `key`: where the value of `key` was given.
