@@ -42,7 +42,9 @@ use tool_dispatch::{
     Registry,
     builtin::{ToolConfig, ToolKind, parse_duration},
 };
-use vllm_client::{SamplingParams, sim::SimConfig};
+use vllm_client::SamplingParams;
+#[cfg(feature = "sim")]
+use vllm_sim::SimConfig;
 
 /// Options of `async-grpo rollout`: dataset rows to multi-turn conversations with tools, to
 /// rewards, to JSONL training rows.
@@ -311,6 +313,7 @@ pub(crate) struct SimSettings {
 impl SimSettings {
     /// Sets these fields of a simulator's configuration (the rest, tokenizer and tool name
     /// included, are the caller's).
+    #[cfg(feature = "sim")]
     pub(crate) fn apply_to(&self, config: &mut SimConfig) {
         config.tool_rounds = self.tool_rounds;
         config.answer_tokens = self.answer_tokens;

@@ -11,17 +11,27 @@
 //!
 //! A completion that cannot be judged (the row lacks the column, the column holds no
 //! number, no token ids for a length) scores `None`, never a made-up 0.
+//!
+//! `exact` and `length` need no feature; `regex` and `numeric` need the `regex` feature and
+//! `command` the `command` feature (all on by default). Without its feature, a spec of that
+//! kind is an error that names the feature.
 
+#[cfg(feature = "command")]
 mod command;
 mod exact;
 mod length;
+#[cfg(feature = "regex")]
 mod numeric;
+#[cfg(feature = "regex")]
 mod pattern;
 
+#[cfg(feature = "command")]
 pub use command::CommandReward;
 pub use exact::{ExactMatch, Normalization};
 pub use length::LengthPenalty;
+#[cfg(feature = "regex")]
 pub use numeric::{NumericMatch, extract_number};
+#[cfg(feature = "regex")]
 pub use pattern::RegexMatch;
 
 use crate::reward::Reward;
@@ -82,13 +92,22 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
     let reward = match kind {
         "exact" => Reward::from_sync(format!("exact_{argument}"), ExactMatch::new(argument))
             .reads_column(argument),
+        #[cfg(feature = "regex")]
         "numeric" => Reward::from_sync(format!("numeric_{argument}"), NumericMatch::new(argument))
             .reads_column(argument),
+        #[cfg(feature = "regex")]
         "regex" => Reward::from_sync(
             "regex",
             RegexMatch::new(argument)
                 .map_err(|e| SpecError::new(spec, format!("bad pattern: {e}")))?,
         ),
+        #[cfg(not(feature = "regex"))]
+        "numeric" | "regex" => {
+            return Err(SpecError::new(
+                spec,
+                format!("kind '{kind}' needs scoring's `regex` feature"),
+            ));
+        }
         "length" => {
             let mut parts = argument.split(':');
             let max = parse_tokens(spec, parts.next(), "MAX")?;
@@ -100,6 +119,14 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
                 LengthPenalty::new(max, buffer).map_err(|reason| SpecError::new(spec, reason))?;
             Reward::from_sync("length_penalty", penalty)
         }
+        #[cfg(not(feature = "command"))]
+        "command" => {
+            return Err(SpecError::new(
+                spec,
+                "kind 'command' needs scoring's `command` feature",
+            ));
+        }
+        #[cfg(feature = "command")]
         "command" => {
             let mut words = argument.split_whitespace();
             let program = words
@@ -146,6 +173,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(all(feature = "regex", feature = "command"))]
     fn specs_name_kind_argument_and_weight() {
         let reward = from_spec("numeric:answer@0.5").expect("valid");
         assert_eq!(
@@ -184,6 +212,7 @@ mod tests {
             error("fuzzy:answer"),
             "invalid reward spec \"fuzzy:answer\": unknown kind 'fuzzy'; expected exact, regex, numeric, length or command"
         );
+        #[cfg(feature = "regex")]
         assert!(error("regex:(").starts_with("invalid reward spec \"regex:(\": bad pattern: "));
         assert_eq!(
             error("length:ten"),
@@ -196,6 +225,27 @@ mod tests {
         assert_eq!(
             error("exact:"),
             "invalid reward spec \"exact:\": 'exact' needs an argument after the colon"
+        );
+    }
+
+    #[test]
+    fn specs_of_kinds_left_out_name_the_feature_they_need() {
+        let error = |spec: &str| from_spec(spec).err().map(|e| e.to_string());
+        let expected = |spec: &str, feature: &str| {
+            format!(
+                "invalid reward spec \"{spec}\": kind '{}' needs scoring's `{feature}` feature",
+                &spec[..spec.find(':').unwrap_or(0)]
+            )
+        };
+        for spec in ["regex:x", "numeric:answer"] {
+            assert_eq!(
+                error(spec),
+                (!cfg!(feature = "regex")).then(|| expected(spec, "regex"))
+            );
+        }
+        assert_eq!(
+            error("command:judge"),
+            (!cfg!(feature = "command")).then(|| expected("command:judge", "command"))
         );
     }
 }
