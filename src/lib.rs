@@ -19,6 +19,20 @@
 //! For example `async-grpo = { default-features = false, features = ["rollout-core"] }`
 //! compiles rollout-core alone, without the loop, a client or the CLI. Each crate is also
 //! usable on its own.
+//!
+//! ```
+//! # #[cfg(feature = "scoring")]
+//! # fn main() {
+//! // With `features = ["scoring"]`: the group-advantage estimators and nothing else.
+//! use async_grpo::scoring::{AdvantageConfig, CompletionReward, group_advantages};
+//!
+//! let rewards = [CompletionReward::scored(1.0), CompletionReward::scored(0.0)];
+//! let advantages = group_advantages(&rewards, &AdvantageConfig::default()).advantages;
+//! assert!(advantages[0] > 0.0 && advantages[1] < 0.0);
+//! # }
+//! # #[cfg(not(feature = "scoring"))]
+//! # fn main() {}
+//! ```
 
 #[cfg(feature = "rollout-core")]
 #[doc(inline)]
