@@ -136,6 +136,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     let packages = packages()?;
     let mut combinations = 0;
+    let mut extras_run = 0;
     for package in &packages {
         let alone = std::iter::once(None).chain(package.features.iter().map(Some));
         for feature in alone {
@@ -173,6 +174,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
                 let mut command = cargo(&[&["test"], features.as_slice(), args].concat());
                 run_checked(&mut command)
                     .with_context(|| format!("{label}: `{}` failed", describe(&command)))?;
+                extras_run += 1;
             }
             combinations += 1;
             eprintln!(
@@ -180,6 +182,13 @@ pub(crate) fn run() -> anyhow::Result<()> {
                 combination_started.elapsed()
             );
         }
+    }
+    if extras_run != EXTRA.len() {
+        bail!(
+            "{} of the {} extra test runs found no package and feature of theirs: update EXTRA",
+            EXTRA.len() - extras_run,
+            EXTRA.len()
+        );
     }
     eprintln!(
         "features: {combinations} combinations of {} packages built and tested in {:.1?}",
