@@ -1,17 +1,38 @@
 //! async-grpo: the rollout side of asynchronous GRPO-style reinforcement learning.
 //!
 //! This umbrella crate re-exports the workspace's crates, each behind a feature of the same
-//! name, so that a user can depend on one package and pick what they need:
+//! name, so that a user can depend on one package and pick what they need; with
+//! `default-features = false` a feature brings its crate and nothing else (the crates' own
+//! optional parts stay off unless a feature below turns them on):
 //!
 //! | feature | crate | what it does |
 //! |---|---|---|
-//! | `tool-dispatch` (default) | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
-//! | `rollout-core` (default) | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler |
-//! | `scoring` (default) | [`scoring`] | reward functions over groups, and group advantages (GRPO, Dr. GRPO, RLOO, batch std) |
-//! | `vllm-client` (default) | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
-//! | `sim` (default) | [`vllm_client::sim`] | the vLLM-compatible simulator behind `async-grpo simulate` |
+//! | `tool-dispatch` | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
+//! | `http` (default) | [`tool_dispatch`] | tool-dispatch's built-in `http` tool (reqwest) |
+//! | `rollout-core` | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler, datasets, training rows |
+//! | `rollout` | [`rollout_core::rollout`] | the rollout loop over any `Generator`, with tool-dispatch and scoring's `Scorer` |
+//! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
+//! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
+//! | `sim` (default) | [`vllm_sim`] | the vLLM-compatible simulator behind `async-grpo simulate` and a rollout without `--server` |
+//! | `cli` (default) | | the `async-grpo` binary and its dependencies (clap, anyhow, toml, tracing-subscriber, tokio); turns on `rollout`, `vllm-client` and the built-in rewards |
 //!
-//! Each crate is also usable on its own.
+//! For example `async-grpo = { default-features = false, features = ["rollout-core"] }`
+//! compiles rollout-core alone, without the loop, a client or the CLI. Each crate is also
+//! usable on its own.
+//!
+//! ```
+//! # #[cfg(feature = "scoring")]
+//! # fn main() {
+//! // With `features = ["scoring"]`: the group-advantage estimators and nothing else.
+//! use async_grpo::scoring::{AdvantageConfig, CompletionReward, group_advantages};
+//!
+//! let rewards = [CompletionReward::scored(1.0), CompletionReward::scored(0.0)];
+//! let advantages = group_advantages(&rewards, &AdvantageConfig::default()).advantages;
+//! assert!(advantages[0] > 0.0 && advantages[1] < 0.0);
+//! # }
+//! # #[cfg(not(feature = "scoring"))]
+//! # fn main() {}
+//! ```
 
 #[cfg(feature = "rollout-core")]
 #[doc(inline)]
@@ -25,3 +46,6 @@ pub use tool_dispatch;
 #[cfg(feature = "vllm-client")]
 #[doc(inline)]
 pub use vllm_client;
+#[cfg(feature = "sim")]
+#[doc(inline)]
+pub use vllm_sim;

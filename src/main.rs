@@ -1,13 +1,9 @@
 //! The `async-grpo` binary: the reference wiring of every layer of the engine.
+//!
+//! Built with the `cli` feature, which brings every crate it wires; the simulator (`simulate`,
+//! and the server of a rollout given none) with `sim`.
 
-#[cfg(feature = "rollout-core")]
 mod render;
-#[cfg(all(
-    feature = "rollout-core",
-    feature = "scoring",
-    feature = "tool-dispatch",
-    feature = "sim"
-))]
 mod rollout;
 #[cfg(feature = "sim")]
 mod simulate;
@@ -31,16 +27,9 @@ struct Cli {
 enum Command {
     /// Roll out a dataset: multi-turn conversations against vLLM (or the built-in simulator)
     /// with tool calls, scored by reward functions, written as JSONL training rows
-    #[cfg(all(
-        feature = "rollout-core",
-        feature = "scoring",
-        feature = "tool-dispatch",
-        feature = "sim"
-    ))]
     Rollout(Box<rollout::config::RolloutArgs>),
     /// Render a conversation with a model's chat template and tokenize it, as
     /// transformers' `apply_chat_template` does; prints `{"text": ..., "ids": [...]}`.
-    #[cfg(feature = "rollout-core")]
     Render(render::RenderArgs),
     /// Serve the vLLM-compatible simulator: scripted answers, not a model, for demos and tests
     #[cfg(feature = "sim")]
@@ -49,20 +38,7 @@ enum Command {
 
 /// Where log lines go: stderr, clearing the rollout progress bar first when one is shown.
 fn log_writer() -> Box<dyn std::io::Write> {
-    #[cfg(all(
-        feature = "rollout-core",
-        feature = "scoring",
-        feature = "tool-dispatch",
-        feature = "sim"
-    ))]
-    return Box::new(rollout::progress::LogWriter);
-    #[cfg(not(all(
-        feature = "rollout-core",
-        feature = "scoring",
-        feature = "tool-dispatch",
-        feature = "sim"
-    )))]
-    return Box::new(std::io::stderr());
+    Box::new(rollout::progress::LogWriter)
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -76,12 +52,6 @@ fn main() -> anyhow::Result<ExitCode> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        #[cfg(all(
-            feature = "rollout-core",
-            feature = "scoring",
-            feature = "tool-dispatch",
-            feature = "sim"
-        ))]
         Some(Command::Rollout(args)) => {
             let check = args.check;
             let resolved = rollout::config::Settings::resolve(*args)?;
@@ -104,7 +74,6 @@ fn main() -> anyhow::Result<ExitCode> {
             }
             rollout::run::run(resolved)
         }
-        #[cfg(feature = "rollout-core")]
         Some(Command::Render(args)) => render::run(&args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "sim")]
         Some(Command::Simulate(args)) => simulate::run(args).map(|()| ExitCode::SUCCESS),

@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context, bail};
-use vllm_client::sim::{Faults, SimConfig, Simulator, training_tokenizer};
+use vllm_sim::{Faults, SimConfig, Simulator, training_tokenizer};
 
 /// Options of `async-grpo simulate`.
 #[derive(Debug, clap::Args)]

@@ -1,4 +1,4 @@
-//! The command line: help and version.
+//! The command line: help, version, the simulator's server, and what a build without it says.
 
 use std::process::Command;
 
@@ -41,6 +41,7 @@ fn an_unknown_flag_is_an_error() {
 }
 
 #[test]
+#[cfg(feature = "sim")]
 fn the_simulator_serves_vllm_json_until_stopped() {
     use std::{io::Read, net::TcpStream, time::Duration};
 
@@ -82,6 +83,7 @@ fn the_simulator_serves_vllm_json_until_stopped() {
 }
 
 #[test]
+#[cfg(feature = "sim")]
 fn simulator_flags_are_checked() {
     let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["simulate", "--fail-503", "0.7", "--malformed", "0.5"])
@@ -93,4 +95,31 @@ fn simulator_flags_are_checked() {
         stderr.contains("the fault fractions add up to 1.2, more than 1"),
         "{stderr}"
     );
+}
+
+#[test]
+#[cfg(not(feature = "sim"))]
+fn without_the_simulator_a_run_without_a_server_says_what_to_pass() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/quickstart.toml");
+    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--config", config])
+        .output()
+        .expect("the binary starts");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no --server given")
+            && stderr.contains("no built-in simulator")
+            && stderr.contains("pass --server URL"),
+        "{stderr}"
+    );
+}
+
+#[test]
+#[cfg(not(feature = "sim"))]
+fn without_the_simulator_there_is_no_simulate_command() {
+    let (ok, _) = async_grpo(&["simulate", "--port", "0"]);
+    assert!(!ok);
+    let (_, help) = async_grpo(&["--help"]);
+    assert!(!help.contains("simulate"), "{help}");
 }

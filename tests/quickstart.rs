@@ -19,7 +19,7 @@ fn read_json(path: &Path) -> Value {
 fn the_committed_tokenizer_is_the_one_the_simulator_trains() {
     let committed = read_json(&quickstart().join("tokenizer.json"));
     let trained: Value = serde_json::from_str(
-        &vllm_client::sim::training_tokenizer()
+        &vllm_sim::training_tokenizer()
             .to_string(false)
             .expect("serializes"),
     )

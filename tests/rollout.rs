@@ -19,7 +19,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     runtime::Runtime,
 };
-use vllm_client::sim::{Sampled, SimConfig, Simulator};
+use vllm_sim::{Sampled, SimConfig, Simulator};
 
 /// The quickstart's tokenizer directory (tokenizer.json and its chat template).
 pub(crate) fn quickstart() -> PathBuf {

@@ -45,7 +45,8 @@ use tool_dispatch::{
     Registry,
     builtin::{ToolConfig, ToolKind},
 };
-use vllm_client::sim::SimConfig;
+#[cfg(feature = "sim")]
+use vllm_sim::SimConfig;
 
 /// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
 /// and every setting of [`Settings`] as a flag (kept as parsed, to be laid over the file).
@@ -315,6 +316,7 @@ impl Default for SimSettings {
 impl SimSettings {
     /// Sets these fields of a simulator's configuration (the rest, tokenizer and tool name
     /// included, are the caller's).
+    #[cfg(feature = "sim")]
     pub(crate) fn apply_to(&self, config: &mut SimConfig) {
         config.tool_rounds = self.tool_rounds;
         config.answer_tokens = self.answer_tokens;

@@ -9,6 +9,9 @@ use rollout_core::{ChatTokenizer, DatasetReader, RenderOptions};
 
 use super::config::Resolved;
 
+/// Why a run without servers cannot go on in a build without the simulator.
+pub(crate) const NO_SIMULATOR: &str = "no --server given (`servers` in the config file), and this build has no built-in simulator to stand in for one (async-grpo's `sim` feature): pass --server URL, or build with `--features sim`";
+
 /// What the checks found, for the run to use.
 #[derive(Debug)]
 pub(crate) struct Checked {
@@ -23,6 +26,9 @@ pub(crate) struct Checked {
 /// Runs every check that needs no server; the first failure is the error.
 pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
     let settings = &resolved.settings;
+    if settings.servers.is_empty() && !cfg!(feature = "sim") {
+        bail!("{NO_SIMULATOR}");
+    }
     let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
     if let Some(template) = &settings.chat_template {
         tokenizer = tokenizer.with_template_file(template)?;

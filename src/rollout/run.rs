@@ -16,10 +16,9 @@ use rollout_core::{
 };
 use scoring::{Scorer, ScorerConfig};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
-use vllm_client::{
-    Client, ClientConfig,
-    sim::{SimConfig, Simulator},
-};
+use vllm_client::{Client, ClientConfig};
+#[cfg(feature = "sim")]
+use vllm_sim::{SimConfig, Simulator};
 
 use super::{
     config::{Resolved, Settings},
@@ -248,6 +247,7 @@ fn engine_builder(
 }
 
 /// The built-in simulator, answering in the run's tokenizer and calling its first tool.
+#[cfg(feature = "sim")]
 async fn start_simulator(
     settings: &Settings,
     tokenizer: &ChatTokenizer,
@@ -269,6 +269,31 @@ async fn start_simulator(
         .context("cannot start the built-in simulator")?;
     tracing::info!(url = %simulator.url(), "simulator listening");
     Ok(simulator)
+}
+
+/// Without the `sim` feature there is no simulator to start (the checks refuse a run without
+/// servers before this point).
+#[cfg(not(feature = "sim"))]
+async fn start_simulator(_: &Settings, _: &ChatTokenizer) -> anyhow::Result<NoSimulator> {
+    bail!("{}", preflight::NO_SIMULATOR)
+}
+
+/// The simulator a build without the `sim` feature never has.
+#[cfg(not(feature = "sim"))]
+enum NoSimulator {}
+
+#[cfg(not(feature = "sim"))]
+type Simulator = NoSimulator;
+
+#[cfg(not(feature = "sim"))]
+impl NoSimulator {
+    fn url(&self) -> String {
+        match *self {}
+    }
+
+    async fn stop(self) {
+        match self {}
+    }
 }
 
 /// The output file, created or emptied ([`preflight::check`] has refused to replace one that

@@ -8,7 +8,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     let benches = [
         ("tool-dispatch", "dispatch", ""),
         ("scoring", "scoring", ""),
-        ("vllm-client", "client", "sim"),
+        ("vllm-client", "client", ""),
         ("rollout-core", "turns", ""),
         ("rollout-core", "rollout", ""),
     ];

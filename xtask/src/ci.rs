@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, fixtures, loom, parity, run_checked, tidy, vllm};
+use crate::{cargo, features, fixtures, loom, parity, run_checked, tidy, vllm};
 
 /// One step of CI.
 struct Step {
@@ -65,6 +65,10 @@ const STEPS: &[Step] = &[
                 "--all-features",
             ]))
         },
+    },
+    Step {
+        name: "features",
+        run: features::run,
     },
     Step {
         name: "loom",

@@ -1,10 +1,11 @@
-//! Project automation: `cargo xtask ci | loom | bench | quickstart | tidy | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | loom | bench | quickstart | tidy | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
 
 mod bench;
 mod ci;
+mod features;
 mod fixtures;
 mod loom;
 mod parity;
@@ -23,8 +24,10 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, loom, tidy,
-            e2e
+  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, features,
+            loom, tidy, e2e
+  features  each package with no default features and with each feature alone: builds
+            (no warning), unit tests, doc tests
   fixtures  fetch the real tokenizers and chat templates the tests use into the cache,
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let result = match task.as_deref() {
         Some("ci") => ci::run(),
+        Some("features") => features::run(),
         Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
         Some("parity") => parity::run(),

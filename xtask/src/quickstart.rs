@@ -1,6 +1,6 @@
 //! `cargo xtask quickstart`: rewrites the quickstart's generated files, deterministically.
 //!
-//! - `examples/quickstart/tokenizer.json`: the tokenizer `vllm_client::sim::training_tokenizer`
+//! - `examples/quickstart/tokenizer.json`: the tokenizer `vllm_sim::training_tokenizer`
 //!   trains (its training is deterministic: the same vocabulary and merges on every run,
 //!   which the root package's `quickstart` test checks against the committed file);
 //! - `examples/quickstart/arithmetic.jsonl`: 64 questions `What is A op B?` with their
@@ -23,7 +23,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
 
     let tokenizer_path = dir.join("tokenizer.json");
-    vllm_client::sim::training_tokenizer()
+    vllm_sim::training_tokenizer()
         .save(&tokenizer_path, true)
         .map_err(|e| anyhow::anyhow!("could not write {}: {e}", tokenizer_path.display()))?;
     eprintln!("quickstart: wrote {}", shown(&tokenizer_path));

@@ -3,7 +3,7 @@
 //! Run with `cargo xtask bench` (or `cargo bench -p rollout-core --bench rollout`). Each
 //! scenario runs in a process of its own (this program started again with
 //! `ROLLOUT_BENCH_ONLY=NAME`), so that its memory figure starts from a clean heap; the
-//! simulator (`vllm_client::sim`: scripted answers, not a model) runs in a further child
+//! simulator (`vllm_sim`: scripted answers, not a model) runs in a further child
 //! process, so that the CPU time and resident memory measured are the engine's alone (loop,
 //! HTTP client, tools and scoring, on a 2-worker runtime). Both processes share the
 //! machine's 2 cores. Scenarios:
@@ -37,10 +37,8 @@ use rollout_core::{
 use scoring::{Scorer, ScorerConfig, builtin};
 use serde_json::{Map, Value, json};
 use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
-use vllm_client::{
-    Client, ClientConfig,
-    sim::{SimConfig, Simulator, training_tokenizer},
-};
+use vllm_client::{Client, ClientConfig};
+use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}\
 {%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\

@@ -12,7 +12,7 @@
 //! - **Token-in/token-out prompts** ([`IncrementalRender::delta`]): the ids a template
 //!   writes after an assistant turn up to the next generation, derived from the template,
 //!   so that the next prompt can be the previous one + the ids sampled as sampled + these
-//!   (the rollout loop's default, [`rollout::PromptMode::Append`]); [`NoExactDelta`] says
+//!   (the rollout loop's default, `rollout::PromptMode::Append`); [`NoExactDelta`] says
 //!   why a turn has none.
 //! - **Output** ([`TrainingSample`], [`JsonlSink`]): one JSON line per training row, written
 //!   a group at a time with one write and a flush.
@@ -21,6 +21,39 @@
 //! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
 //!   Mistral outputs into content and [`ParsedCall`]s; a malformed call stays content and is
 //!   reported, never a panic.
+//! - **The rollout loop** (`rollout`, feature `rollout`): groups of multi-turn rollouts with
+//!   tool calls, bounded in flight, scored, drained on shutdown, over any `Generator`.
+//!
+//! # Features
+//!
+//! Everything above but the loop needs no feature: messages, rendering, parsing, the
+//! reconciler, datasets and training rows are minijinja, tokenizers and serde only.
+//!
+//! | feature | default | what it adds | dependencies |
+//! |---|---|---|---|
+//! | `rollout` | yes | the rollout loop, `rollout::Engine`, over any `Generator` | tool-dispatch, scoring (`scorer`), tokio, tracing, hdrhistogram |
+//! | `vllm-client` | yes | `Generator` for vllm-client's `Client` (turns on `rollout`) | vllm-client |
+//!
+//! # Using the pieces
+//!
+//! A model's own tokenizer folder (`tokenizer.json`, `tokenizer_config.json` with its chat
+//! template), rendered and tokenized as transformers' `apply_chat_template` does:
+//!
+//! ```
+//! use rollout_core::{ChatTokenizer, Message, RenderOptions};
+//!
+//! # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/quickstart");
+//! let tokenizer = ChatTokenizer::from_dir(dir)?; // a folder holding a model's tokenizer
+//! let prompt = tokenizer.apply_chat_template(
+//!     &[Message::user("What is 2 + 3?")],
+//!     &RenderOptions::generation(),
+//! )?;
+//! assert_eq!(prompt.text, "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n");
+//! assert_eq!(tokenizer.tokenizer().decode(&prompt.ids, false)?, prompt.text);
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! ```
+//!
+//! Parsing a tool call, rendering with a template given as text, and building a training row:
 //!
 //! ```
 //! use rollout_core::{
@@ -66,7 +99,7 @@ mod message;
 pub mod parse;
 mod reconcile;
 pub mod render;
-#[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
+#[cfg(feature = "rollout")]
 pub mod rollout;
 mod sample;
 mod sync;

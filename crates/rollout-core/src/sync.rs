@@ -1,7 +1,7 @@
 //! The one module that names `std::sync`; everything else imports from here.
 
 pub(crate) use std::sync::Arc;
-#[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
+#[cfg(feature = "rollout")]
 pub(crate) use std::sync::{
     Mutex, MutexGuard,
     atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
@@ -9,7 +9,7 @@ pub(crate) use std::sync::{
 
 /// Locks `mutex`, going on when a panicking holder poisoned it: every value guarded in this
 /// crate is left consistent between statements.
-#[cfg(all(feature = "tool-dispatch", feature = "scoring"))]
+#[cfg(feature = "rollout")]
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()

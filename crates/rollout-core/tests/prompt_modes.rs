@@ -16,10 +16,8 @@ use rollout_core::{
 use scoring::{Scorer, ScorerConfig};
 use serde_json::{Map, Value, json};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher, builtin::ToolConfig};
-use vllm_client::{
-    Client, ClientConfig,
-    sim::{CallFormat, Sampled, SimConfig, Simulator},
-};
+use vllm_client::{Client, ClientConfig};
+use vllm_sim::{CallFormat, Sampled, SimConfig, Simulator};
 
 use crate::{
     append::quickstart, fixture, llama31, qwen3, qwen3_as_mistral, qwen3_with_template,

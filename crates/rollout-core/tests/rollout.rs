@@ -65,7 +65,7 @@ const BLOCK_CALL: &str = "<tool_call>\n{\"name\": \"block\", \"arguments\": {}}\
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn chat_tokenizer() -> ChatTokenizer {
-    static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(vllm_client::sim::training_tokenizer);
+    static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(vllm_sim::training_tokenizer);
     let template =
         ChatTemplate::new("chatml-tools", CHATML_WITH_TOOLS).expect("the template compiles");
     let special = json!({ "eos_token": "<|im_end|>" })

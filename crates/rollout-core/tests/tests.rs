@@ -7,9 +7,11 @@ mod append;
 mod cache;
 mod parity;
 mod parse;
+#[cfg(feature = "vllm-client")]
 mod prompt_modes;
 mod reconcile;
 mod render;
+#[cfg(feature = "rollout")]
 mod rollout;
 
 use std::{path::PathBuf, sync::LazyLock};

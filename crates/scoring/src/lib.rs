@@ -2,7 +2,7 @@
 //!
 //! Two halves, usable apart:
 //!
-//! - **Scoring** ([`Scorer`]): reward functions see a whole [`Group`] (the prompt, every
+//! - **Scoring** (`Scorer`, feature `scorer`): reward functions see a whole [`Group`] (the prompt, every
 //!   completion's messages, text and token ids, and the dataset row) and return one optional
 //!   score per completion. Sync functions run on the scorer's own thread pool (never the
 //!   runtime's workers, never the tool pool); async ones are awaited; all functions of a group
@@ -17,14 +17,54 @@
 //!
 //! Built-in rewards (exact, regex, numeric, length, command) are in [`builtin`].
 //!
+//! # Features
+//!
+//! | feature | default | what it adds | dependencies |
+//! |---|---|---|---|
+//! | (none) | | the estimators, [`Group`], [`Reward`], the `exact` and `length` rewards | serde, futures |
+//! | `scorer` | yes | `Scorer`: a group's reward functions run at once, sync ones on a pool of their own | tokio, rayon, tracing |
+//! | `regex` | yes | the `regex` and `numeric` rewards | regex |
+//! | `command` | yes | the `command` reward, a program scoring the group | tokio (`process`), rustix |
+//!
+//! # The estimators alone
+//!
+//! With no feature, this crate is the advantage math: rewards in, advantages out.
+//!
 //! ```
+//! use scoring::{AdvantageConfig, CompletionReward, Estimator, GroupKind, group_advantages};
+//!
+//! // Four completions of one prompt; the third could not be scored.
+//! let group = [
+//!     CompletionReward::scored(1.0),
+//!     CompletionReward::scored(0.0),
+//!     CompletionReward::unscorable(),
+//!     CompletionReward::scored(0.5),
+//! ];
+//! // TRL's formula: (r - mean) / (population std + 1e-8), over the scored ones.
+//! let grpo = group_advantages(&group, &AdvantageConfig::default());
+//! assert_eq!(grpo.kind, GroupKind::Normal);
+//! assert!(grpo.advantages[0] > 0.0 && grpo.advantages[1] < 0.0);
+//! assert_eq!(grpo.advantages[2], 0.0); // unscorable: no advantage, not in the baseline
+//!
+//! // RLOO: each reward against the mean of the others.
+//! let rloo = AdvantageConfig { estimator: Estimator::Rloo, ..AdvantageConfig::default() };
+//! let rloo = group_advantages(&group, &rloo);
+//! assert!((rloo.advantages[0] - 0.75).abs() < 1e-9); // 1.0 - mean(0.0, 0.5)
+//! ```
+//!
+//! # Scoring a group
+//!
+//! With `scorer` (and `regex` for the `numeric` reward):
+//!
+//! ```
+//! # #[cfg(all(feature = "scorer", feature = "regex"))]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //!
 //! use scoring::{AdvantageConfig, Completion, Group, Reward, Scorer, ScorerConfig, builtin};
 //! use serde_json::json;
 //!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let scorer = Scorer::new(
 //!     vec![
 //!         builtin::from_spec("numeric:answer")?,
@@ -49,16 +89,25 @@
 //! assert!((advantages.advantages[1] + 1.0).abs() < 1e-6);
 //! # Ok(())
 //! # }
+//! # #[cfg(not(all(feature = "scorer", feature = "regex")))]
+//! # fn main() {}
 //! ```
 
 mod advantage;
 pub mod builtin;
 mod group;
+#[cfg(feature = "scorer")]
 mod pool;
 mod reward;
+#[cfg(feature = "scorer")]
 mod scorer;
 mod sync;
 
+#[cfg(feature = "scorer")]
+pub use crate::scorer::{
+    Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
+    Scorer, ScorerConfig, ScorerError,
+};
 pub use crate::{
     advantage::{
         AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupAdvantages, GroupKind,
@@ -66,8 +115,4 @@ pub use crate::{
     },
     group::{Completion, Group},
     reward::{AsyncReward, Reward, RewardError, Scores, SyncReward},
-    scorer::{
-        Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
-        Scorer, ScorerConfig, ScorerError,
-    },
 };

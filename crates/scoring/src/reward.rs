@@ -47,6 +47,13 @@ where
 }
 
 #[derive(Clone)]
+#[cfg_attr(
+    not(feature = "scorer"),
+    expect(
+        dead_code,
+        reason = "the functions are run by the scorer (feature `scorer`)"
+    )
+)]
 pub(crate) enum Runner {
     Sync(Arc<dyn SyncReward>),
     Async(Arc<dyn AsyncReward>),

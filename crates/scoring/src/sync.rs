@@ -2,7 +2,11 @@
 //! model checker can be swapped in the way tool-dispatch does, should the crate grow a
 //! concurrency core of its own.
 
+pub(crate) use std::sync::Arc;
+#[cfg(feature = "regex")]
+pub(crate) use std::sync::LazyLock;
+#[cfg(feature = "scorer")]
 pub(crate) use std::sync::{
-    Arc, LazyLock, Mutex,
+    Mutex,
     atomic::{AtomicU64, Ordering},
 };

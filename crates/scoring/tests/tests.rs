@@ -1,8 +1,10 @@
 //! Integration tests of the scoring crate: one test binary, one module per area.
 
+#[cfg(all(feature = "command", feature = "scorer"))]
 mod command;
 mod estimators;
 mod properties;
+#[cfg(feature = "scorer")]
 mod scorer;
 
 /// Asserts that two float slices are equal within `tolerance`, element by element.

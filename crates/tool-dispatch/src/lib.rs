@@ -28,6 +28,21 @@
 //!   them is tested with tokio and tower-test. [`proofs`] lists the bugs each model and test
 //!   was shown to catch.
 //!
+//! Built-in tools (`calculator`, `python`, `command`, and `http` with the feature of that
+//! name) and [`builtin::ToolConfig`], a tool described in a configuration file, are in
+//! [`builtin`].
+//!
+//! # Features
+//!
+//! | feature | default | what it adds | dependencies |
+//! |---|---|---|---|
+//! | `http` | no | the built-in `http` tool, which POSTs a call's arguments to a URL | reqwest |
+//!
+//! # Use
+//!
+//! A registry with a sync tool and an async one, and a dispatcher running one turn's calls
+//! (an unknown tool is an answer the model can read, not an error):
+//!
 //! ```
 //! use std::time::Duration;
 //!

@@ -2,7 +2,7 @@
 //! 256 concurrent callers, and process CPU time per call, with client and simulator sharing
 //! one 2-worker runtime (the machine's 2 cores).
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p vllm-client --features sim --bench client`).
+//! Run with `cargo xtask bench` (or `cargo bench -p vllm-client --bench client`).
 //! Prints a markdown table and, when `BENCH_OUT` names a folder, writes `vllm-client.json`.
 
 #![allow(clippy::print_stdout, reason = "the report is this program's output")]
@@ -16,10 +16,8 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use vllm_client::{
-    Client, ClientConfig, GenerateParams, RetryPolicy,
-    sim::{SimConfig, Simulator, training_tokenizer},
-};
+use vllm_client::{Client, ClientConfig, GenerateParams, RetryPolicy};
+use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 /// User plus system CPU time of this process, from /proc/self/stat (Linux), in seconds.
 fn cpu_seconds() -> f64 {

@@ -2,11 +2,8 @@
 //! result in the final answer as often as `correct_rate` says, on both generation endpoints.
 
 use serde_json::json;
-use vllm_client::{
-    Client, FinishReason, GenerateParams, SamplingParams,
-    sim::{CallFormat, training_tokenizer},
-    types::ChatRequest,
-};
+use vllm_client::{Client, FinishReason, GenerateParams, SamplingParams, types::ChatRequest};
+use vllm_sim::{CallFormat, training_tokenizer};
 
 use crate::{client, fast_retry, simulator};
 

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use vllm_client::{
     ClientConfig, FinishReason, GenerateParams, SamplingParams,
-    sim::training_tokenizer,
     types::{DetokenizeRequest, TokenizeRequest},
 };
+use vllm_sim::training_tokenizer;
 
 use crate::{client, eventually, fast_retry, simulator};
 

@@ -12,10 +12,8 @@ mod wire;
 
 use std::time::Duration;
 
-use vllm_client::{
-    Client, ClientConfig, RetryPolicy,
-    sim::{SimConfig, Simulator, training_tokenizer},
-};
+use vllm_client::{Client, ClientConfig, RetryPolicy};
+use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 /// A simulator on a free loopback port, with `configure` applied to the defaults.
 pub(crate) async fn simulator(configure: impl FnOnce(&mut SimConfig)) -> Simulator {

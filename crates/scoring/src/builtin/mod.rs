@@ -11,17 +11,27 @@
 //!
 //! A completion that cannot be judged (the row lacks the column, the column holds no
 //! number, no token ids for a length) scores `None`, never a made-up 0.
+//!
+//! `exact` and `length` need no feature; `regex` and `numeric` need the `regex` feature and
+//! `command` the `command` feature (all on by default). Without its feature, a spec of that
+//! kind is an error that names the feature.
 
+#[cfg(feature = "command")]
 mod command;
 mod exact;
 mod length;
+#[cfg(feature = "regex")]
 mod numeric;
+#[cfg(feature = "regex")]
 mod pattern;
 
+#[cfg(feature = "command")]
 pub use command::CommandReward;
 pub use exact::{ExactMatch, Normalization};
 pub use length::{LengthPenalty, LengthPenaltyError};
+#[cfg(feature = "regex")]
 pub use numeric::{NumericMatch, extract_number};
+#[cfg(feature = "regex")]
 pub use pattern::RegexMatch;
 
 use crate::reward::Reward;
@@ -81,8 +91,17 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
     }
     let reward = match kind {
         "exact" => exact(argument),
+        #[cfg(feature = "regex")]
         "numeric" => numeric(argument),
+        #[cfg(feature = "regex")]
         "regex" => regex(argument).map_err(|e| SpecError::new(spec, e.reason))?,
+        #[cfg(not(feature = "regex"))]
+        "numeric" | "regex" => {
+            return Err(SpecError::new(
+                spec,
+                format!("kind '{kind}' needs scoring's `regex` feature"),
+            ));
+        }
         "length" => {
             let mut parts = argument.split(':');
             let max = parse_tokens(spec, parts.next(), "MAX")?;
@@ -92,6 +111,14 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
             };
             length(max, buffer).map_err(|e| SpecError::new(spec, e.to_string()))?
         }
+        #[cfg(not(feature = "command"))]
+        "command" => {
+            return Err(SpecError::new(
+                spec,
+                "kind 'command' needs scoring's `command` feature",
+            ));
+        }
+        #[cfg(feature = "command")]
         "command" => {
             let mut words = argument.split_whitespace();
             let program = words
@@ -117,11 +144,13 @@ pub fn exact(column: &str) -> Reward {
 }
 
 /// `numeric:COLUMN`: 1 when the answer's number equals the row's `column`, else 0.
+#[cfg(feature = "regex")]
 pub fn numeric(column: &str) -> Reward {
     Reward::from_sync(format!("numeric_{column}"), NumericMatch::new(column)).reads_column(column)
 }
 
 /// `regex:PATTERN`: 1 when the answer matches `pattern`, else 0.
+#[cfg(feature = "regex")]
 pub fn regex(pattern: &str) -> Result<Reward, SpecError> {
     let matcher = RegexMatch::new(pattern)
         .map_err(|e| SpecError::new(pattern, format!("bad pattern: {e}")))?;
@@ -137,6 +166,7 @@ pub fn length(max: usize, buffer: Option<usize>) -> Result<Reward, LengthPenalty
 
 /// `command:PROGRAM ARGS..`: the group on the program's stdin, its scores on its stdout;
 /// named `command_STEM` after the program's file stem.
+#[cfg(feature = "command")]
 pub fn command(program: &str, args: impl IntoIterator<Item = String>) -> Reward {
     let stem = std::path::Path::new(program).file_stem().map_or_else(
         || program.to_owned(),
@@ -165,6 +195,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(all(feature = "regex", feature = "command"))]
     fn specs_name_kind_argument_and_weight() {
         let reward = from_spec("numeric:answer@0.5").expect("valid");
         assert_eq!(
@@ -203,6 +234,7 @@ mod tests {
             error("fuzzy:answer"),
             "invalid reward spec \"fuzzy:answer\": unknown kind 'fuzzy'; expected exact, regex, numeric, length or command"
         );
+        #[cfg(feature = "regex")]
         assert!(error("regex:(").starts_with("invalid reward spec \"regex:(\": bad pattern: "));
         assert_eq!(
             error("length:ten"),
@@ -215,6 +247,27 @@ mod tests {
         assert_eq!(
             error("exact:"),
             "invalid reward spec \"exact:\": 'exact' needs an argument after the colon"
+        );
+    }
+
+    #[test]
+    fn specs_of_kinds_left_out_name_the_feature_they_need() {
+        let error = |spec: &str| from_spec(spec).err().map(|e| e.to_string());
+        let expected = |spec: &str, feature: &str| {
+            format!(
+                "invalid reward spec \"{spec}\": kind '{}' needs scoring's `{feature}` feature",
+                &spec[..spec.find(':').unwrap_or(0)]
+            )
+        };
+        for spec in ["regex:x", "numeric:answer"] {
+            assert_eq!(
+                error(spec),
+                (!cfg!(feature = "regex")).then(|| expected(spec, "regex"))
+            );
+        }
+        assert_eq!(
+            error("command:judge"),
+            (!cfg!(feature = "command")).then(|| expected("command:judge", "command"))
         );
     }
 }

@@ -15,10 +15,11 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::{CallFormat, Counters, Pause, SimConfig, pause_channel};
-use crate::{
-    sync::{Arc, AtomicU64, Mutex, Ordering, lock},
-    types::{ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest},
+use vllm_client::types::{
+    ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest,
 };
+
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
 
 /// Words the final answers are made of (and the test tokenizer is trained on).
 pub(super) const WORDS: &[&str] = &[

@@ -24,8 +24,32 @@
 //!   requests aborted because the client disconnected.
 //!
 //! `async-grpo simulate --port P --tokenizer PATH` runs it from the binary.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use vllm_client::{Client, ClientConfig, GenerateParams};
+//! use vllm_sim::{SimConfig, Simulator, training_tokenizer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A small real tokenizer trained for the simulator; any Hugging Face tokenizer works.
+//! let mut config = SimConfig::new(training_tokenizer());
+//! config.answer_tokens = 6;
+//! let server = Simulator::start(config, "127.0.0.1:0".parse()?).await?;
+//!
+//! let client = Client::new(ClientConfig::new(server.url()))?;
+//! client.wait_until_ready(Duration::from_secs(10)).await?;
+//! let turn = client.generate(&[1, 2, 3], &GenerateParams { max_tokens: 16, ..GenerateParams::default() }).await?;
+//! assert_eq!(turn.token_ids.len(), 6 + 1); // the answer and EOS
+//! assert_eq!(server.counters().completions, 1);
+//! server.stop().await;
+//! # Ok(())
+//! # }
+//! ```
 
 mod server;
+mod sync;
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 
