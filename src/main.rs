@@ -3,6 +3,7 @@
 //! Built with the `cli` feature, which brings every crate it wires; the simulator (`simulate`,
 //! and the server of a rollout given none) with `sim`.
 
+mod layered;
 mod render;
 mod rollout;
 #[cfg(feature = "sim")]

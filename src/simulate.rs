@@ -1,11 +1,14 @@
 //! `async-grpo simulate`: the vLLM-compatible simulator as a server, until Ctrl-C.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::{Context, bail};
-use vllm_sim::{Faults, SimConfig, Simulator, training_tokenizer};
+use vllm_sim::{SimConfig, SimSettings, Simulator, training_tokenizer};
 
-/// Options of `async-grpo simulate`.
+use crate::layered::{Defaults, Layer};
+
+/// Options of `async-grpo simulate`: where it listens, its tokenizer, and how it answers
+/// ([`SimSettings`], the same settings a run's `[simulator]` table holds).
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimulateArgs {
     /// Address to listen on
@@ -17,104 +20,31 @@ pub(crate) struct SimulateArgs {
     /// A Hugging Face tokenizer.json; without it, a small tokenizer trained at start
     #[arg(long, value_name = "PATH")]
     tokenizer: Option<PathBuf>,
-    /// The model name to serve
-    #[arg(long, default_value = "sim")]
-    model: String,
-    /// Context length
-    #[arg(long, default_value_t = 4096)]
-    max_model_len: u32,
-    /// Tokens of a final answer (before EOS)
-    #[arg(long, default_value_t = 32)]
-    answer_tokens: usize,
-    /// Assistant turns that call a tool before the final answer
-    #[arg(long, default_value_t = 0)]
-    tool_rounds: usize,
-    /// The tool the scripted calls name
-    #[arg(long, default_value = "calculator")]
-    tool_name: String,
-    /// Chance that a final answer after a tool call repeats the tool's result (the last
-    /// number of the prompt) rather than a random number; drawn from each request's seed
-    #[arg(long, default_value_t = 0.5)]
-    correct_rate: f64,
-    /// The end-of-answer token (appended when the tokenizer has it)
-    #[arg(long, default_value = "<|im_end|>")]
-    eos_token: String,
-    /// Delay before the first token, in milliseconds
-    #[arg(long, default_value_t = 0.0)]
-    latency_ms: f64,
-    /// Delay per generated token, in milliseconds
-    #[arg(long, default_value_t = 0.0)]
-    per_token_ms: f64,
-    /// Fraction of generation requests answered 503
-    #[arg(long, default_value_t = 0.0)]
-    fail_503: f64,
-    /// Fraction of generation requests whose connection is dropped mid-response
-    #[arg(long, default_value_t = 0.0)]
-    drop_connection: f64,
-    /// Fraction of generation requests delayed by --slow-ms
-    #[arg(long, default_value_t = 0.0)]
-    slow: f64,
-    /// The delay of a slow response, in milliseconds
-    #[arg(long, default_value_t = 5000.0)]
-    slow_ms: f64,
-    /// Fraction of generation requests answered with a malformed body
-    #[arg(long, default_value_t = 0.0)]
-    malformed: f64,
-    /// Seed of the fault draws
-    #[arg(long, default_value_t = 0)]
-    fault_seed: u64,
+    #[command(flatten)]
+    settings: Layer<SimSettings>,
 }
 
-fn millis(name: &str, value: f64) -> anyhow::Result<Duration> {
-    if !(value.is_finite() && value >= 0.0) {
-        bail!("--{name} must be a number of milliseconds >= 0, got {value}");
+impl Defaults for SimSettings {
+    fn defaults_table() -> toml::Table {
+        toml::Table::try_from(SimSettings::default()).unwrap_or_default()
     }
-    Ok(Duration::from_secs_f64(value / 1000.0))
 }
 
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
-    if !(0.0..=1.0).contains(&args.correct_rate) {
-        bail!(
-            "--correct-rate must be a fraction between 0 and 1, got {}",
-            args.correct_rate
-        );
-    }
-    let fractions = [
-        ("fail-503", args.fail_503),
-        ("drop-connection", args.drop_connection),
-        ("slow", args.slow),
-        ("malformed", args.malformed),
-    ];
-    for (name, value) in fractions {
-        if !(0.0..=1.0).contains(&value) {
-            bail!("--{name} must be a fraction between 0 and 1, got {value}");
-        }
-    }
-    let total: f64 = fractions.iter().map(|(_, v)| v).sum();
+    let mut settings = SimSettings::default();
+    args.settings.lay_over(&mut settings)?;
+    settings
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.setting.replace('_', "-")))?;
+    let total = settings.error_503 + settings.drop_connection + settings.slow + settings.malformed;
     if total > 1.0 {
         bail!("the fault fractions add up to {total}, more than 1");
     }
     let mut config = match &args.tokenizer {
-        Some(path) => SimConfig::from_tokenizer_file(path).map_err(anyhow::Error::msg)?,
+        Some(path) => SimConfig::from_tokenizer_file(path).context("--tokenizer")?,
         None => SimConfig::new(training_tokenizer()),
     };
-    config.model = args.model;
-    config.max_model_len = args.max_model_len;
-    config.answer_tokens = args.answer_tokens;
-    config.tool_rounds = args.tool_rounds;
-    config.tool_name = args.tool_name;
-    config.correct_rate = args.correct_rate;
-    config.eos_token = args.eos_token;
-    config.latency = millis("latency-ms", args.latency_ms)?;
-    config.per_token = millis("per-token-ms", args.per_token_ms)?;
-    config.faults = Faults {
-        error_503: args.fail_503,
-        drop_connection: args.drop_connection,
-        slow: args.slow,
-        slow_delay: millis("slow-ms", args.slow_ms)?,
-        malformed: args.malformed,
-    };
-    config.fault_seed = args.fault_seed;
+    settings.apply_to(&mut config);
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| {

@@ -86,7 +86,7 @@ fn the_simulator_serves_vllm_json_until_stopped() {
 #[cfg(feature = "sim")]
 fn simulator_flags_are_checked() {
     let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
-        .args(["simulate", "--fail-503", "0.7", "--malformed", "0.5"])
+        .args(["simulate", "--error-503", "0.7", "--malformed", "0.5"])
         .output()
         .expect("the binary starts");
     assert!(!output.status.success());

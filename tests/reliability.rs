@@ -218,7 +218,7 @@ fn free_port() -> u16 {
 fn simulator_process(port: u16, latency_ms: u32) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["simulate", "--port", &port.to_string()])
-        .args(["--latency-ms", &latency_ms.to_string()])
+        .args(["--latency", &format!("{latency_ms}ms")])
         .arg("--tokenizer")
         .arg(quickstart().join("tokenizer.json"))
         .stdin(Stdio::null())

@@ -34,7 +34,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, ValueEnum, parser::ValueSource};
+use clap::{Args, ValueEnum};
 use rollout_core::{
     ReconcilerConfig,
     rollout::{ConfigError, RolloutConfig, Sampling},
@@ -46,88 +46,29 @@ use tool_dispatch::{
     builtin::{ToolConfig, ToolKind},
 };
 #[cfg(feature = "sim")]
-use vllm_sim::SimConfig;
+use vllm_sim::SimSettings;
+
+use crate::layered::{Defaults, Layer};
 
 /// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
-/// and every setting of [`Settings`] as a flag (kept as parsed, to be laid over the file).
-#[derive(Debug, Clone)]
+/// and every setting of [`Settings`] as a flag, to be laid over the file.
+#[derive(Debug, Clone, Args)]
 pub(crate) struct RolloutArgs {
+    /// A TOML file holding the settings, keys named as these flags in snake_case (paths in it
+    /// are relative to its directory); a flag given here wins over the file
+    #[arg(long, value_name = "FILE.toml")]
     config: Option<PathBuf>,
-    /// `--check`: check the settings, print them resolved, and exit.
+    /// Check the settings, print them resolved, and exit without rolling out
+    #[arg(long)]
     pub(crate) check: bool,
-    matches: ArgMatches,
+    #[command(flatten)]
+    flags: Layer<Settings>,
 }
 
-impl FromArgMatches for RolloutArgs {
-    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        Ok(RolloutArgs {
-            config: matches.get_one::<PathBuf>("config").cloned(),
-            check: matches.get_flag("check"),
-            matches: matches.clone(),
-        })
+impl Defaults for Settings {
+    fn defaults_table() -> toml::Table {
+        settings_table(&Settings::default()).unwrap_or_default()
     }
-
-    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
-        *self = RolloutArgs::from_arg_matches(matches)?;
-        Ok(())
-    }
-}
-
-impl Args for RolloutArgs {
-    fn augment_args(command: clap::Command) -> clap::Command {
-        let defaults = defaults_table();
-        Settings::augment_args_for_update(command)
-            .mut_args(|arg| for_layering(arg, &defaults))
-            .arg(
-                Arg::new("config")
-                    .long("config")
-                    .value_name("FILE.toml")
-                    .value_parser(clap::value_parser!(PathBuf))
-                    .help(
-                        "A TOML file holding the settings, keys named as these flags in \
-                         snake_case (paths in it are relative to its directory); a flag given \
-                         here wins over the file",
-                    ),
-            )
-            .arg(
-                Arg::new("check")
-                    .long("check")
-                    .action(ArgAction::SetTrue)
-                    .help("Check the settings, print them resolved, and exit without rolling out"),
-            )
-    }
-
-    fn augment_args_for_update(command: clap::Command) -> clap::Command {
-        RolloutArgs::augment_args(command)
-    }
-}
-
-/// A setting's flag made fit to be laid over the file: a switch has no implicit `false`
-/// (which would undo the file's `true`), and the help shows the default, taken from the
-/// `Default` impls so that it is written nowhere else.
-fn for_layering(arg: Arg, defaults: &toml::Table) -> Arg {
-    let arg = if matches!(arg.get_action(), ArgAction::SetTrue) {
-        arg.action(ArgAction::Set)
-            .num_args(0)
-            .default_missing_value("true")
-    } else {
-        arg
-    };
-    let key = arg.get_id().as_str().to_owned();
-    let key = arg
-        .get_long()
-        .map(|long| long.replace('-', "_"))
-        .filter(|long| defaults.contains_key(long))
-        .unwrap_or(key);
-    let shown = match defaults.get(&key) {
-        Some(toml::Value::String(text)) if !text.is_empty() => text.clone(),
-        Some(toml::Value::Boolean(_) | toml::Value::Array(_) | toml::Value::String(_)) | None => {
-            return arg;
-        }
-        Some(value) => value.to_string(),
-    };
-    let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
-    arg.help(format!("{help} [default: {shown}]"))
 }
 
 /// How progress shows.
@@ -207,6 +148,7 @@ pub(crate) struct Settings {
     #[arg(skip)]
     pub(crate) tools: Vec<ToolConfig>,
     /// The simulator's behaviour (`[simulator]`; file only; used only without servers).
+    #[cfg(feature = "sim")]
     #[arg(skip)]
     pub(crate) simulator: SimSettings,
     /// The rollout loop's settings, read from the same table of the file.
@@ -233,6 +175,7 @@ impl Default for Settings {
             ca_cert: None,
             progress: Progress::Auto,
             tools: Vec::new(),
+            #[cfg(feature = "sim")]
             simulator: SimSettings::default(),
             engine: RolloutConfig::default(),
         }
@@ -271,61 +214,6 @@ impl RewardTable {
             spec: Some(spec.to_owned()),
             ..RewardTable::default()
         })
-    }
-}
-
-/// The `[simulator]` table: how the built-in simulator answers when no server is given.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub(crate) struct SimSettings {
-    /// Assistant turns that call a tool before the final answer.
-    pub(crate) tool_rounds: usize,
-    /// Tokens of a final answer.
-    pub(crate) answer_tokens: usize,
-    /// Chance an answer after a tool call repeats its result.
-    pub(crate) correct_rate: f64,
-    /// Delay before the first token.
-    #[serde(with = "humantime_serde")]
-    pub(crate) latency: Duration,
-    /// Delay per token.
-    #[serde(with = "humantime_serde")]
-    pub(crate) per_token: Duration,
-    /// Fraction of requests answered 503.
-    pub(crate) error_503: f64,
-    /// Its context length.
-    pub(crate) max_model_len: u32,
-    /// Seed of the fault draws.
-    pub(crate) fault_seed: u64,
-}
-
-impl Default for SimSettings {
-    fn default() -> Self {
-        SimSettings {
-            tool_rounds: 0,
-            answer_tokens: 32,
-            correct_rate: 0.5,
-            latency: Duration::ZERO,
-            per_token: Duration::ZERO,
-            error_503: 0.0,
-            max_model_len: 4096,
-            fault_seed: 0,
-        }
-    }
-}
-
-impl SimSettings {
-    /// Sets these fields of a simulator's configuration (the rest, tokenizer and tool name
-    /// included, are the caller's).
-    #[cfg(feature = "sim")]
-    pub(crate) fn apply_to(&self, config: &mut SimConfig) {
-        config.tool_rounds = self.tool_rounds;
-        config.answer_tokens = self.answer_tokens;
-        config.correct_rate = self.correct_rate;
-        config.latency = self.latency;
-        config.per_token = self.per_token;
-        config.faults.error_503 = self.error_503;
-        config.max_model_len = self.max_model_len;
-        config.fault_seed = self.fault_seed;
     }
 }
 
@@ -397,11 +285,6 @@ fn settings_table(settings: &Settings) -> Result<toml::Table, toml::ser::Error> 
     Ok(table)
 }
 
-/// The defaults as the file would hold them, for the flags' help.
-fn defaults_table() -> toml::Table {
-    settings_table(&Settings::default()).unwrap_or_default()
-}
-
 impl Settings {
     /// Lays the file `--config` names and the flags given over the defaults, makes paths
     /// absolute, checks every value and builds the rewards and tools once to prove them.
@@ -412,12 +295,10 @@ impl Settings {
             Some(source) => source.settings()?,
             None => Settings::default(),
         };
-        settings
-            .update_from_arg_matches(&args.matches)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        args.flags.lay_over(&mut settings)?;
         let places = Places {
             source: source.as_ref(),
-            matches: &args.matches,
+            flags: &args.flags,
         };
         let base = source.as_ref().map_or(cwd.as_path(), |s| s.dir.as_path());
         settings.make_paths_absolute(&places, &cwd, base);
@@ -464,6 +345,7 @@ impl Settings {
         }
         let rewards = build_rewards(&settings, &places, base, &file_name)?;
         check_tools(&settings.tools, &places)?;
+        #[cfg(feature = "sim")]
         check_simulator(&settings.simulator, &places)?;
         Ok(Resolved {
             settings,
@@ -541,19 +423,16 @@ impl Settings {
 /// Where each setting's value came from, to point messages at it.
 struct Places<'a> {
     source: Option<&'a Source>,
-    matches: &'a ArgMatches,
+    flags: &'a Layer<Settings>,
 }
 
 impl Places<'_> {
     /// Whether the setting `key` (a field name) was given as a flag.
     fn given(&self, key: &str) -> bool {
-        let id = match key {
+        self.flags.given(match key {
             "groups" => "max_groups",
             other => other,
-        };
-        // `ids` first: asking clap about an id it does not know panics in debug builds.
-        self.matches.ids().any(|known| known.as_str() == id)
-            && self.matches.value_source(id) == Some(ValueSource::CommandLine)
+        })
     }
 
     /// `--flag`, `FILE:LINE: key` or `key`: where the value of `key` was given.
@@ -660,20 +539,15 @@ fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> 
 }
 
 /// The simulator's fractions are fractions.
+#[cfg(feature = "sim")]
 fn check_simulator(simulator: &SimSettings, places: &Places<'_>) -> anyhow::Result<()> {
-    for (key, value) in [
-        ("correct_rate", simulator.correct_rate),
-        ("error_503", simulator.error_503),
-    ] {
-        if !(0.0..=1.0).contains(&value) {
-            let place = places
-                .source
-                .and_then(|s| s.place(&["simulator", key]))
-                .unwrap_or_else(|| format!("simulator.{key}"));
-            bail!("{place}: expected a fraction between 0 and 1, got {value}");
-        }
-    }
-    Ok(())
+    simulator.validate().map_err(|e| {
+        let place = places
+            .source
+            .and_then(|s| s.place(&["simulator", e.setting]))
+            .unwrap_or_else(|| format!("simulator.{}", e.setting));
+        anyhow::anyhow!("{place}: {e}")
+    })
 }
 
 impl RewardTable {
@@ -991,6 +865,8 @@ fn check_program(program: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Args;
+
     use super::*;
 
     #[test]

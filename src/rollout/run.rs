@@ -252,15 +252,19 @@ async fn start_simulator(
     settings: &Settings,
     tokenizer: &ChatTokenizer,
 ) -> anyhow::Result<Simulator> {
-    let mut config = SimConfig::new(tokenizer.tokenizer().clone());
-    settings.simulator.apply_to(&mut config);
-    if let Some(tool) = settings.tools.first() {
+    let mut config = SimConfig::with_settings(tokenizer.tokenizer().clone(), &settings.simulator);
+    // What the `[simulator]` table leaves open, the run decides: its first tool, its
+    // tokenizer's end-of-answer token.
+    if settings.simulator.tool_name.is_none()
+        && let Some(tool) = settings.tools.first()
+    {
         config.tool_name = tool.name.clone();
     }
-    if let Some(eos) = tokenizer
-        .special_tokens()
-        .get("eos_token")
-        .and_then(serde_json::Value::as_str)
+    if settings.simulator.eos_token.is_none()
+        && let Some(eos) = tokenizer
+            .special_tokens()
+            .get("eos_token")
+            .and_then(serde_json::Value::as_str)
     {
         config.eos_token = eos.to_owned();
     }

@@ -49,7 +49,10 @@
 //! ```
 
 mod server;
+mod settings;
 mod sync;
+
+pub use settings::{InvalidSimSettings, SimSettings};
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 
@@ -133,35 +136,56 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// Defaults: model `sim`, 4096 tokens of context, 32-token answers, no tool rounds, hermes
-    /// calls, no preamble, a correct rate of 0.5, no latency, no faults, EOS `<|im_end|>`.
+    /// [`SimSettings::default`]'s behaviour (model `sim`, 4096 tokens of context, 32-token
+    /// answers, no tool rounds, a correct rate of 0.5, no latency, no faults, tool
+    /// `calculator`, EOS `<|im_end|>`), hermes calls, no preamble.
     pub fn new(tokenizer: Tokenizer) -> SimConfig {
-        SimConfig {
+        SimConfig::with_settings(tokenizer, &SimSettings::default())
+    }
+
+    /// A simulator answering as `settings` say, hermes calls, no preamble.
+    pub fn with_settings(tokenizer: Tokenizer, settings: &SimSettings) -> SimConfig {
+        let mut config = SimConfig {
             tokenizer: Arc::new(tokenizer),
-            model: "sim".to_owned(),
-            max_model_len: 4096,
-            answer_tokens: 32,
+            model: String::new(),
+            max_model_len: 0,
+            answer_tokens: 0,
             tool_rounds: 0,
-            tool_name: "calculator".to_owned(),
+            tool_name: settings.tool_name_or_default(),
             call_format: CallFormat::Hermes,
             preamble: String::new(),
             spell_calls: false,
-            correct_rate: 0.5,
-            eos_token: "<|im_end|>".to_owned(),
+            correct_rate: 0.0,
+            eos_token: settings.eos_token_or_default(),
             latency: Duration::ZERO,
             per_token: Duration::ZERO,
             faults: Faults::default(),
             fault_seed: 0,
             record: false,
-        }
+        };
+        settings.apply_to(&mut config);
+        config
     }
 
     /// Loads a `tokenizer.json` (a Hugging Face tokenizer file).
-    pub fn from_tokenizer_file(path: &Path) -> Result<SimConfig, String> {
-        let tokenizer = Tokenizer::from_file(path)
-            .map_err(|e| format!("could not load tokenizer {}: {e}", path.display()))?;
+    pub fn from_tokenizer_file(path: &Path) -> Result<SimConfig, TokenizerFileError> {
+        let tokenizer = Tokenizer::from_file(path).map_err(|source| TokenizerFileError {
+            path: path.to_owned(),
+            source,
+        })?;
         Ok(SimConfig::new(tokenizer))
     }
+}
+
+/// A `tokenizer.json` the simulator could not load.
+#[derive(Debug, thiserror::Error)]
+#[error("could not load tokenizer {}", path.display())]
+pub struct TokenizerFileError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// Why.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl std::fmt::Debug for SimConfig {
