@@ -18,12 +18,13 @@ use serde_json::Value;
 use super::group::GroupState;
 use super::{
     PromptMode, Shared,
+    episode::{EpisodeRequest, EpisodeSlot, EpisodeStatus, Lease, Verdict},
     generator::{Finish, GenerateRequest, Generator},
     health::Counters,
 };
 use crate::{
-    Message, NoExactDelta, Reconciler, RenderError, RolloutId, Tally, TrainingRow, TurnRecord,
-    parse::split_reasoning,
+    Message, NoExactDelta, Reconciler, RenderError, RenderState, RolloutId, Tally, TrainingRow,
+    TurnRecord, parse::split_reasoning,
 };
 
 /// A rollout that ended with a conversation.
@@ -44,6 +45,8 @@ pub(crate) struct Finished {
     pub(crate) attempts: u32,
     /// Turns whose next prompt append mode re-rendered whole (no exact token delta).
     pub(crate) fallbacks: u64,
+    /// What the rollout's environment found, when it ran in one.
+    pub(crate) verdict: Option<Verdict>,
 }
 
 impl Finished {
@@ -72,6 +75,8 @@ pub(crate) enum Stop {
     Context,
     /// The last answer was cut at `max_tokens`.
     Length,
+    /// A tool of the rollout's environment ended the episode.
+    Done,
 }
 
 /// Why a rollout failed.
@@ -97,6 +102,11 @@ pub enum FailureCause {
     Panic,
     /// Its group fell more than `max_staleness` model versions behind.
     Stale,
+    /// The environment could not open an episode for it (after the environment's own
+    /// retries).
+    SessionCreate,
+    /// Its environment broke mid-episode (a server that exited, answered garbage).
+    Environment,
 }
 
 impl FailureCause {
@@ -112,6 +122,8 @@ impl FailureCause {
             FailureCause::Cancelled => "cancelled",
             FailureCause::Panic => "panic",
             FailureCause::Stale => "stale",
+            FailureCause::SessionCreate => "session_create",
+            FailureCause::Environment => "environment",
         }
     }
 
@@ -123,6 +135,7 @@ impl FailureCause {
                 | FailureCause::Cancelled
                 | FailureCause::Panic
                 | FailureCause::Stale
+                | FailureCause::SessionCreate
         )
     }
 }
@@ -173,6 +186,8 @@ pub(crate) async fn run<G: Generator>(
     loop {
         attempt += 1;
         Counters::add(&shared.counters.rollouts_started, 1);
+        // The attempt's episode, if it opens one, is back here however the attempt ends.
+        let episode = EpisodeSlot::default();
         let outcome = tokio::select! {
             biased;
             () = shared.cancel.cancelled() => {
@@ -188,7 +203,7 @@ pub(crate) async fn run<G: Generator>(
             }
             outcome = tokio::time::timeout(
                 config.rollout_timeout,
-                AssertUnwindSafe(converse(shared, group, rollout_id, attempt)).catch_unwind(),
+                AssertUnwindSafe(converse(shared, group, rollout_id, attempt, &episode)).catch_unwind(),
             ) => match outcome {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(panic)) => Err((FailureCause::Panic, panic_message(&*panic))),
@@ -198,6 +213,8 @@ pub(crate) async fn run<G: Generator>(
                 )),
             },
         };
+        // Before the rollout gives back its permit: open episodes never outnumber it.
+        episode.close().await;
         match outcome {
             Ok(mut finished) => {
                 finished.attempts = attempt;
@@ -243,12 +260,45 @@ async fn converse<G: Generator>(
     group: &GroupState,
     rollout_id: RolloutId,
     attempt: u32,
+    slot: &EpisodeSlot,
 ) -> Result<Finished, Failure> {
-    let first = &group.first;
     let config = &shared.config;
     let counters = &shared.counters;
     let render_error = |e: RenderError| (FailureCause::Render, e.to_string());
-    let first = first.as_ref().map_err(|e| render_error(e.clone()))?;
+    let mut lease = match &shared.environment {
+        Some(environment) => {
+            let seed = request_seed(
+                config.sampling.seed.unwrap_or(0),
+                rollout_id,
+                attempt,
+                usize::MAX,
+                0,
+            );
+            let request =
+                EpisodeRequest::new(&group.row, seed, format!("r{}-a{attempt}", rollout_id.0));
+            let episode = environment
+                .open(request)
+                .await
+                .map_err(|e| (FailureCause::SessionCreate, e.0))?;
+            Some(slot.lease(episode))
+        }
+        None => None,
+    };
+    let initial = lease
+        .as_ref()
+        .map(|lease| lease.get().initial_messages())
+        .unwrap_or_default();
+    let episode_first: RenderState;
+    let first = match &lease {
+        Some(lease) => {
+            episode_first = episode_prompt(shared, group, lease, &initial).map_err(render_error)?;
+            &episode_first
+        }
+        None => group
+            .first
+            .as_ref()
+            .map_err(|e| render_error(e.clone()))?,
+    };
     let mut render = shared
         .tokenizer
         .resume(first.clone())
@@ -267,6 +317,7 @@ async fn converse<G: Generator>(
         stop: Stop::MaxTurns,
         attempts: attempt,
         fallbacks: 0,
+        verdict: None,
     };
     let append = config.prompt_mode == PromptMode::Append;
     // Append mode: the last turn's prompt and answer, where the answer's message is in the
@@ -416,11 +467,11 @@ async fn converse<G: Generator>(
             };
             break;
         }
-        let Some(tools) = shared
-            .tools
-            .as_ref()
-            .filter(|_| !parsed.tool_calls.is_empty())
-        else {
+        let tools = match &lease {
+            Some(lease) => Some(lease.get().tools()),
+            None => shared.tools.as_ref(),
+        };
+        let Some(tools) = tools.filter(|_| !parsed.tool_calls.is_empty()) else {
             finished.stop = Stop::Answer;
             break;
         };
@@ -449,9 +500,28 @@ async fn converse<G: Generator>(
             finished.messages.push(message);
         }
         render.push(&finished.messages[start..]);
+        if let Some(lease) = &lease {
+            match lease.get().status() {
+                EpisodeStatus::Running => {}
+                EpisodeStatus::Done => {
+                    finished.stop = Stop::Done;
+                    break;
+                }
+                EpisodeStatus::Failed(message) => {
+                    return Err((FailureCause::Environment, message));
+                }
+            }
+        }
         if append {
             last = Some((prompt_ids, assistant_at, answer.last().copied()));
         }
+    }
+    if let Some(lease) = &mut lease {
+        // The whole conversation, the last assistant message's tool calls included.
+        let mut transcript = initial;
+        transcript.extend(group.row.prompt.iter().cloned());
+        transcript.extend(finished.messages.iter().cloned());
+        finished.verdict = Some(lease.get_mut().verify(transcript).await);
     }
     let reconciled = reconciler.finish();
     finished.tally = reconciled.tally;
@@ -461,6 +531,25 @@ async fn converse<G: Generator>(
         finished.versions.1 = finished.versions.0;
     }
     Ok(finished)
+}
+
+/// The first prompt of a rollout in an environment: the episode's tools and initial
+/// messages, then the dataset row's prompt, rendered on the rollout's own task (each episode
+/// may offer other tools).
+fn episode_prompt<G>(
+    shared: &Shared<G>,
+    group: &GroupState,
+    lease: &Lease<'_>,
+    initial: &[Message],
+) -> Result<RenderState, RenderError> {
+    let mut options = shared.options.clone();
+    let specs = lease.get().tools().registry().to_openai();
+    options.tools = (!specs.is_empty()).then_some(specs);
+    let mut render = shared.tokenizer.incremental(options)?;
+    render.push(initial);
+    render.push(&group.row.prompt);
+    render.prompt()?;
+    Ok(render.state())
 }
 
 /// A request's seed: distinct for each run seed, rollout, attempt, turn and continuation,

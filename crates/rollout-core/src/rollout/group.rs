@@ -177,6 +177,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
                 .collect(),
             token_ids: std::mem::take(&mut done.sampled),
             has_training_row: !done.rows.is_empty(),
+            rollout_reward: done.verdict.as_ref().and_then(|verdict| verdict.reward),
         })
         .collect();
     let scored = Arc::new(Group::new(
@@ -258,5 +259,12 @@ fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
         "truncated",
         f64::from(u8::from(matches!(done.stop, Stop::Length | Stop::Context))),
     );
+    if let Some(verdict) = &done.verdict {
+        put("env_done", f64::from(u8::from(done.stop == Stop::Done)));
+        put("env_verified", f64::from(u8::from(verdict.reward.is_some())));
+        for (name, value) in &verdict.metrics {
+            put(&format!("env/{name}"), *value);
+        }
+    }
     metrics
 }
