@@ -1,1 +1,4 @@
-//! t
+//! Integration tests of the harness: one test binary, one module per area.
+
+mod lifecycle;
+mod mcp;
