@@ -6,7 +6,8 @@ mod render;
     feature = "rollout-core",
     feature = "scoring",
     feature = "tool-dispatch",
-    feature = "sim"
+    feature = "sim",
+    feature = "harness"
 ))]
 mod rollout;
 #[cfg(feature = "sim")]
@@ -35,7 +36,8 @@ enum Command {
         feature = "rollout-core",
         feature = "scoring",
         feature = "tool-dispatch",
-        feature = "sim"
+        feature = "sim",
+        feature = "harness"
     ))]
     Rollout(Box<rollout::config::RolloutArgs>),
     /// Render a conversation with a model's chat template and tokenize it, as
@@ -53,14 +55,16 @@ fn log_writer() -> Box<dyn std::io::Write> {
         feature = "rollout-core",
         feature = "scoring",
         feature = "tool-dispatch",
-        feature = "sim"
+        feature = "sim",
+        feature = "harness"
     ))]
     return Box::new(rollout::progress::LogWriter);
     #[cfg(not(all(
         feature = "rollout-core",
         feature = "scoring",
         feature = "tool-dispatch",
-        feature = "sim"
+        feature = "sim",
+        feature = "harness"
     )))]
     return Box::new(std::io::stderr());
 }
@@ -80,7 +84,8 @@ fn main() -> anyhow::Result<ExitCode> {
             feature = "rollout-core",
             feature = "scoring",
             feature = "tool-dispatch",
-            feature = "sim"
+            feature = "sim",
+            feature = "harness"
         ))]
         Some(Command::Rollout(args)) => {
             let check = args.check;

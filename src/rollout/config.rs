@@ -256,6 +256,8 @@ pub(crate) struct Settings {
     pub(crate) tools: Vec<ToolConfig>,
     /// The simulator's behaviour (used only without servers).
     pub(crate) simulator: SimSettings,
+    /// The `[environment]` every rollout runs in, if any.
+    pub(crate) environment: Option<super::environment::EnvironmentSettings>,
 }
 
 /// One reward function: built, as a table that writes it back, and where it was given.
@@ -306,6 +308,8 @@ pub(crate) struct SimSettings {
     pub(crate) max_model_len: u32,
     /// Seed of the fault draws (default 0).
     pub(crate) fault_seed: u64,
+    /// The tool it calls (default: the first of `[[tools]]`).
+    pub(crate) tool_name: Option<String>,
 }
 
 impl SimSettings {
@@ -320,6 +324,9 @@ impl SimSettings {
         config.faults.error_503 = self.error_503;
         config.max_model_len = self.max_model_len;
         config.fault_seed = self.fault_seed;
+        if let Some(tool) = &self.tool_name {
+            config.tool_name = tool.clone();
+        }
     }
 }
 
@@ -362,6 +369,7 @@ struct FileSettings {
     progress: Option<Progress>,
     tools: Option<Vec<Spanned<ToolConfig>>>,
     simulator: Option<SimTable>,
+    environment: Option<Spanned<super::environment::EnvironmentTable>>,
 }
 
 /// A `[[rewards]]` table: `spec = "KIND:ARG"`, or `kind` with its own field; `name` to tell
@@ -392,6 +400,7 @@ struct SimTable {
     error_503: Option<Spanned<f64>>,
     max_model_len: Option<u32>,
     fault_seed: Option<u64>,
+    tool_name: Option<String>,
 }
 
 /// The file being read: its path, text and directory, to point errors at lines.
@@ -483,9 +492,11 @@ impl Settings {
         config
     }
 
-    /// The reward functions, built.
+    /// The reward functions, built (the environment's `env` column last).
     pub(crate) fn reward_functions(&self) -> Vec<Reward> {
-        self.rewards.iter().map(|r| r.reward.clone()).collect()
+        let mut rewards: Vec<Reward> = self.rewards.iter().map(|r| r.reward.clone()).collect();
+        rewards.extend(self.environment.as_ref().map(|e| e.reward()));
+        rewards
     }
 
     /// The settings as a config file that resolves to them again: every key written, paths
@@ -548,7 +559,12 @@ impl Settings {
                 error_503: Some(Spanned::new(0..0, sim.error_503)),
                 max_model_len: Some(sim.max_model_len),
                 fault_seed: Some(sim.fault_seed),
+                tool_name: sim.tool_name.clone(),
             }),
+            environment: self
+                .environment
+                .as_ref()
+                .map(|e| Spanned::new(0..0, e.to_table())),
         };
         toml::to_string(&file).context("cannot write the settings as TOML")
     }
@@ -661,6 +677,17 @@ impl Settings {
         };
         check_sampling(&sampling)?;
 
+        let environment = match file.environment {
+            Some(table) => {
+                let place = key_at("environment", table.span());
+                Some(super::environment::EnvironmentSettings::resolve(
+                    table.into_inner(),
+                    base,
+                    &place,
+                )?)
+            }
+            None => None,
+        };
         let rewards = if args.rewards.is_empty() {
             let mut rewards = Vec::new();
             for (i, table) in file.rewards.unwrap_or_default().into_iter().enumerate() {
@@ -706,7 +733,7 @@ impl Settings {
                 check_program(program).map_err(|e| anyhow::anyhow!("{}: {e}", reward.place))?;
             }
         }
-        if rewards.is_empty() {
+        if rewards.is_empty() && environment.is_none() {
             bail!(
                 "no reward function: a run without rewards has nothing to train on; add \
                  --reward numeric:answer (or exact:COLUMN, regex:PATTERN, command:PROGRAM, \
@@ -861,6 +888,7 @@ impl Settings {
             progress: args.progress.or(file.progress).unwrap_or_default(),
             tools,
             simulator,
+            environment,
         })
     }
 }
@@ -1054,7 +1082,7 @@ fn reward_from_table(table: RewardTable, base: &Path) -> anyhow::Result<(Reward,
 }
 
 /// Checks that `program` can be started: a path to a file, or a name found on PATH.
-fn check_program(program: &str) -> anyhow::Result<()> {
+pub(crate) fn check_program(program: &str) -> anyhow::Result<()> {
     let path = Path::new(program);
     let found = if path.components().count() > 1 {
         path.is_file()
@@ -1106,5 +1134,6 @@ fn sim_settings(
         error_503: fraction(table.error_503, "simulator.error_503", 0.0)?,
         max_model_len: table.max_model_len.unwrap_or(4096),
         fault_seed: table.fault_seed.unwrap_or(0),
+        tool_name: table.tool_name,
     })
 }

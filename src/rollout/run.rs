@@ -103,14 +103,16 @@ async fn rollout(settings: Settings, checked: Checked) -> anyhow::Result<ExitCod
     let scorer = Scorer::new(settings.reward_functions(), ScorerConfig::default())?;
     let config = settings.rollout_config();
     let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
-    if tool_count > 0 {
+    if tool_count > 0 || settings.environment.is_some() {
         // Sync tools get a thread per rollout in flight, up to a bound: threads start on
         // demand, and past a few hundred blocking calls the machine is the limit.
         let threads = settings.max_inflight.clamp(1, 512);
-        builder = builder.tools(ToolDispatcher::new(
-            registry,
-            DispatcherConfig::new(threads),
-        ));
+        let tools = ToolDispatcher::new(registry, DispatcherConfig::new(threads));
+        if let Some(environment) = &settings.environment {
+            // Its sessions' tools run on the same pool, and stop with it.
+            builder = builder.environment(Arc::new(environment.harness(tools.clone())));
+        }
+        builder = builder.tools(tools);
     }
     if let Some(name) = &settings.tool_parser {
         builder = builder.parser(parser_by_name(name)?);
@@ -222,6 +224,8 @@ async fn start_simulator(
     if let Some(tool) = settings.tools.first() {
         config.tool_name = tool.name.clone();
     }
+    // `[simulator] tool_name` wins: an environment's tools are known only to its server.
+    settings.simulator.apply_to(&mut config);
     if let Some(eos) = tokenizer
         .special_tokens()
         .get("eos_token")
