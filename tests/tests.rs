@@ -4,6 +4,14 @@
 #[path = "../crates/rollout-core/tests/cache.rs"]
 mod cache;
 mod cli;
+#[cfg(all(
+    feature = "rollout-core",
+    feature = "scoring",
+    feature = "tool-dispatch",
+    feature = "sim",
+    feature = "harness"
+))]
+mod environment;
 #[cfg(all(feature = "rollout-core", feature = "sim", feature = "tool-dispatch"))]
 mod quickstart;
 #[cfg(all(

@@ -8,8 +8,8 @@
 //! - **reset** (optional): when the server has a tool named `reset`, it is called once right
 //!   after the handshake with whichever of `task` (the dataset row as a JSON object), `seed`
 //!   and `episode_id` its input schema declares. It is never shown to the model.
-//! - **done**: a tool result whose structured content is an object with `"done": true`
-//!   ends the episode after that turn's calls.
+//! - **done**: a tool result whose structured content (or text, parsed as JSON) is an
+//!   object with `"done": true` ends the episode after that turn's calls.
 //! - **verify** (required, `verify_tool`): called once at the end, with `transcript` (the
 //!   conversation's messages) when its input schema declares it. Its result is a number (the
 //!   reward; Python's MCP SDK wraps it as `{"result": x}`), or an object
@@ -446,8 +446,14 @@ impl Session for McpSession {
         Box::pin(async move {
             let result = self.call(&name, arguments).await?;
             let text = text_of(&result);
-            let done = result
-                .structured_content
+            // Structured content, or a JSON object as text (what Python's SDK sends for a
+            // tool returning a plain dict).
+            let structured = result.structured_content.clone().or_else(|| {
+                serde_json::from_str::<Value>(text.trim())
+                    .ok()
+                    .filter(Value::is_object)
+            });
+            let done = structured
                 .as_ref()
                 .and_then(|s| s.get("done"))
                 .and_then(Value::as_bool)
@@ -457,7 +463,7 @@ impl Session for McpSession {
             if result.is_error == Some(true) {
                 output.error = Some(text);
             }
-            if let Some(structured) = result.structured_content {
+            if let Some(structured) = structured {
                 output.metadata.insert("structured".to_owned(), structured);
             }
             Ok(output)
