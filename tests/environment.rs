@@ -50,7 +50,10 @@ fn verified(log: &Path) -> BTreeMap<String, f64> {
         .map(|line| {
             let entry: serde_json::Value = serde_json::from_str(line).expect("a log line");
             (
-                entry["episode_id"].as_str().expect("an episode id").to_owned(),
+                entry["episode_id"]
+                    .as_str()
+                    .expect("an episode id")
+                    .to_owned(),
                 entry["reward"].as_f64().expect("a reward"),
             )
         })
@@ -61,7 +64,11 @@ fn verified(log: &Path) -> BTreeMap<String, f64> {
 /// per rollout.
 fn assert_env_rewards_are_verifys(rows: &[TrainingSample], log: &Path) {
     let verified = verified(log);
-    assert_eq!(verified.len(), rows.len(), "one verify per rollout: {verified:?}");
+    assert_eq!(
+        verified.len(),
+        rows.len(),
+        "one verify per rollout: {verified:?}"
+    );
     for row in rows {
         let episode = format!("r{}-a1", row.rollout_id.0);
         assert_eq!(
@@ -114,20 +121,28 @@ fn a_stdio_mcp_environment_gives_sampled_rows_and_its_verify_as_the_env_reward()
     let rows = case.rows();
     assert_eq!(rows.len(), 12, "{stderr}");
     let runs = assert_rows_are_what_was_sampled(&rows, &sim.transcript());
-    assert!(runs.iter().all(|&n| n == 2), "a tool turn and an answer: {runs:?}");
+    assert!(
+        runs.iter().all(|&n| n == 2),
+        "a tool turn and an answer: {runs:?}"
+    );
     assert_env_rewards_are_verifys(&rows, &log);
     for row in &rows {
         // The environment's tool ran (its result is the store's JSON), and neither verify
         // nor reset was offered to the model.
         assert!(
-            row.completion
-                .iter()
-                .any(|m| m["role"] == "tool" && m["content"].as_str().is_some_and(|c| c.contains("\"result\""))),
+            row.completion.iter().any(|m| m["role"] == "tool"
+                && m["content"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("\"result\""))),
             "{:?}",
             row.completion
         );
     }
-    assert_eq!(left, Vec::<u32>::new(), "server processes left behind: {stderr}");
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "server processes left behind: {stderr}"
+    );
 }
 
 /// A free port on 127.0.0.1 (bound, then released for the server to take).
@@ -235,8 +250,12 @@ fn ctrl_c_leaves_no_mcp_server_process_behind() {
     let left = survivors(&marker);
     kill_all(&left);
     let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    assert!(matches!(code, Some(0 | 1 | 2)), "{code:?}: {stderr}");
-    assert_eq!(left, Vec::<u32>::new(), "server processes left behind: {stderr}");
+    assert!(matches!(code, Some(0..=2)), "{code:?}: {stderr}");
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "server processes left behind: {stderr}"
+    );
 }
 
 /// Runs an environment `command` that goes wrong; returns stderr.
@@ -256,15 +275,24 @@ fn bad_environment(name: &str, command: &str) -> String {
     let left = survivors(&marker);
     kill_all(&left);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(left, Vec::<u32>::new(), "{name}: processes left behind: {stderr}");
-    assert_eq!(output.status.code(), Some(1), "{name}: every rollout failed: {stderr}");
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "{name}: processes left behind: {stderr}"
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{name}: every rollout failed: {stderr}"
+    );
     stderr
 }
 
 #[test]
 fn servers_that_go_wrong_fail_their_rollouts_naming_the_server_and_the_problem() {
     let python = toml_path(&mcp_python());
-    let bad = toml_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_bad_server.py"));
+    let bad =
+        toml_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_bad_server.py"));
     let cases = [
         (
             "no-start",
@@ -294,6 +322,9 @@ fn servers_that_go_wrong_fail_their_rollouts_naming_the_server_and_the_problem()
     ];
     for (name, command, expected) in cases {
         let stderr = bad_environment(name, &command);
-        assert!(stderr.contains(expected), "{name}: expected {expected:?} in: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{name}: expected {expected:?} in: {stderr}"
+        );
     }
 }

@@ -229,10 +229,7 @@ struct Created {
 }
 
 impl Environment for Harness {
-    fn open(
-        &self,
-        request: EpisodeRequest,
-    ) -> BoxFuture<'_, Result<Box<dyn Episode>, OpenError>> {
+    fn open(&self, request: EpisodeRequest) -> BoxFuture<'_, Result<Box<dyn Episode>, OpenError>> {
         Box::pin(async move {
             let task = Task {
                 row: request.task,
@@ -390,7 +387,10 @@ impl Episode for HarnessEpisode {
             let timeout = self.timeout;
             match &self.handle {
                 Handle::Async(session) => {
-                    if tokio::time::timeout(timeout, session.close()).await.is_err() {
+                    if tokio::time::timeout(timeout, session.close())
+                        .await
+                        .is_err()
+                    {
                         tracing::warn!(environment = %self.name, ?timeout, "closing a session took too long; left to its drop");
                     }
                 }
@@ -431,7 +431,9 @@ fn verdict(environment: &str, verified: Result<Verification, String>) -> Verdict
             Some(reward) if !reward.is_finite() => Verdict {
                 reward: None,
                 metrics: verification.metrics,
-                error: Some(format!("{environment}: verify gave a non-finite reward {reward}")),
+                error: Some(format!(
+                    "{environment}: verify gave a non-finite reward {reward}"
+                )),
             },
             reward => Verdict {
                 reward,

@@ -152,7 +152,7 @@ impl McpFactory {
                 (service, ProcessGroup(None))
             }
         };
-        let session = McpSession {
+        let mut session = McpSession {
             server: server.clone(),
             service: Mutex::new(Some(service)),
             peer_tools: Vec::new(),
@@ -163,8 +163,8 @@ impl McpFactory {
         };
         // From here on, a failure must close what was opened.
         match session.prepare(task).await {
-            Ok(session) => Ok(session),
-            Err((session, error)) => {
+            Ok(()) => Ok(session),
+            Err(error) => {
                 Session::close(&session).await;
                 Err(error)
             }
@@ -267,26 +267,21 @@ impl McpSession {
     }
 
     /// Lists the tools, checks the verify tool, sends the task to `reset`.
-    async fn prepare(mut self, task: Task) -> Result<McpSession, (McpSession, SessionError)> {
-        let fail = |session: McpSession, what: String| {
-            let error = SessionError::new(format!("{}: {what}", session.server));
-            Err((session, error))
-        };
-        let peer = match self.peer() {
-            Ok(peer) => peer,
-            Err(error) => return Err((self, error)),
-        };
+    async fn prepare(&mut self, task: Task) -> Result<(), SessionError> {
+        let server = self.server.clone();
+        let fail = |what: String| Err(SessionError::new(format!("{server}: {what}")));
+        let peer = self.peer()?;
         let listed = tokio::time::timeout(self.timeout, peer.list_all_tools()).await;
         let tools = match listed {
             Ok(Ok(tools)) => tools,
-            Ok(Err(error)) => return fail(self, format!("tools/list failed: {error}")),
+            Ok(Err(error)) => return fail(format!("tools/list failed: {error}")),
             Err(_) => {
                 let message = format!("no answer to tools/list within {:?}", self.timeout);
-                return fail(self, message);
+                return fail(message);
             }
         };
         if tools.is_empty() {
-            return fail(self, "lists no tools".to_owned());
+            return fail("lists no tools".to_owned());
         }
         let Some(verify) = tools.iter().find(|t| t.name == self.verify_tool) else {
             let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
@@ -295,7 +290,7 @@ impl McpSession {
                 self.verify_tool,
                 names.join(", ")
             );
-            return fail(self, message);
+            return fail(message);
         };
         self.verify_takes_transcript = declares(&verify.input_schema, "transcript");
         let reset = tools.iter().find(|t| t.name == RESET_TOOL).cloned();
@@ -308,7 +303,7 @@ impl McpSession {
             })
             .collect();
         if self.peer_tools.is_empty() {
-            return fail(self, "lists no tools for the model (only verify and reset)".to_owned());
+            return fail("lists no tools for the model (only verify and reset)".to_owned());
         }
         if let Some(reset) = reset {
             let mut arguments = Map::new();
@@ -324,16 +319,13 @@ impl McpSession {
             match self.call(RESET_TOOL, arguments).await {
                 Ok(result) if result.is_error == Some(true) => {
                     let text = text_of(&result);
-                    return fail(self, format!("reset failed: {text}"));
+                    return fail(format!("reset failed: {text}"));
                 }
                 Ok(_) => {}
-                Err(error) => {
-                    let message = error.message().to_owned();
-                    return Err((self, SessionError::new(message)));
-                }
+                Err(error) => return Err(SessionError::new(error.message().to_owned())),
             }
         }
-        Ok(self)
+        Ok(())
     }
 
     /// One `tools/call`, bounded by the timeout; a broken connection is fatal.
@@ -343,7 +335,8 @@ impl McpSession {
         arguments: Map<String, Value>,
     ) -> Result<CallToolResult, SessionError> {
         let peer = self.peer()?;
-        let request = CallToolRequestParams::new(Cow::Owned(name.to_owned())).with_arguments(arguments);
+        let request =
+            CallToolRequestParams::new(Cow::Owned(name.to_owned())).with_arguments(arguments);
         match tokio::time::timeout(self.timeout, peer.call_tool(request)).await {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(ServiceError::McpError(error))) => Err(SessionError::new(format!(

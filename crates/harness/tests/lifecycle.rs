@@ -205,7 +205,10 @@ impl SessionFactory for TestFactory {
             if attempt < self.fail_first {
                 return Err(SessionError::new("the sandbox service is busy"));
             }
-            assert!(task.row.contains_key("prompt"), "the task is the dataset row");
+            assert!(
+                task.row.contains_key("prompt"),
+                "the task is the dataset row"
+            );
             self.counts.opened();
             Ok(Box::new(TestSession {
                 counts: Arc::clone(&self.counts),
@@ -223,7 +226,10 @@ struct SyncTestSession(TestSession);
 
 impl SyncTestSession {
     fn note_thread(&self) {
-        let name = std::thread::current().name().unwrap_or("unnamed").to_owned();
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_owned();
         self.0
             .counts
             .tool_threads
@@ -343,7 +349,10 @@ fn config(max_inflight: usize) -> RolloutConfig {
     config
 }
 
-fn asynchronous(counts: &Arc<Counts>, behaviour: Behaviour) -> impl FnOnce(ToolDispatcher) -> Harness {
+fn asynchronous(
+    counts: &Arc<Counts>,
+    behaviour: Behaviour,
+) -> impl FnOnce(ToolDispatcher) -> Harness {
     let factory = TestFactory {
         counts: Arc::clone(counts),
         behaviour,
@@ -399,7 +408,12 @@ async fn finished_rollouts_close_every_session_and_verify_is_the_env_reward() {
             "the env column is what verify returned"
         );
         // The session's tool was rendered, called, and its result went back to the model.
-        assert!(sample.completion.iter().any(|m| m["role"] == "tool" && m["content"] == "5"));
+        assert!(
+            sample
+                .completion
+                .iter()
+                .any(|m| m["role"] == "tool" && m["content"] == "5")
+        );
         assert_eq!(sample.metrics["env_verified"], json!(1.0));
     }
     run.simulator.stop().await;
@@ -442,7 +456,10 @@ async fn a_broken_environment_fails_its_rollouts_and_still_closes_their_sessions
     assert_eq!(report.failures.len(), 4);
     for failure in &report.failures {
         assert_eq!(failure.cause, FailureCause::Environment);
-        assert!(failure.message.contains("test-env: the sandbox died"), "{failure}");
+        assert!(
+            failure.message.contains("test-env: the sandbox died"),
+            "{failure}"
+        );
     }
     assert_eq!(counts.created(), 4);
     assert_eq!(counts.closes(), 4);
@@ -458,7 +475,12 @@ async fn a_rollout_past_its_deadline_closes_its_session() {
     collect(&mut run).await;
     let report = run.engine.shutdown(Duration::from_secs(10)).await;
     assert_eq!(report.failures.len(), 2);
-    assert!(report.failures.iter().all(|f| f.cause == FailureCause::Deadline));
+    assert!(
+        report
+            .failures
+            .iter()
+            .all(|f| f.cause == FailureCause::Deadline)
+    );
     assert_eq!(counts.created(), 2);
     assert_eq!(counts.closes(), 2);
     run.simulator.stop().await;
@@ -471,7 +493,12 @@ async fn a_panicking_session_fails_its_rollout_and_is_closed() {
     collect(&mut run).await;
     let report = run.engine.shutdown(Duration::from_secs(10)).await;
     assert_eq!(report.failures.len(), 2);
-    assert!(report.failures.iter().all(|f| f.cause == FailureCause::Panic));
+    assert!(
+        report
+            .failures
+            .iter()
+            .all(|f| f.cause == FailureCause::Panic)
+    );
     assert_eq!(counts.created(), 2);
     assert_eq!(counts.closes(), 2);
     run.simulator.stop().await;
@@ -482,11 +509,7 @@ async fn a_drain_past_its_deadline_closes_the_sessions_it_cancels() {
     let counts = Arc::new(Counts::default());
     let run = start(asynchronous(&counts, Behaviour::HangTool), config(4), 2).await;
     wait_until("four sessions open", || counts.created() == 4).await;
-    let report = within(
-        "the drain",
-        run.engine.shutdown(Duration::from_millis(200)),
-    )
-    .await;
+    let report = within("the drain", run.engine.shutdown(Duration::from_millis(200))).await;
     assert_eq!(report.cancelled_at_deadline, 4);
     assert_eq!(counts.closes(), 4, "closed before shutdown returned");
     run.simulator.stop().await;
@@ -524,7 +547,11 @@ async fn session_creation_is_retried_with_backoff() {
     let report = run.engine.shutdown(Duration::from_secs(10)).await;
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert_eq!(groups[0].samples.len(), 2);
-    assert_eq!(counts.attempts.load(Ordering::SeqCst), 4, "two failures, then one each");
+    assert_eq!(
+        counts.attempts.load(Ordering::SeqCst),
+        4,
+        "two failures, then one each"
+    );
     assert_eq!(counts.closes(), 2);
     run.simulator.stop().await;
 }
@@ -552,7 +579,9 @@ async fn a_session_that_cannot_be_created_fails_its_rollout_alone_with_cause_ses
     let failure = &report.failures[0];
     assert_eq!(failure.cause, FailureCause::SessionCreate);
     assert!(
-        failure.message.contains("test-env: no session after 2 attempt(s): the sandbox service is busy"),
+        failure
+            .message
+            .contains("test-env: no session after 2 attempt(s): the sandbox service is busy"),
         "{failure}"
     );
     assert_eq!(groups[0].samples.len(), 1, "the sibling rollout goes on");
@@ -565,7 +594,12 @@ async fn a_session_that_cannot_be_created_fails_its_rollout_alone_with_cause_ses
 async fn sync_sessions_run_every_call_on_the_tool_pool() {
     let counts = Arc::new(Counts::default());
     let factory = SyncTestFactory(Arc::clone(&counts));
-    let mut run = start(move |pool| Harness::new_sync("sync-env", factory, pool), config(2), 2).await;
+    let mut run = start(
+        move |pool| Harness::new_sync("sync-env", factory, pool),
+        config(2),
+        2,
+    )
+    .await;
     let groups = collect(&mut run).await;
     let report = run.engine.shutdown(Duration::from_secs(10)).await;
     assert!(report.failures.is_empty(), "{:?}", report.failures);

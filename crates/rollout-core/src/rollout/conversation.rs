@@ -294,10 +294,7 @@ async fn converse<G: Generator>(
             episode_first = episode_prompt(shared, group, lease, &initial).map_err(render_error)?;
             &episode_first
         }
-        None => group
-            .first
-            .as_ref()
-            .map_err(|e| render_error(e.clone()))?,
+        None => group.first.as_ref().map_err(|e| render_error(e.clone()))?,
     };
     let mut render = shared
         .tokenizer

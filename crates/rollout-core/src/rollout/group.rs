@@ -261,7 +261,10 @@ fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
     );
     if let Some(verdict) = &done.verdict {
         put("env_done", f64::from(u8::from(done.stop == Stop::Done)));
-        put("env_verified", f64::from(u8::from(verdict.reward.is_some())));
+        put(
+            "env_verified",
+            f64::from(u8::from(verdict.reward.is_some())),
+        );
         for (name, value) in &verdict.metrics {
             put(&format!("env/{name}"), *value);
         }

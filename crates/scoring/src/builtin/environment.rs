@@ -33,7 +33,11 @@ mod tests {
         let unverified = Completion::from_text("b");
         let scorer = Scorer::new(vec![environment().weight(2.0)], ScorerConfig::default())
             .expect("one column");
-        let group = Arc::new(Group::new("p", vec![verified, unverified], Default::default()));
+        let group = Arc::new(Group::new(
+            "p",
+            vec![verified, unverified],
+            Default::default(),
+        ));
         let scores = scorer.score(group).await;
         assert_eq!(scores.columns[0].name, "env");
         assert_eq!(scores.columns[0].values, vec![Some(0.75), None]);
