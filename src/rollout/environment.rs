@@ -136,7 +136,10 @@ impl EnvironmentSettings {
         Harness::new(self.server.to_string(), factory, pool).config(
             HarnessConfig::default()
                 .create_attempts(self.create_attempts)
-                .timeout(self.timeout),
+                .timeout(self.timeout)
+                // The server's start, then the handshake, tools/list and reset, each bounded
+                // by `timeout` in the MCP session itself.
+                .create_timeout(self.timeout.saturating_mul(4)),
         )
     }
 

@@ -28,17 +28,21 @@ pub struct HarnessConfig {
     pub create_attempts: u32,
     /// The wait after the first failed attempt; it doubles after each further one.
     pub create_backoff: Duration,
-    /// How long one session call may take: create, a tool call, verify, close.
+    /// How long one session call may take: a tool call, verify, close.
     pub timeout: Duration,
+    /// How long one attempt at creating a session may take (a server to start, a handshake,
+    /// a reset).
+    pub create_timeout: Duration,
 }
 
 impl Default for HarnessConfig {
-    /// Three attempts, 200 ms apart at first, 30 s per call.
+    /// Three attempts, 200 ms apart at first, 30 s per call, 60 s per creation.
     fn default() -> Self {
         HarnessConfig {
             create_attempts: 3,
             create_backoff: Duration::from_millis(200),
             timeout: Duration::from_secs(30),
+            create_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -62,6 +66,13 @@ impl HarnessConfig {
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sets the timeout of each attempt at creating a session.
+    #[must_use]
+    pub fn create_timeout(mut self, timeout: Duration) -> Self {
+        self.create_timeout = timeout;
         self
     }
 }
@@ -140,7 +151,7 @@ impl Harness {
 
     /// One attempt at a session with its tools and initial messages.
     async fn create(&self, task: &Task) -> Result<Created, String> {
-        let timeout = self.config.timeout;
+        let timeout = self.config.create_timeout;
         match &self.factory {
             Factory::Async(factory) => {
                 let session = tokio::time::timeout(timeout, factory.create(task.clone()))
