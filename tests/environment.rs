@@ -20,8 +20,8 @@ use rollout_core::TrainingSample;
 
 use super::{
     cache::cache_dir,
-    reliability::{MARKER, kill_all, marked_processes, survivors},
-    rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path, wait},
+    reliability::{MARKER, interrupted_while_tools_run, kill_all, survivors},
+    rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path},
 };
 
 /// The Python with the `mcp` package.
@@ -219,37 +219,10 @@ fn ctrl_c_leaves_no_mcp_server_process_behind() {
         toml_path(&mcp_python()),
         toml_path(&kv_env())
     ));
-    let stderr_path = case.dir.join("stderr.txt");
-    let mut child = case
-        .command(&["--drain-timeout", "1s"])
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&stderr_path).expect("create the stderr file"))
-        .spawn()
-        .expect("the binary starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    // The binary carries the marker too: wait for servers besides it.
-    while marked_processes(&marker).len() < 3 {
-        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "no server process started: {}",
-                std::fs::read_to_string(&stderr_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success(), "SIGINT sent");
-    let code = wait(&mut child);
+    // SIGINT once a server process runs besides the binary.
+    let (code, stderr) = interrupted_while_tools_run(&case, &marker, &["--drain-timeout", "1s"]);
     let left = survivors(&marker);
     kill_all(&left);
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
     assert!(matches!(code, Some(0..=2)), "{code:?}: {stderr}");
     assert_eq!(
         left,

@@ -99,7 +99,11 @@ fn a_tool_s_background_processes_die_with_its_timeout() {
 
 /// Starts a run whose tool sleeps for a long time, waits until the tool's processes run,
 /// sends SIGINT, and returns the exit code and stderr once the run ended.
-fn interrupted_while_tools_run(case: &Case, marker: &str, args: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn interrupted_while_tools_run(
+    case: &Case,
+    marker: &str,
+    args: &[&str],
+) -> (Option<i32>, String) {
     let stderr_path = case.dir.join("stderr.txt");
     let mut child = case
         .command(args)

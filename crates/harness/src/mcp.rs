@@ -32,7 +32,7 @@ use rmcp::{
 use rollout_core::Message;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tool_dispatch::ToolSpec;
+use tool_dispatch::{ToolSpec, builtin::ProcessGroup};
 
 use crate::{
     session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification},
@@ -135,7 +135,7 @@ impl McpFactory {
                     .stderr(Stdio::piped())
                     .spawn()
                     .map_err(|e| fail(format!("could not start it: {e}")))?;
-                let group = ProcessGroup(transport.id());
+                let group = ProcessGroup::new(transport.id());
                 if let Some(stderr) = stderr {
                     tokio::spawn(log_stderr(stderr, server.clone(), config.stderr_cap));
                 }
@@ -149,7 +149,7 @@ impl McpFactory {
                 let service = handshake(().serve(transport), config.timeout)
                     .await
                     .map_err(fail)?;
-                (service, ProcessGroup(None))
+                (service, ProcessGroup::new(None))
             }
         };
         let mut session = McpSession {
@@ -215,37 +215,6 @@ async fn log_stderr(stderr: tokio::process::ChildStderr, server: String, cap: us
         }
     }
 }
-
-/// A stdio server's process group, killed whole when dropped (and on close).
-struct ProcessGroup(Option<u32>);
-
-impl ProcessGroup {
-    fn kill(&mut self) {
-        if let Some(id) = self.0.take() {
-            kill_group(id);
-        }
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// SIGKILL to every process of group `id`; a group already gone is no error.
-#[cfg(unix)]
-fn kill_group(id: u32) {
-    if let Some(pid) = i32::try_from(id)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-}
-
-#[cfg(not(unix))]
-fn kill_group(_id: u32) {}
 
 /// One MCP session.
 struct McpSession {
