@@ -850,6 +850,13 @@ impl Settings {
         }
 
         let simulator = sim_settings(file.simulator.unwrap_or_default(), &key_at)?;
+        if environment.is_some() && !tools.is_empty() {
+            bail!(
+                "[[tools]] and [environment] together{file_name}: the environment's server \
+                 offers the rollout's tools; serve the [[tools]] from it instead, or drop \
+                 [environment]"
+            );
+        }
 
         Ok(Settings {
             config_file: source.as_ref().map(|s| s.path.clone()),
