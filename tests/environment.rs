@@ -52,7 +52,11 @@ fn verified(log: &Path) -> BTreeMap<String, f64> {
             (
                 entry["episode_id"]
                     .as_str()
-                    .expect("an episode id")
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "verify ran in an episode reset never started (no task, no id): {line}"
+                        )
+                    })
                     .to_owned(),
                 entry["reward"].as_f64().expect("a reward"),
             )
