@@ -470,3 +470,46 @@ impl Session for McpSession {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ContentBlock;
+
+    use super::*;
+
+    fn text(text: &str) -> CallToolResult {
+        CallToolResult::success(vec![ContentBlock::text(text)])
+    }
+
+    #[test]
+    fn verify_results_read_as_numbers_objects_or_null() {
+        let reward = |result: CallToolResult| verification(&result).map(|v| v.env_reward);
+        assert_eq!(
+            reward(CallToolResult::structured(json!({"result": 0.5}))),
+            Ok(Some(0.5))
+        );
+        assert_eq!(reward(text("0.25")), Ok(Some(0.25)));
+        assert_eq!(reward(text("null")), Ok(None));
+        assert_eq!(
+            reward(CallToolResult::structured(json!({"reward": null}))),
+            Ok(None)
+        );
+        let full = verification(&text(
+            r#"{"reward": 1.0, "done": false, "metrics": {"calls": 3, "note": "x"}}"#,
+        ))
+        .expect("an object");
+        assert_eq!(full.env_reward, Some(1.0));
+        assert!(!full.done);
+        assert_eq!(full.metrics, BTreeMap::from([("calls".to_owned(), 3.0)]));
+    }
+
+    #[test]
+    fn a_verify_result_that_is_no_reward_says_what_it_was() {
+        let error = |result: CallToolResult| verification(&result).expect_err("not a reward");
+        assert!(error(text("great job")).contains("\"great job\": not a number"));
+        assert!(
+            error(CallToolResult::structured(json!({"reward": "high"}))).contains("not a number")
+        );
+        assert!(error(CallToolResult::structured(json!([1, 2]))).contains("expected a number"));
+    }
+}
