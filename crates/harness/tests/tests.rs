@@ -1,4 +1,3 @@
 //! Integration tests of the harness: one test binary, one module per area.
 
 mod lifecycle;
-mod mcp;
