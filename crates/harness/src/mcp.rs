@@ -202,18 +202,35 @@ where
 /// Logs a stdio server's stderr line by line, up to `cap` bytes, then reads and drops the
 /// rest (a server must never block on a full pipe).
 async fn log_stderr(stderr: tokio::process::ChildStderr, server: String, cap: usize) {
-    let mut lines = BufReader::new(stderr).lines();
-    let mut logged = 0usize;
+    forward_capped(stderr, cap, |line| {
+        tracing::info!(target: "harness::mcp", %server, "stderr: {line}");
+    })
+    .await;
+}
+
+/// Hands `pipe`'s lines to `log` until they add up to `cap` bytes, then one line saying the
+/// rest is dropped; reads to the end either way. Returns the bytes read.
+async fn forward_capped(
+    pipe: impl tokio::io::AsyncRead + Unpin,
+    cap: usize,
+    mut log: impl FnMut(&str),
+) -> usize {
+    let mut lines = BufReader::new(pipe).lines();
+    let (mut logged, mut read) = (0usize, 0usize);
     let mut capped = false;
     while let Ok(Some(line)) = lines.next_line().await {
-        if logged + line.len() <= cap {
+        read += line.len() + 1;
+        if logged + line.len() < cap {
             logged += line.len() + 1;
-            tracing::info!(target: "harness::mcp", %server, "stderr: {line}");
+            log(&line);
         } else if !capped {
             capped = true;
-            tracing::info!(target: "harness::mcp", %server, cap, "stderr: more than {cap} bytes; the rest is not logged");
+            log(&format!(
+                "(more than {cap} bytes of stderr; the rest is not logged)"
+            ));
         }
     }
+    read
 }
 
 /// One MCP session.
@@ -501,6 +518,37 @@ mod tests {
         assert_eq!(full.env_reward, Some(1.0));
         assert!(!full.done);
         assert_eq!(full.metrics, BTreeMap::from([("calls".to_owned(), 3.0)]));
+    }
+
+    #[tokio::test]
+    async fn a_server_s_stderr_is_logged_up_to_the_cap_and_drained_to_its_end() {
+        // 200 KB of stderr: more than a pipe holds, so a reader that stopped early would
+        // leave the writer blocked or killed by SIGPIPE.
+        let mut child = tokio::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20000 ]; do echo \"line $i\" >&2; i=$((i+1)); done",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh starts");
+        let stderr = child.stderr.take().expect("piped");
+        let mut logged = Vec::new();
+        let read = tokio::time::timeout(
+            Duration::from_secs(60),
+            forward_capped(stderr, 100, |line| logged.push(line.to_owned())),
+        )
+        .await
+        .expect("read to the end");
+        let status = child.wait().await.expect("sh ends");
+        assert!(status.success(), "the server wrote all of it: {status}");
+        assert!(read > 150_000, "everything was read: {read}");
+        let lines: Vec<&str> = logged.iter().map(String::as_str).collect();
+        // Lines 0 to 12 are 94 bytes with their newlines; line 13 would pass the cap.
+        assert_eq!(lines.len(), 14, "{lines:?}");
+        assert_eq!(lines[0], "line 0");
+        assert_eq!(lines[12], "line 12");
+        assert!(lines[13].contains("more than 100 bytes"), "{lines:?}");
     }
 
     #[test]
