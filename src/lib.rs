@@ -13,8 +13,9 @@
 //! | `rollout` | [`rollout_core::rollout`] | the rollout loop over any `Generator`, with tool-dispatch and scoring's `Scorer` |
 //! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
 //! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
+//! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, white-box rollouts; turns on `rollout` |
 //! | `sim` (default) | [`vllm_sim`] | the vLLM-compatible simulator behind `async-grpo simulate` and a rollout without `--server` |
-//! | `cli` (default) | | the `async-grpo` binary and its dependencies (clap, anyhow, toml, tracing-subscriber, tokio); turns on `rollout`, `vllm-client` and the built-in rewards |
+//! | `cli` (default) | | the `async-grpo` binary and its dependencies (clap, anyhow, toml, tracing-subscriber, tokio); turns on `rollout`, `harness`, `vllm-client` and the built-in rewards |
 //!
 //! For example `async-grpo = { default-features = false, features = ["rollout-core"] }`
 //! compiles rollout-core alone, without the loop, a client or the CLI. Each crate is also
@@ -34,6 +35,9 @@
 //! # fn main() {}
 //! ```
 
+#[cfg(feature = "harness")]
+#[doc(inline)]
+pub use harness;
 #[cfg(feature = "rollout-core")]
 #[doc(inline)]
 pub use rollout_core;

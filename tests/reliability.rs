@@ -18,10 +18,10 @@ use serde_json::json;
 use super::rollout::{Case, dataset_line, exit_within, quickstart, runtime, stderr_within, wait};
 
 /// The environment variable every process of a run inherits in the process-tree tests.
-const MARKER: &str = "ASYNC_GRPO_TEST_MARKER";
+pub(crate) const MARKER: &str = "ASYNC_GRPO_TEST_MARKER";
 
 /// Live processes (not zombies) whose environment holds `MARKER=value`.
-fn marked_processes(value: &str) -> Vec<u32> {
+pub(crate) fn marked_processes(value: &str) -> Vec<u32> {
     let needle = format!("{MARKER}={value}");
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -44,7 +44,7 @@ fn marked_processes(value: &str) -> Vec<u32> {
 
 /// Waits (a few seconds at most: a killed process takes a moment to go) for no process to
 /// carry the marker, and returns those still there.
-fn survivors(marker: &str) -> Vec<u32> {
+pub(crate) fn survivors(marker: &str) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let alive = marked_processes(marker);
@@ -56,7 +56,7 @@ fn survivors(marker: &str) -> Vec<u32> {
 }
 
 /// Kills what a failed test left, so that one failure does not leak into the machine.
-fn kill_all(pids: &[u32]) {
+pub(crate) fn kill_all(pids: &[u32]) {
     for pid in pids {
         let _ = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
@@ -99,7 +99,11 @@ fn a_tool_s_background_processes_die_with_its_timeout() {
 
 /// Starts a run whose tool sleeps for a long time, waits until the tool's processes run,
 /// sends SIGINT, and returns the exit code and stderr once the run ended.
-fn interrupted_while_tools_run(case: &Case, marker: &str, args: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn interrupted_while_tools_run(
+    case: &Case,
+    marker: &str,
+    args: &[&str],
+) -> (Option<i32>, String) {
     let stderr_path = case.dir.join("stderr.txt");
     let mut child = case
         .command(args)

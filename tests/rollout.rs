@@ -237,7 +237,10 @@ fn http_endpoint(runtime: &Runtime, body: &'static str) -> (String, Arc<AtomicUs
 /// Every mask-1 token of every row is a token the simulator sampled, in an exchange whose
 /// prompt is the row up to it, with the logprob it was sent with; mask-0 tokens have
 /// logprob 0. Returns the number of sampled runs of each row.
-fn assert_rows_are_what_was_sampled(rows: &[TrainingSample], transcript: &[Sampled]) -> Vec<usize> {
+pub(crate) fn assert_rows_are_what_was_sampled(
+    rows: &[TrainingSample],
+    transcript: &[Sampled],
+) -> Vec<usize> {
     assert!(!transcript.is_empty(), "the simulator recorded nothing");
     let mut runs_per_row = Vec::new();
     for row in rows {

@@ -380,3 +380,87 @@ fn a_flag_not_given_leaves_the_file_s_value_switches_included() {
         "{output}"
     );
 }
+
+const ENVIRONMENT: &str = r#"
+dataset = "data/rows.jsonl"
+tokenizer = "data/tok"
+
+[environment]
+kind = "mcp"
+command = ["sh", "server.sh"]
+timeout = "5s"
+weight = 2.0
+"#;
+
+#[test]
+fn an_environment_resolves_its_files_beside_the_config_and_needs_no_other_reward() {
+    let dir = workspace("environment");
+    std::fs::write(dir.join("server.sh"), "exit 0\n").expect("write");
+    std::fs::write(dir.join("run.toml"), ENVIRONMENT).expect("write");
+    let first = rollout(&dir, &["--config", "run.toml"]);
+    let settings = resolved(&first);
+    let environment = settings["environment"]
+        .as_table()
+        .expect("an environment table");
+    assert_eq!(
+        environment["command"].to_string(),
+        format!("[\"sh\", {}]", quoted(&dir.join("server.sh")))
+    );
+    assert_eq!(environment["verify_tool"].to_string(), "\"verify\"");
+    assert_eq!(environment["weight"].to_string(), "2.0");
+    // What --check prints resolves to the same settings, from elsewhere too.
+    std::fs::create_dir_all(dir.join("other")).expect("dir");
+    std::fs::write(dir.join("other/printed.toml"), &first).expect("write");
+    assert_eq!(
+        rollout(&dir.join("other"), &["--config", "printed.toml"]),
+        first
+    );
+}
+
+#[test]
+fn a_bad_environment_table_says_what_is_wrong_and_where() {
+    let dir = workspace("bad-environment");
+    let cases = [
+        (
+            "kind = \"mcp\"",
+            "kind = \"gym\"",
+            "unknown variant `gym`, expected `mcp`",
+        ),
+        (
+            "timeout = \"5s\"",
+            "url = \"http://127.0.0.1:9/mcp\"",
+            "give command (a stdio server) or url (streamable HTTP), not both",
+        ),
+        (
+            "command = [\"sh\", \"server.sh\"]",
+            "command = []",
+            "command is empty",
+        ),
+        (
+            "command = [\"sh\", \"server.sh\"]",
+            "command = [\"no-such-program-here\"]",
+            "environment.command: program 'no-such-program-here' not found",
+        ),
+        (
+            "timeout = \"5s\"",
+            "timeout = \"5\"",
+            "\"5\", expected a duration",
+        ),
+        ("weight = 2.0", "wieght = 2.0", "unknown field `wieght`"),
+        (
+            "[environment]",
+            "[[tools]]\nname = \"calculator\"\nkind = \"calculator\"\n\n[environment]",
+            "[[tools]] and [environment] together in",
+        ),
+    ];
+    for (from, to, expected) in cases {
+        let config = ENVIRONMENT.replace(from, to);
+        std::fs::write(dir.join("run.toml"), &config).expect("write");
+        let stderr = rollout(&dir, &["--config", "run.toml"]);
+        assert!(
+            stderr.contains(expected),
+            "{to}: expected {expected:?} in {stderr}"
+        );
+        assert!(stderr.contains("run.toml"), "{to}: the file in {stderr}");
+    }
+}

@@ -5,6 +5,8 @@
 mod cache;
 mod cli;
 #[cfg(feature = "sim")]
+mod environment;
+#[cfg(feature = "sim")]
 mod quickstart;
 #[cfg(feature = "sim")]
 mod reliability;

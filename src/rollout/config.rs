@@ -48,6 +48,7 @@ use tool_dispatch::{
 #[cfg(feature = "sim")]
 use vllm_sim::SimSettings;
 
+use super::environment::EnvironmentSettings;
 use crate::layered::{Defaults, Layer};
 
 /// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
@@ -147,6 +148,10 @@ pub(crate) struct Settings {
     /// The tools (`[[tools]]` tables; file only).
     #[arg(skip)]
     pub(crate) tools: Vec<ToolConfig>,
+    /// The `[environment]` every rollout runs in, if any (file only).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) environment: Option<EnvironmentSettings>,
     /// The simulator's behaviour (`[simulator]`; file only; used only without servers).
     #[cfg(feature = "sim")]
     #[arg(skip)]
@@ -175,6 +180,7 @@ impl Default for Settings {
             ca_cert: None,
             progress: Progress::Auto,
             tools: Vec::new(),
+            environment: None,
             #[cfg(feature = "sim")]
             simulator: SimSettings::default(),
             engine: RolloutConfig::default(),
@@ -246,9 +252,11 @@ pub(crate) struct Resolved {
 }
 
 impl Resolved {
-    /// The reward functions, built.
+    /// The reward functions, built (the environment's `env` column last).
     pub(crate) fn reward_functions(&self) -> Vec<Reward> {
-        self.rewards.iter().map(|r| r.reward.clone()).collect()
+        let mut rewards: Vec<Reward> = self.rewards.iter().map(|r| r.reward.clone()).collect();
+        rewards.extend(self.settings.environment.as_ref().map(|e| e.reward()));
+        rewards
     }
 
     /// The settings as a config file that resolves to them again: every key written, paths
@@ -342,6 +350,20 @@ impl Settings {
                 vllm_client::ClientConfig::new("https://localhost").root_certificates_pem(text),
             )
             .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
+        }
+        if let Some(environment) = &mut settings.environment {
+            let place = places
+                .source
+                .and_then(|s| s.place(&["environment"]))
+                .unwrap_or_else(|| "environment".to_owned());
+            environment.check(base, &place)?;
+            if !settings.tools.is_empty() {
+                bail!(
+                    "[[tools]] and [environment] together{file_name}: the environment's server \
+                     offers the rollout's tools; serve the [[tools]] from it instead, or drop \
+                     [environment]"
+                );
+            }
         }
         let rewards = build_rewards(&settings, &places, base, &file_name)?;
         check_tools(&settings.tools, &places)?;
@@ -499,7 +521,7 @@ fn build_rewards(
         }
         rewards.push(RewardSetting { reward, place });
     }
-    if rewards.is_empty() {
+    if rewards.is_empty() && settings.environment.is_none() {
         bail!(
             "no reward function: a run without rewards has nothing to train on; add \
              --reward numeric:answer (or exact:COLUMN, regex:PATTERN, command:PROGRAM, \
@@ -842,7 +864,7 @@ fn tokenizer_dir(path: PathBuf) -> anyhow::Result<PathBuf> {
 }
 
 /// Checks that `program` can be started: a path to a file, or a name found on PATH.
-fn check_program(program: &str) -> anyhow::Result<()> {
+pub(crate) fn check_program(program: &str) -> anyhow::Result<()> {
     let path = Path::new(program);
     let found = if path.components().count() > 1 {
         path.is_file()

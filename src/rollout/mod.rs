@@ -4,6 +4,7 @@
 //! shows how it goes.
 
 pub(crate) mod config;
+pub(crate) mod environment;
 pub(crate) mod preflight;
 pub(crate) mod progress;
 pub(crate) mod run;

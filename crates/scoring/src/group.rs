@@ -61,6 +61,11 @@ pub struct Completion {
     /// trace) is scored but never enters its siblings' baseline.
     #[serde(default = "yes")]
     pub has_training_row: bool,
+    /// A reward the rollout itself produced, such as an environment's verdict on its
+    /// episode; `None` when it produced none. [`builtin::environment`](crate::builtin::environment)
+    /// makes it a column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_reward: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -76,6 +81,7 @@ impl Completion {
             text,
             token_ids: Vec::new(),
             has_training_row: true,
+            rollout_reward: None,
         }
     }
 

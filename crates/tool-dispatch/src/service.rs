@@ -191,6 +191,34 @@ impl ToolDispatcher {
         }
     }
 
+    /// A dispatcher for other tools on this one's pool: it shares the threads, the slots
+    /// (backpressure), the default timeout and the shutdown (this one's shutdown cancels and
+    /// waits for its turns too), with metrics of its own. For tools that exist per rollout,
+    /// such as an environment session's.
+    pub fn with_tools(&self, registry: Registry) -> ToolDispatcher {
+        let metrics = registry
+            .tools()
+            .iter()
+            .map(|_| ToolMetrics::new())
+            .collect();
+        let engine = Engine {
+            registry,
+            metrics,
+            gauges: Arc::clone(&self.engine.gauges),
+            pool: Arc::clone(&self.engine.pool),
+            slots: Arc::clone(&self.engine.slots),
+            closing: self.engine.closing.clone(),
+            abort: self.engine.abort.clone(),
+            default_timeout: self.engine.default_timeout,
+        };
+        ToolDispatcher {
+            engine: Arc::new(engine),
+            shared: Arc::clone(&self.shared),
+            slots: self.slots.clone(),
+            permit: None,
+        }
+    }
+
     /// The tools this dispatcher runs.
     pub fn registry(&self) -> &Registry {
         &self.engine.registry

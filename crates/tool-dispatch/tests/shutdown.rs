@@ -365,3 +365,37 @@ async fn dropping_the_dispatcher_without_shutdown_neither_hangs_nor_leaks_thread
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_added_with_with_tools_share_the_pool_and_its_shutdown() {
+    let config = DispatcherConfig::new(1).thread_name("td-shared");
+    let dispatcher = dispatcher(Vec::new(), config);
+    let thread = Tool::new_sync(
+        ToolSpec::new("thread", "Names its thread"),
+        |_: Arguments| ok_value(json!(std::thread::current().name().unwrap_or_default())),
+    );
+    let registry = tool_dispatch::Registry::new()
+        .with(thread)
+        .expect("one tool");
+    let per_rollout = dispatcher.with_tools(registry);
+    assert!(
+        dispatcher.registry().is_empty(),
+        "the parent keeps its own tools"
+    );
+    let results = within(
+        "the derived turn",
+        per_rollout.run(vec![ToolCall::new("thread", json!({}))]),
+    )
+    .await
+    .expect("admitted");
+    assert_eq!(
+        results[0].content, "td-shared-0",
+        "ran on the parent's pool"
+    );
+    let report = within("the shutdown", dispatcher.shutdown(Duration::from_secs(5))).await;
+    assert_eq!(report.threads_joined, 1);
+    assert!(
+        refuses_turns(&per_rollout),
+        "the parent's shutdown closes the derived dispatcher too"
+    );
+}

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::{
     PromptMode, Shared,
+    episode::{EpisodeRequest, EpisodeSlot, EpisodeStatus, Lease},
     generator::{Finish, GenerateRequest, Generator},
     group::GroupState,
     health::Counters,
@@ -37,6 +38,8 @@ pub(crate) async fn run<G: Generator>(
     loop {
         attempt += 1;
         Counters::add(&shared.counters.rollouts_started, 1);
+        // The attempt's episode, if it opens one, is back here however the attempt ends.
+        let episode = EpisodeSlot::default();
         let outcome = tokio::select! {
             biased;
             () = shared.cancel.cancelled() => {
@@ -52,7 +55,7 @@ pub(crate) async fn run<G: Generator>(
             }
             outcome = tokio::time::timeout(
                 config.rollout_timeout,
-                AssertUnwindSafe(converse(shared, group, rollout_id, attempt)).catch_unwind(),
+                AssertUnwindSafe(converse(shared, group, rollout_id, attempt, &episode)).catch_unwind(),
             ) => match outcome {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(panic)) => Err((FailureCause::Panic, panic_message(&*panic))),
@@ -62,6 +65,8 @@ pub(crate) async fn run<G: Generator>(
                 )),
             },
         };
+        // Before the rollout gives back its permit: open episodes never outnumber it.
+        episode.close().await;
         match outcome {
             Ok(mut finished) => {
                 finished.attempts = attempt;
@@ -102,14 +107,27 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 const MAX_CONTINUATIONS: usize = 8;
 
 /// One attempt at a conversation: turn after turn until the model answers without a call,
-/// `max_turns`, the token budget or the context.
+/// `max_turns`, the token budget, the context, or the end of its episode.
 async fn converse<G: Generator>(
     shared: &Shared<G>,
     group: &GroupState,
     rollout_id: RolloutId,
     attempt: u32,
+    slot: &EpisodeSlot,
 ) -> Result<Finished, Failure> {
-    let first = group.first.as_ref().map_err(|e| render_error(e.clone()))?;
+    let lease = open_episode(shared, group, rollout_id, attempt, slot).await?;
+    let initial = lease
+        .as_ref()
+        .map(|lease| lease.get().initial_messages())
+        .unwrap_or_default();
+    let episode_first;
+    let first = match &lease {
+        Some(lease) => {
+            episode_first = episode_prompt(shared, group, lease, &initial).map_err(render_error)?;
+            &episode_first
+        }
+        None => group.first.as_ref().map_err(|e| render_error(e.clone()))?,
+    };
     let mut conversation = Conversation {
         shared,
         group,
@@ -121,6 +139,7 @@ async fn converse<G: Generator>(
         reconciler: Reconciler::new(rollout_id, shared.config.reconciler),
         finished: Finished::new(rollout_id, attempt),
         last: None,
+        lease,
     };
     for turn in 0..shared.config.max_turns {
         let prompt_ids = conversation.prompt(turn)?;
@@ -137,11 +156,62 @@ async fn converse<G: Generator>(
             conversation.finished.stop = Stop::Answer;
             break;
         }
+        if conversation.episode_done()? {
+            conversation.finished.stop = Stop::Done;
+            break;
+        }
         if shared.config.prompt_mode == PromptMode::Append {
             conversation.last = Some((prompt_ids, assistant_at, answer.last().copied()));
         }
     }
+    conversation.verify(initial).await;
     Ok(conversation.finish())
+}
+
+/// The attempt's episode, opened in the run's environment (none without one) and lent out
+/// of the rollout task's `slot`.
+async fn open_episode<'s, G: Generator>(
+    shared: &Shared<G>,
+    group: &GroupState,
+    rollout_id: RolloutId,
+    attempt: u32,
+    slot: &'s EpisodeSlot,
+) -> Result<Option<Lease<'s>>, Failure> {
+    let Some(environment) = &shared.environment else {
+        return Ok(None);
+    };
+    let seed = request_seed(
+        shared.config.sampling.seed.unwrap_or(0),
+        rollout_id,
+        attempt,
+        usize::MAX,
+        0,
+    );
+    let request = EpisodeRequest::new(&group.row, seed, format!("r{}-a{attempt}", rollout_id.0));
+    let episode = environment
+        .open(request)
+        .await
+        .map_err(|e| (FailureCause::SessionCreate, e.0))?;
+    Ok(Some(slot.lease(episode)))
+}
+
+/// The first prompt of a rollout in an environment: the episode's tools and initial
+/// messages, then the dataset row's prompt, rendered on the rollout's own task (each episode
+/// may offer other tools).
+fn episode_prompt<G>(
+    shared: &Shared<G>,
+    group: &GroupState,
+    lease: &Lease<'_>,
+    initial: &[Message],
+) -> Result<RenderState, RenderError> {
+    let mut options = shared.options.clone();
+    let specs = lease.get().tools().registry().to_openai();
+    options.tools = (!specs.is_empty()).then_some(specs);
+    let mut render = shared.tokenizer.incremental(options)?;
+    render.push(initial);
+    render.push(&group.row.prompt);
+    render.prompt()?;
+    Ok(render.state())
 }
 
 fn render_error(error: RenderError) -> Failure {
@@ -180,6 +250,8 @@ struct Conversation<'a, G> {
     /// Append mode: the last turn's prompt and answer, where the answer's message is in the
     /// conversation, and the id the answer ended on.
     last: Option<(Vec<u32>, usize, Option<u32>)>,
+    /// The episode the rollout runs in, when the run has an environment.
+    lease: Option<Lease<'a>>,
 }
 
 impl<G: Generator> Conversation<'_, G> {
@@ -359,7 +431,11 @@ impl<G: Generator> Conversation<'_, G> {
     /// `false` when there is nothing to run (no call, or no tools): the episode is over.
     async fn call_tools(&mut self, calls: Vec<ParsedCall>) -> Result<bool, Failure> {
         let shared = self.shared;
-        let Some(tools) = shared.tools.as_ref().filter(|_| !calls.is_empty()) else {
+        let tools = match &self.lease {
+            Some(lease) => Some(lease.get().tools()),
+            None => shared.tools.as_ref(),
+        };
+        let Some(tools) = tools.filter(|_| !calls.is_empty()) else {
             return Ok(false);
         };
         let calls: Vec<tool_dispatch::ToolCall> = calls.into_iter().map(Into::into).collect();
@@ -379,6 +455,27 @@ impl<G: Generator> Conversation<'_, G> {
         }
         self.render.push(&self.finished.messages[start..]);
         Ok(true)
+    }
+
+    /// Whether a tool ended the episode; an error when the environment broke.
+    fn episode_done(&self) -> Result<bool, Failure> {
+        match self.lease.as_ref().map(|lease| lease.get().status()) {
+            None | Some(EpisodeStatus::Running) => Ok(false),
+            Some(EpisodeStatus::Done) => Ok(true),
+            Some(EpisodeStatus::Failed(message)) => Err((FailureCause::Environment, message)),
+        }
+    }
+
+    /// Has the episode judge the whole conversation (its initial messages, the prompt, every
+    /// message the rollout added, the last answer's tool calls included), once.
+    async fn verify(&mut self, initial: Vec<Message>) {
+        let Some(lease) = &mut self.lease else {
+            return;
+        };
+        let mut transcript = initial;
+        transcript.extend(self.group.row.prompt.iter().cloned());
+        transcript.extend(self.finished.messages.iter().cloned());
+        self.finished.verdict = Some(lease.get_mut().verify(transcript).await);
     }
 
     /// The rollout's outcome: its rows and tally from the reconciler.

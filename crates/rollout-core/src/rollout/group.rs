@@ -227,6 +227,7 @@ async fn score<G>(
             messages: done.messages.iter().map(message_value).collect(),
             token_ids: std::mem::take(&mut done.sampled),
             has_training_row: !done.rows.is_empty(),
+            rollout_reward: done.verdict.as_ref().and_then(|verdict| verdict.reward),
         })
         .collect();
     let scored = Arc::new(Group::new(
@@ -268,5 +269,15 @@ fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
         "truncated",
         f64::from(u8::from(matches!(done.stop, Stop::Length | Stop::Context))),
     );
+    if let Some(verdict) = &done.verdict {
+        put("env_done", f64::from(u8::from(done.stop == Stop::Done)));
+        put(
+            "env_verified",
+            f64::from(u8::from(verdict.reward.is_some())),
+        );
+        for (name, value) in &verdict.metrics {
+            put(&format!("env/{name}"), *value);
+        }
+    }
     metrics
 }

@@ -28,6 +28,7 @@
 //!   every complete group, closes the output and the tool pool, and reports.
 
 mod conversation;
+mod episode;
 mod generator;
 mod group;
 mod health;
@@ -44,6 +45,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 pub use self::{
+    episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
     generator::{Finish, GenerateError, GenerateRequest, Generation, Generator, Sampling},
     group::ScoredGroup,
     health::{Health, Stats},
@@ -369,6 +371,8 @@ pub(crate) struct Shared<G> {
     pub(crate) options: RenderOptions,
     pub(crate) parser: Box<dyn ToolCallParser>,
     pub(crate) tools: Option<ToolDispatcher>,
+    /// Where each rollout opens its episode, when it runs in an environment.
+    pub(crate) environment: Option<Arc<dyn Environment>>,
     pub(crate) scorer: Scorer,
     pub(crate) config: RolloutConfig,
     pub(crate) max_model_len: Option<u32>,
@@ -527,6 +531,7 @@ pub struct EngineBuilder<G> {
     tokenizer: ChatTokenizer,
     scorer: Scorer,
     tools: Option<ToolDispatcher>,
+    environment: Option<Arc<dyn Environment>>,
     parser: Option<Box<dyn ToolCallParser>>,
     options: RenderOptions,
     config: RolloutConfig,
@@ -545,6 +550,16 @@ impl<G: Generator> EngineBuilder<G> {
     #[must_use]
     pub fn tools(mut self, tools: ToolDispatcher) -> Self {
         self.tools = Some(tools);
+        self
+    }
+
+    /// Runs each rollout in an episode of `environment`: the episode's tools are the
+    /// rollout's (instead of those of [`EngineBuilder::tools`]), a tool may end it, and its
+    /// verdict is the completion's `rollout_reward` (add `scoring::builtin::environment()`
+    /// to the scorer for the `env` column). See [`Environment`].
+    #[must_use]
+    pub fn environment(mut self, environment: Arc<dyn Environment>) -> Self {
+        self.environment = Some(environment);
         self
     }
 
@@ -624,6 +639,7 @@ impl<G: Generator> EngineBuilder<G> {
             options,
             parser,
             tools: self.tools,
+            environment: self.environment,
             scorer: self.scorer,
             max_model_len,
             base,
@@ -773,6 +789,7 @@ impl<G: Generator> Engine<G> {
             tokenizer,
             scorer,
             tools: None,
+            environment: None,
             parser: None,
             options: RenderOptions::generation(),
             config: RolloutConfig::default(),

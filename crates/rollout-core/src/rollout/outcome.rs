@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::episode::Verdict;
 use crate::{Message, RolloutId, Tally, TrainingRow};
 
 /// A rollout that ended with a conversation.
@@ -26,6 +27,8 @@ pub(crate) struct Finished {
     pub(crate) attempts: u32,
     /// Turns whose next prompt append mode re-rendered whole (no exact token delta).
     pub(crate) fallbacks: u64,
+    /// What the rollout's environment found, when it ran in one.
+    pub(crate) verdict: Option<Verdict>,
 }
 
 impl Finished {
@@ -45,6 +48,7 @@ impl Finished {
             stop: Stop::MaxTurns,
             attempts,
             fallbacks: 0,
+            verdict: None,
         }
     }
 
@@ -73,6 +77,8 @@ pub(crate) enum Stop {
     Context,
     /// The last answer was cut at `max_tokens`.
     Length,
+    /// A tool of the rollout's environment ended the episode.
+    Done,
 }
 
 /// Why a rollout failed.
@@ -98,6 +104,11 @@ pub enum FailureCause {
     Panic,
     /// Its group fell more than `max_staleness` model versions behind.
     Stale,
+    /// The environment could not open an episode for it (after the environment's own
+    /// retries).
+    SessionCreate,
+    /// Its environment broke mid-episode (a server that exited, answered garbage).
+    Environment,
 }
 
 impl FailureCause {
@@ -113,6 +124,8 @@ impl FailureCause {
             FailureCause::Cancelled => "cancelled",
             FailureCause::Panic => "panic",
             FailureCause::Stale => "stale",
+            FailureCause::SessionCreate => "session_create",
+            FailureCause::Environment => "environment",
         }
     }
 
@@ -124,6 +137,7 @@ impl FailureCause {
                 | FailureCause::Cancelled
                 | FailureCause::Panic
                 | FailureCause::Stale
+                | FailureCause::SessionCreate
         )
     }
 }

@@ -8,6 +8,7 @@
 //! | `numeric:COLUMN` | [`NumericMatch`] | 1 if the answer's number (last `\boxed{}`, else last number) equals the column's within tolerance, else 0 |
 //! | `length:MAX[:BUFFER]` | [`LengthPenalty`] | 0 up to `MAX - BUFFER` tokens, falling linearly to -1 at `MAX`, -1 beyond |
 //! | `command:PROGRAM [ARGS..]` | [`CommandReward`] | whatever the program prints: the group as JSON on stdin, a JSON array of numbers or nulls on stdout |
+//! | (no spec) | [`environment`] | the reward the rollout's environment gave its episode (`Completion::rollout_reward`) |
 //!
 //! A completion that cannot be judged (the row lacks the column, the column holds no
 //! number, no token ids for a length) scores `None`, never a made-up 0.
@@ -18,6 +19,7 @@
 
 #[cfg(feature = "command")]
 mod command;
+mod environment;
 mod exact;
 mod length;
 #[cfg(feature = "regex")]
@@ -27,6 +29,7 @@ mod pattern;
 
 #[cfg(feature = "command")]
 pub use command::CommandReward;
+pub use environment::{ENVIRONMENT_COLUMN, environment};
 pub use exact::{ExactMatch, Normalization};
 pub use length::{LengthPenalty, LengthPenaltyError};
 #[cfg(feature = "regex")]

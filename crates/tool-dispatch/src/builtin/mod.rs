@@ -23,7 +23,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-pub use self::calculator::{ExpressionError, evaluate};
+pub use self::{
+    calculator::{ExpressionError, evaluate},
+    process::ProcessGroup,
+};
 use crate::tool::{Tool, ToolSpec};
 
 /// The kinds of built-in tool.

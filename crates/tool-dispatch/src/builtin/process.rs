@@ -28,14 +28,29 @@ pub(crate) struct Finished {
     pub(crate) stderr: String,
 }
 
-/// A program's process group, killed when dropped.
-struct ProcessGroup(Option<u32>);
+/// A program's process group (started with `process_group(0)`, so its id is the program's
+/// pid), killed whole with SIGKILL when dropped or by [`ProcessGroup::kill`]. Public for
+/// other long-lived programs an engine starts (an environment's server).
+#[derive(Debug)]
+pub struct ProcessGroup(Option<u32>);
+
+impl ProcessGroup {
+    /// The group led by process `id` (`None`: nothing to kill).
+    pub fn new(id: Option<u32>) -> ProcessGroup {
+        ProcessGroup(id)
+    }
+
+    /// Kills every process of the group now (once; a group already gone is no error).
+    pub fn kill(&mut self) {
+        if let Some(id) = self.0.take() {
+            kill_group(id);
+        }
+    }
+}
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        if let Some(id) = self.0 {
-            kill_group(id);
-        }
+        self.kill();
     }
 }
 

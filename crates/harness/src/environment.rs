@@ -1,0 +1,536 @@
+//! [`Harness`]: sessions as the rollout loop's [`Environment`]: creation with bounded
+//! retries, the session's tools on the tool pool, `done`, `verify` and `close`, sync
+//! sessions' calls on the pool's threads and async ones awaited.
+
+use std::{fmt, time::Duration};
+
+use futures::future::BoxFuture;
+use rollout_core::{
+    Message,
+    rollout::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
+};
+use serde_json::{Value, json};
+use tool_dispatch::{Arguments, Registry, Tool, ToolCall, ToolDispatcher, ToolError, ToolSpec};
+
+use crate::{
+    session::{
+        Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory, Task, ToolOutput,
+        Verification,
+    },
+    sync::{Arc, Mutex, lock},
+};
+
+/// How a [`Harness`] treats its sessions.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct HarnessConfig {
+    /// Attempts at creating a session before the rollout fails with cause `session_create`.
+    pub create_attempts: u32,
+    /// The wait after the first failed attempt; it doubles after each further one.
+    pub create_backoff: Duration,
+    /// How long one session call may take: a tool call, verify, close.
+    pub timeout: Duration,
+    /// How long one attempt at creating a session may take (a server to start, a handshake,
+    /// a reset).
+    pub create_timeout: Duration,
+}
+
+impl Default for HarnessConfig {
+    /// Three attempts, 200 ms apart at first, 30 s per call, 60 s per creation.
+    fn default() -> Self {
+        HarnessConfig {
+            create_attempts: 3,
+            create_backoff: Duration::from_millis(200),
+            timeout: Duration::from_secs(30),
+            create_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl HarnessConfig {
+    /// Sets the attempts at creating a session (at least 1).
+    #[must_use]
+    pub fn create_attempts(mut self, attempts: u32) -> Self {
+        self.create_attempts = attempts.max(1);
+        self
+    }
+
+    /// Sets the first wait between create attempts.
+    #[must_use]
+    pub fn create_backoff(mut self, backoff: Duration) -> Self {
+        self.create_backoff = backoff;
+        self
+    }
+
+    /// Sets the timeout of each session call.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the timeout of each attempt at creating a session.
+    #[must_use]
+    pub fn create_timeout(mut self, timeout: Duration) -> Self {
+        self.create_timeout = timeout;
+        self
+    }
+}
+
+enum Factory {
+    Async(Arc<dyn SessionFactory>),
+    Sync(Arc<dyn SyncSessionFactory>),
+}
+
+#[derive(Clone)]
+enum Handle {
+    Async(Arc<dyn Session>),
+    Sync(Arc<dyn SyncSession>),
+}
+
+/// A session factory made into the loop's [`Environment`]: each rollout attempt gets a
+/// session of its own, its tools are the rollout's tools (run through `pool`'s dispatcher:
+/// same order, timeouts and error messages as any tool), a tool output with `done` ends the
+/// episode, `verify` gives the `env` reward and `close` runs exactly once.
+///
+/// A sync session's every call (create, tools, verify, close) runs on `pool`'s threads, an
+/// async one's is awaited. Each call is bounded by [`HarnessConfig::timeout`]; a sync call
+/// past it keeps its thread until it returns (a session created that late is closed there).
+pub struct Harness {
+    name: Arc<str>,
+    factory: Factory,
+    pool: ToolDispatcher,
+    config: HarnessConfig,
+}
+
+impl fmt::Debug for Harness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Harness")
+            .field("name", &self.name)
+            .field("sync", &matches!(self.factory, Factory::Sync(_)))
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    /// An environment of async sessions named `name` (for messages), their tools run
+    /// through `pool` (the engine's tool dispatcher: its pool, slots and shutdown).
+    pub fn new(
+        name: impl Into<String>,
+        factory: impl SessionFactory,
+        pool: ToolDispatcher,
+    ) -> Harness {
+        Harness::with_factory(name, Factory::Async(Arc::new(factory)), pool)
+    }
+
+    /// An environment of blocking sessions, every call of which runs on `pool`'s threads.
+    pub fn new_sync(
+        name: impl Into<String>,
+        factory: impl SyncSessionFactory,
+        pool: ToolDispatcher,
+    ) -> Harness {
+        Harness::with_factory(name, Factory::Sync(Arc::new(factory)), pool)
+    }
+
+    fn with_factory(name: impl Into<String>, factory: Factory, pool: ToolDispatcher) -> Harness {
+        Harness {
+            name: Arc::from(name.into()),
+            factory,
+            pool,
+            config: HarnessConfig::default(),
+        }
+    }
+
+    /// Sets how sessions are treated.
+    #[must_use]
+    pub fn config(mut self, config: HarnessConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// One attempt at a session with its tools and initial messages.
+    async fn create(&self, task: &Task) -> Result<Created, String> {
+        let timeout = self.config.create_timeout;
+        match &self.factory {
+            Factory::Async(factory) => {
+                let session = tokio::time::timeout(timeout, factory.create(task.clone()))
+                    .await
+                    .map_err(|_| format!("no session after {timeout:?}"))?
+                    .map_err(|e| e.to_string())?;
+                let session: Arc<dyn Session> = Arc::from(session);
+                Ok(Created {
+                    tools: session.tools(),
+                    initial: session.initial_messages(),
+                    handle: Handle::Async(session),
+                })
+            }
+            Factory::Sync(factory) => {
+                let factory = Arc::clone(factory);
+                let task = task.clone();
+                let created = on_pool(
+                    &self.pool,
+                    "session_create",
+                    timeout,
+                    move || {
+                        factory.create(&task).map(|session| {
+                            let session: Arc<dyn SyncSession> = Arc::from(session);
+                            (session.tools(), session.initial_messages(), session)
+                        })
+                    },
+                    // Created after the caller gave up: nobody else will close it.
+                    |late| {
+                        if let Ok((_, _, session)) = late {
+                            session.close();
+                        }
+                    },
+                )
+                .await?;
+                let (tools, initial, session) = created.map_err(|e| e.to_string())?;
+                Ok(Created {
+                    tools,
+                    initial,
+                    handle: Handle::Sync(session),
+                })
+            }
+        }
+    }
+
+    /// The episode of a created session; on a bad tool list the session is closed.
+    async fn episode(&self, created: Created) -> Result<HarnessEpisode, String> {
+        let status = Arc::new(Mutex::new(EpisodeStatus::Running));
+        let mut registry = Registry::new();
+        let mut problem = None;
+        for spec in created.tools {
+            let tool = session_tool(
+                spec,
+                &created.handle,
+                &status,
+                &self.name,
+                self.config.timeout,
+            );
+            if let Err(error) = registry.add(tool) {
+                problem = Some(format!("the session's tools: {error}"));
+                break;
+            }
+        }
+        let episode = HarnessEpisode {
+            name: Arc::clone(&self.name),
+            handle: created.handle,
+            tools: self.pool.with_tools(registry),
+            pool: self.pool.clone(),
+            status,
+            initial: created.initial,
+            timeout: self.config.timeout,
+        };
+        match problem {
+            None => Ok(episode),
+            Some(problem) => {
+                Box::new(episode).close().await;
+                Err(problem)
+            }
+        }
+    }
+}
+
+struct Created {
+    tools: Vec<ToolSpec>,
+    initial: Vec<Message>,
+    handle: Handle,
+}
+
+impl Environment for Harness {
+    fn open(&self, request: EpisodeRequest) -> BoxFuture<'_, Result<Box<dyn Episode>, OpenError>> {
+        Box::pin(async move {
+            let task = Task {
+                row: request.task,
+                seed: request.seed,
+                episode_id: request.episode_id,
+            };
+            let attempts = self.config.create_attempts.max(1);
+            let mut backoff = self.config.create_backoff;
+            let mut last = String::new();
+            for attempt in 1..=attempts {
+                match self.create(&task).await {
+                    Ok(created) => {
+                        let episode = self
+                            .episode(created)
+                            .await
+                            .map_err(|e| OpenError(format!("{}: {e}", self.name)))?;
+                        return Ok(Box::new(episode) as Box<dyn Episode>);
+                    }
+                    Err(error) => {
+                        tracing::debug!(environment = %self.name, attempt, %error, "session creation failed");
+                        last = error;
+                    }
+                }
+                if attempt < attempts {
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2);
+                }
+            }
+            Err(OpenError(format!(
+                "{}: no session after {attempts} attempt(s): {last}",
+                self.name
+            )))
+        })
+    }
+}
+
+/// A session tool as a tool-dispatch [`Tool`]: sync sessions' calls on the pool, async ones
+/// awaited; `done` and fatal errors land in `status`.
+fn session_tool(
+    spec: ToolSpec,
+    handle: &Handle,
+    status: &Arc<Mutex<EpisodeStatus>>,
+    environment: &Arc<str>,
+    timeout: Duration,
+) -> Tool {
+    let name = spec.name.clone();
+    let status = Arc::clone(status);
+    let environment = Arc::clone(environment);
+    let tool = match handle {
+        Handle::Async(session) => {
+            let session = Arc::clone(session);
+            Tool::new_async(spec, move |args: Arguments| {
+                let session = Arc::clone(&session);
+                let status = Arc::clone(&status);
+                let environment = Arc::clone(&environment);
+                let name = name.clone();
+                async move {
+                    let output = session.call_tool(&name, args.into_inner()).await;
+                    settle(&status, &environment, output)
+                }
+            })
+        }
+        Handle::Sync(session) => {
+            let session = Arc::clone(session);
+            Tool::new_sync(spec, move |args: Arguments| {
+                let output = session.call_tool(&name, args.into_inner());
+                settle(&status, &environment, output)
+            })
+        }
+    };
+    tool.timeout(timeout)
+}
+
+/// What a session tool's output means for the model and for the episode.
+fn settle(
+    status: &Mutex<EpisodeStatus>,
+    environment: &str,
+    output: Result<ToolOutput, SessionError>,
+) -> Result<Value, ToolError> {
+    match output {
+        Ok(output) => {
+            if output.done {
+                let mut status = lock(status);
+                if *status == EpisodeStatus::Running {
+                    *status = EpisodeStatus::Done;
+                }
+            }
+            match output.error {
+                Some(error) => Err(error.into()),
+                None => Ok(output.content),
+            }
+        }
+        Err(error) => {
+            if error.is_fatal() {
+                *lock(status) = EpisodeStatus::Failed(format!("{environment}: {error}"));
+            }
+            Err(error.message().to_owned().into())
+        }
+    }
+}
+
+/// One rollout's session.
+struct HarnessEpisode {
+    name: Arc<str>,
+    handle: Handle,
+    tools: ToolDispatcher,
+    pool: ToolDispatcher,
+    status: Arc<Mutex<EpisodeStatus>>,
+    initial: Vec<Message>,
+    timeout: Duration,
+}
+
+impl Episode for HarnessEpisode {
+    fn initial_messages(&self) -> Vec<Message> {
+        self.initial.clone()
+    }
+
+    fn tools(&self) -> &ToolDispatcher {
+        &self.tools
+    }
+
+    fn status(&self) -> EpisodeStatus {
+        lock(&self.status).clone()
+    }
+
+    fn verify(&mut self, transcript: Vec<Message>) -> BoxFuture<'_, Verdict> {
+        Box::pin(async move {
+            let timeout = self.timeout;
+            let verified = match &self.handle {
+                Handle::Async(session) => {
+                    match tokio::time::timeout(timeout, session.verify(&transcript)).await {
+                        Ok(verified) => verified.map_err(|e| e.to_string()),
+                        Err(_) => Err(format!("verify took longer than {timeout:?}")),
+                    }
+                }
+                Handle::Sync(session) => {
+                    let session = Arc::clone(session);
+                    on_pool(
+                        &self.pool,
+                        "session_verify",
+                        timeout,
+                        move || session.verify(&transcript),
+                        drop,
+                    )
+                    .await
+                    .and_then(|verified| verified.map_err(|e| e.to_string()))
+                }
+            };
+            verdict(&self.name, verified)
+        })
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let timeout = self.timeout;
+            match &self.handle {
+                Handle::Async(session) => {
+                    if tokio::time::timeout(timeout, session.close())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(environment = %self.name, ?timeout, "closing a session took too long; left to its drop");
+                    }
+                }
+                Handle::Sync(session) => {
+                    let closing = Arc::clone(session);
+                    let closed = on_pool(
+                        &self.pool,
+                        "session_close",
+                        timeout,
+                        move || closing.close(),
+                        drop,
+                    )
+                    .await;
+                    if let Err(error) = closed {
+                        if self.pool.is_closed() {
+                            // The pool is shutting down: close on a thread of its own.
+                            let session = Arc::clone(session);
+                            let spawned = std::thread::Builder::new()
+                                .name("harness-close".to_owned())
+                                .spawn(move || session.close());
+                            if let Err(error) = spawned {
+                                tracing::warn!(environment = %self.name, %error, "could not close a session");
+                            }
+                        } else {
+                            tracing::warn!(environment = %self.name, %error, "closing a session failed");
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A verification as the loop's [`Verdict`]: a non-finite reward is no reward.
+fn verdict(environment: &str, verified: Result<Verification, String>) -> Verdict {
+    match verified {
+        Ok(verification) => match verification.env_reward {
+            Some(reward) if !reward.is_finite() => Verdict {
+                reward: None,
+                metrics: verification.metrics,
+                error: Some(format!(
+                    "{environment}: verify gave a non-finite reward {reward}"
+                )),
+            },
+            reward => Verdict {
+                reward,
+                metrics: verification.metrics,
+                error: None,
+            },
+        },
+        Err(error) => {
+            tracing::warn!(environment, %error, "verify failed: the episode is unscorable");
+            Verdict {
+                reward: None,
+                metrics: Default::default(),
+                error: Some(format!("{environment}: verify failed: {error}")),
+            }
+        }
+    }
+}
+
+/// Where a blocking call's result meets its caller, who may have stopped waiting.
+struct Handoff<T> {
+    value: Option<T>,
+    gave_up: bool,
+}
+
+/// Runs `work` on `pool`'s threads (as a one-off tool of its own, so it is bounded by the
+/// pool's slots, `timeout` and shutdown like any tool call) and returns what it returned. A
+/// result that arrives after the caller gave up goes to `late` on that thread.
+async fn on_pool<T, W, L>(
+    pool: &ToolDispatcher,
+    what: &'static str,
+    timeout: Duration,
+    work: W,
+    late: L,
+) -> Result<T, String>
+where
+    T: Send + 'static,
+    W: FnOnce() -> T + Send + 'static,
+    L: FnOnce(T) + Send + 'static,
+{
+    let handoff = Arc::new(Mutex::new(Handoff {
+        value: None,
+        gave_up: false,
+    }));
+    let job = Mutex::new(Some((work, late)));
+    let returned = Arc::clone(&handoff);
+    let tool = Tool::new_sync(ToolSpec::new(what, what), move |_: Arguments| {
+        let Some((work, late)) = lock(&job).take() else {
+            return Err("already ran".into());
+        };
+        let value = work();
+        let mut handoff = lock(&returned);
+        if handoff.gave_up {
+            drop(handoff);
+            late(value);
+        } else {
+            handoff.value = Some(value);
+        }
+        Ok(Value::Null)
+    })
+    .timeout(timeout);
+    let registry = Registry::new()
+        .with(tool)
+        .map_err(|e| format!("{what}: {e}"))?;
+    let results = pool
+        .with_tools(registry)
+        .run(vec![ToolCall::new(what, json!({}))])
+        .await;
+    let mut handoff = lock(&handoff);
+    if let Some(value) = handoff.value.take() {
+        return Ok(value);
+    }
+    handoff.gave_up = true;
+    drop(handoff);
+    match results {
+        Ok(results) => Err(results
+            .first()
+            .map(|result| error_text(&result.content))
+            .unwrap_or_else(|| format!("{what}: no result"))),
+        Err(error) => Err(format!("{what}: {error}")),
+    }
+}
+
+/// The message inside a tool error's `{"error": ...}` content.
+fn error_text(content: &str) -> String {
+    serde_json::from_str::<Value>(content)
+        .ok()
+        .and_then(|value| value.get("error")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| content.to_owned())
+}

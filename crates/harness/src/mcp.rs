@@ -1,0 +1,563 @@
+//! MCP servers as environments, through the official Rust SDK (`rmcp`): one MCP session per
+//! rollout attempt, over stdio (a server process of its own, in its own process group,
+//! killed whole when the session closes) or streamable HTTP (one MCP session on a running
+//! server).
+//!
+//! The conventions a server follows (see `examples/environment/`):
+//! - `tools/list` gives the model's tools, minus the verify tool and the reset tool.
+//! - **reset** (optional): when the server has a tool named `reset`, it is called once right
+//!   after the handshake with whichever of `task` (the dataset row as a JSON object), `seed`
+//!   and `episode_id` its input schema declares. It is never shown to the model.
+//! - **done**: a tool result whose structured content (or text, parsed as JSON) is an
+//!   object with `"done": true` ends the episode after that turn's calls.
+//! - **verify** (required, `verify_tool`): called once at the end, with `transcript` (the
+//!   conversation's messages) when its input schema declares it. Its result is a number (the
+//!   reward; Python's MCP SDK wraps it as `{"result": x}`), or an object
+//!   `{"reward": x, "done": ..., "metrics": {...}}`, or `null` (unscorable); as
+//!   structured content or as JSON text.
+//! - A tool result with `isError` is an error the model reads; the episode goes on. A server
+//!   that exits, or whose connection breaks, fails the rollout (cause `environment`); one
+//!   that does not start, does not complete the handshake, lists no tools or lacks the
+//!   verify tool fails its creation (cause `session_create`), each naming the server.
+
+use std::{borrow::Cow, collections::BTreeMap, fmt, process::Stdio, time::Duration};
+
+use futures::future::BoxFuture;
+use rmcp::{
+    RoleClient, ServiceError, ServiceExt,
+    model::{CallToolRequestParams, CallToolResult},
+    service::RunningService,
+    transport::{StreamableHttpClientTransport, TokioChildProcess},
+};
+use rollout_core::Message;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tool_dispatch::{ToolSpec, builtin::ProcessGroup};
+
+use crate::{
+    session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification},
+    sync::{Mutex, lock},
+};
+
+/// The tool that receives the task, when a server has one.
+pub const RESET_TOOL: &str = "reset";
+
+/// Where the MCP server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpServer {
+    /// A program speaking MCP on stdio, started once per session: the argv.
+    Command(Vec<String>),
+    /// A streamable-HTTP endpoint (`http://127.0.0.1:9000/mcp`), one MCP session per
+    /// rollout.
+    Url(String),
+}
+
+impl fmt::Display for McpServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            McpServer::Command(argv) => write!(f, "MCP server `{}`", argv.join(" ")),
+            McpServer::Url(url) => write!(f, "MCP server {url}"),
+        }
+    }
+}
+
+/// An MCP environment's settings.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct McpConfig {
+    /// The server.
+    pub server: McpServer,
+    /// The tool called once at the end for the reward, never shown to the model.
+    pub verify_tool: String,
+    /// How long the handshake and each request may take.
+    pub timeout: Duration,
+    /// Bytes of a stdio server's stderr logged per session; the rest is read and dropped.
+    pub stderr_cap: usize,
+}
+
+impl McpConfig {
+    /// `server` with verify tool `verify`, 30 s per request, 16 KiB of stderr per session.
+    pub fn new(server: McpServer) -> McpConfig {
+        McpConfig {
+            server,
+            verify_tool: "verify".to_owned(),
+            timeout: Duration::from_secs(30),
+            stderr_cap: 16 * 1024,
+        }
+    }
+
+    /// Sets the verify tool's name.
+    #[must_use]
+    pub fn verify_tool(mut self, name: impl Into<String>) -> McpConfig {
+        self.verify_tool = name.into();
+        self
+    }
+
+    /// Sets the timeout of the handshake and each request.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> McpConfig {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// Creates one MCP session per rollout; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct McpFactory {
+    config: McpConfig,
+}
+
+impl McpFactory {
+    /// A factory for `config`'s server.
+    pub fn new(config: McpConfig) -> McpFactory {
+        McpFactory { config }
+    }
+
+    /// The server, as messages name it.
+    pub fn server(&self) -> &McpServer {
+        &self.config.server
+    }
+
+    async fn connect(&self, task: Task) -> Result<McpSession, SessionError> {
+        let config = &self.config;
+        let server = config.server.to_string();
+        let fail = |what: String| SessionError::new(format!("{server}: {what}"));
+        let (service, group) = match &config.server {
+            McpServer::Command(argv) => {
+                let Some((program, args)) = argv.split_first() else {
+                    return Err(fail("the command is empty".to_owned()));
+                };
+                let mut command = tokio::process::Command::new(program);
+                command.args(args).kill_on_drop(true);
+                #[cfg(unix)]
+                command.process_group(0);
+                let (transport, stderr) = TokioChildProcess::builder(command)
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .map_err(|e| fail(format!("could not start it: {e}")))?;
+                let group = ProcessGroup::new(transport.id());
+                if let Some(stderr) = stderr {
+                    tokio::spawn(log_stderr(stderr, server.clone(), config.stderr_cap));
+                }
+                let service = handshake(().serve(transport), config.timeout)
+                    .await
+                    .map_err(fail)?;
+                (service, group)
+            }
+            McpServer::Url(url) => {
+                let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+                let service = handshake(().serve(transport), config.timeout)
+                    .await
+                    .map_err(fail)?;
+                (service, ProcessGroup::new(None))
+            }
+        };
+        let mut session = McpSession {
+            server: server.clone(),
+            service: Mutex::new(Some(service)),
+            peer_tools: Vec::new(),
+            verify_tool: config.verify_tool.clone(),
+            verify_takes_transcript: false,
+            timeout: config.timeout,
+            group: Mutex::new(group),
+        };
+        // From here on, a failure must close what was opened.
+        match session.prepare(task).await {
+            Ok(()) => Ok(session),
+            Err(error) => {
+                Session::close(&session).await;
+                Err(error)
+            }
+        }
+    }
+}
+
+impl SessionFactory for McpFactory {
+    fn create(&self, task: Task) -> BoxFuture<'_, Result<Box<dyn Session>, SessionError>> {
+        Box::pin(async move {
+            let session = self.connect(task).await?;
+            Ok(Box::new(session) as Box<dyn Session>)
+        })
+    }
+}
+
+/// The MCP handshake, bounded by `timeout`.
+async fn handshake<F, E>(
+    serving: F,
+    timeout: Duration,
+) -> Result<RunningService<RoleClient, ()>, String>
+where
+    F: Future<Output = Result<RunningService<RoleClient, ()>, E>>,
+    E: fmt::Display,
+{
+    match tokio::time::timeout(timeout, serving).await {
+        Ok(Ok(service)) => Ok(service),
+        Ok(Err(error)) => Err(format!(
+            "the MCP handshake failed (did it start, and does it speak MCP?): {error}"
+        )),
+        Err(_) => Err(format!("no answer to the MCP handshake within {timeout:?}")),
+    }
+}
+
+/// Logs a stdio server's stderr line by line, up to `cap` bytes, then reads and drops the
+/// rest (a server must never block on a full pipe).
+async fn log_stderr(stderr: tokio::process::ChildStderr, server: String, cap: usize) {
+    forward_capped(stderr, cap, |line| {
+        tracing::info!(target: "harness::mcp", %server, "stderr: {line}");
+    })
+    .await;
+}
+
+/// Hands `pipe`'s lines to `log` until they add up to `cap` bytes, then one line saying the
+/// rest is dropped; reads to the end either way. Returns the bytes read.
+async fn forward_capped(
+    pipe: impl tokio::io::AsyncRead + Unpin,
+    cap: usize,
+    mut log: impl FnMut(&str),
+) -> usize {
+    let mut lines = BufReader::new(pipe).lines();
+    let (mut logged, mut read) = (0usize, 0usize);
+    let mut capped = false;
+    while let Ok(Some(line)) = lines.next_line().await {
+        read += line.len() + 1;
+        if logged + line.len() < cap {
+            logged += line.len() + 1;
+            log(&line);
+        } else if !capped {
+            capped = true;
+            log(&format!(
+                "(more than {cap} bytes of stderr; the rest is not logged)"
+            ));
+        }
+    }
+    read
+}
+
+/// One MCP session.
+struct McpSession {
+    server: String,
+    service: Mutex<Option<RunningService<RoleClient, ()>>>,
+    peer_tools: Vec<ToolSpec>,
+    verify_tool: String,
+    verify_takes_transcript: bool,
+    timeout: Duration,
+    group: Mutex<ProcessGroup>,
+}
+
+impl McpSession {
+    fn peer(&self) -> Result<rmcp::Peer<RoleClient>, SessionError> {
+        lock(&self.service)
+            .as_ref()
+            .map(|service| service.peer().clone())
+            .ok_or_else(|| SessionError::fatal(format!("{}: the session is closed", self.server)))
+    }
+
+    /// Lists the tools, checks the verify tool, sends the task to `reset`.
+    async fn prepare(&mut self, task: Task) -> Result<(), SessionError> {
+        let server = self.server.clone();
+        let fail = |what: String| Err(SessionError::new(format!("{server}: {what}")));
+        let peer = self.peer()?;
+        let listed = tokio::time::timeout(self.timeout, peer.list_all_tools()).await;
+        let tools = match listed {
+            Ok(Ok(tools)) => tools,
+            Ok(Err(error)) => return fail(format!("tools/list failed: {error}")),
+            Err(_) => {
+                let message = format!("no answer to tools/list within {:?}", self.timeout);
+                return fail(message);
+            }
+        };
+        if tools.is_empty() {
+            return fail("lists no tools".to_owned());
+        }
+        let Some(verify) = tools.iter().find(|t| t.name == self.verify_tool) else {
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+            let message = format!(
+                "has no verify tool `{}` (its tools: {})",
+                self.verify_tool,
+                names.join(", ")
+            );
+            return fail(message);
+        };
+        self.verify_takes_transcript = declares(&verify.input_schema, "transcript");
+        let reset = tools.iter().find(|t| t.name == RESET_TOOL).cloned();
+        self.peer_tools = tools
+            .into_iter()
+            .filter(|t| t.name != self.verify_tool && t.name != RESET_TOOL)
+            .map(|t| {
+                ToolSpec::new(t.name.to_string(), t.description.unwrap_or_default())
+                    .parameters(Value::Object((*t.input_schema).clone()))
+            })
+            .collect();
+        if self.peer_tools.is_empty() {
+            return fail("lists no tools for the model (only verify and reset)".to_owned());
+        }
+        if let Some(reset) = reset {
+            let mut arguments = Map::new();
+            for (key, value) in [
+                ("task", Value::Object(task.row)),
+                ("seed", json!(task.seed)),
+                ("episode_id", json!(task.episode_id)),
+            ] {
+                if declares(&reset.input_schema, key) {
+                    arguments.insert(key.to_owned(), value);
+                }
+            }
+            match self.call(RESET_TOOL, arguments).await {
+                Ok(result) if result.is_error == Some(true) => {
+                    let text = text_of(&result);
+                    return fail(format!("reset failed: {text}"));
+                }
+                Ok(_) => {}
+                Err(error) => return Err(SessionError::new(error.message().to_owned())),
+            }
+        }
+        Ok(())
+    }
+
+    /// One `tools/call`, bounded by the timeout; a broken connection is fatal.
+    async fn call(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<CallToolResult, SessionError> {
+        let peer = self.peer()?;
+        let request =
+            CallToolRequestParams::new(Cow::Owned(name.to_owned())).with_arguments(arguments);
+        match tokio::time::timeout(self.timeout, peer.call_tool(request)).await {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(ServiceError::McpError(error))) => Err(SessionError::new(format!(
+                "{}: {name} answered an error: {}",
+                self.server, error.message
+            ))),
+            Ok(Err(error)) => Err(SessionError::fatal(format!(
+                "{}: {name}: the server is gone or broke the protocol: {error}",
+                self.server
+            ))),
+            Err(_) => Err(SessionError::new(format!(
+                "{}: {name} did not answer within {:?}",
+                self.server, self.timeout
+            ))),
+        }
+    }
+}
+
+/// Whether a JSON schema declares property `name`.
+fn declares(schema: &Map<String, Value>, name: &str) -> bool {
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|properties| properties.contains_key(name))
+}
+
+/// The text blocks of a result, one per line.
+fn text_of(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|block| block.as_text().map(|t| t.text.as_str()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Reads a verify result: a number, `{"result": number}`, `{"reward": x, "done", "metrics"}`
+/// or null, as structured content or as JSON text.
+fn verification(result: &CallToolResult) -> Result<Verification, String> {
+    let value = match &result.structured_content {
+        Some(value) => value.clone(),
+        None => {
+            let text = text_of(result);
+            serde_json::from_str(text.trim())
+                .map_err(|_| format!("verify answered {text:?}: not a number nor a JSON object"))?
+        }
+    };
+    let value = match value {
+        Value::Object(mut map) if map.len() == 1 && map.contains_key("result") => {
+            map.remove("result").unwrap_or(Value::Null)
+        }
+        other => other,
+    };
+    match value {
+        Value::Null => Ok(Verification::default()),
+        Value::Number(number) => Ok(Verification {
+            env_reward: number.as_f64(),
+            done: true,
+            metrics: BTreeMap::new(),
+        }),
+        Value::Object(map) => {
+            let env_reward = match map.get("reward") {
+                None | Some(Value::Null) => None,
+                Some(Value::Number(n)) => n.as_f64(),
+                Some(other) => return Err(format!("verify's reward is {other}, not a number")),
+            };
+            let metrics = map
+                .get("metrics")
+                .and_then(Value::as_object)
+                .map(|metrics| {
+                    metrics
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Ok(Verification {
+                env_reward,
+                done: map.get("done").and_then(Value::as_bool).unwrap_or(true),
+                metrics,
+            })
+        }
+        other => Err(format!(
+            "verify answered {other}: expected a number or {{\"reward\": ..}}"
+        )),
+    }
+}
+
+impl Session for McpSession {
+    fn tools(&self) -> Vec<ToolSpec> {
+        self.peer_tools.clone()
+    }
+
+    fn call_tool(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> BoxFuture<'_, Result<ToolOutput, SessionError>> {
+        let name = name.to_owned();
+        Box::pin(async move {
+            let result = self.call(&name, arguments).await?;
+            let text = text_of(&result);
+            // Structured content, or a JSON object as text (what Python's SDK sends for a
+            // tool returning a plain dict).
+            let structured = result.structured_content.clone().or_else(|| {
+                serde_json::from_str::<Value>(text.trim())
+                    .ok()
+                    .filter(Value::is_object)
+            });
+            let done = structured
+                .as_ref()
+                .and_then(|s| s.get("done"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let mut output = ToolOutput::new(text.clone());
+            output.done = done;
+            if result.is_error == Some(true) {
+                output.error = Some(text);
+            }
+            if let Some(structured) = structured {
+                output.metadata.insert("structured".to_owned(), structured);
+            }
+            Ok(output)
+        })
+    }
+
+    fn verify(&self, transcript: &[Message]) -> BoxFuture<'_, Result<Verification, SessionError>> {
+        let mut arguments = Map::new();
+        if self.verify_takes_transcript {
+            arguments.insert(
+                "transcript".to_owned(),
+                Value::Array(
+                    transcript
+                        .iter()
+                        .map(|m| Value::Object(m.as_map().clone()))
+                        .collect(),
+                ),
+            );
+        }
+        Box::pin(async move {
+            let result = self.call(&self.verify_tool, arguments).await?;
+            if result.is_error == Some(true) {
+                return Err(SessionError::new(format!(
+                    "{}: verify failed: {}",
+                    self.server,
+                    text_of(&result)
+                )));
+            }
+            verification(&result).map_err(|e| SessionError::new(format!("{}: {e}", self.server)))
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let service = lock(&self.service).take();
+            if let Some(service) = service {
+                // Ends the MCP session (an HTTP server is told with a DELETE); bounded, since
+                // a stdio server's group is killed next anyway.
+                let _ = tokio::time::timeout(Duration::from_secs(2), service.cancel()).await;
+            }
+            lock(&self.group).kill();
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ContentBlock;
+
+    use super::*;
+
+    fn text(text: &str) -> CallToolResult {
+        CallToolResult::success(vec![ContentBlock::text(text)])
+    }
+
+    #[test]
+    fn verify_results_read_as_numbers_objects_or_null() {
+        let reward = |result: CallToolResult| verification(&result).map(|v| v.env_reward);
+        assert_eq!(
+            reward(CallToolResult::structured(json!({"result": 0.5}))),
+            Ok(Some(0.5))
+        );
+        assert_eq!(reward(text("0.25")), Ok(Some(0.25)));
+        assert_eq!(reward(text("null")), Ok(None));
+        assert_eq!(
+            reward(CallToolResult::structured(json!({"reward": null}))),
+            Ok(None)
+        );
+        let full = verification(&text(
+            r#"{"reward": 1.0, "done": false, "metrics": {"calls": 3, "note": "x"}}"#,
+        ))
+        .expect("an object");
+        assert_eq!(full.env_reward, Some(1.0));
+        assert!(!full.done);
+        assert_eq!(full.metrics, BTreeMap::from([("calls".to_owned(), 3.0)]));
+    }
+
+    #[tokio::test]
+    async fn a_server_s_stderr_is_logged_up_to_the_cap_and_drained_to_its_end() {
+        // 200 KB of stderr: more than a pipe holds, so a reader that stopped early would
+        // leave the writer blocked or killed by SIGPIPE.
+        let mut child = tokio::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20000 ]; do echo \"line $i\" >&2; i=$((i+1)); done",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh starts");
+        let stderr = child.stderr.take().expect("piped");
+        let mut logged = Vec::new();
+        let read = tokio::time::timeout(
+            Duration::from_secs(60),
+            forward_capped(stderr, 100, |line| logged.push(line.to_owned())),
+        )
+        .await
+        .expect("read to the end");
+        let status = child.wait().await.expect("sh ends");
+        assert!(status.success(), "the server wrote all of it: {status}");
+        assert!(read > 150_000, "everything was read: {read}");
+        let lines: Vec<&str> = logged.iter().map(String::as_str).collect();
+        // Lines 0 to 12 are 94 bytes with their newlines; line 13 would pass the cap.
+        assert_eq!(lines.len(), 14, "{lines:?}");
+        assert_eq!(lines[0], "line 0");
+        assert_eq!(lines[12], "line 12");
+        assert!(lines[13].contains("more than 100 bytes"), "{lines:?}");
+    }
+
+    #[test]
+    fn a_verify_result_that_is_no_reward_says_what_it_was() {
+        let error = |result: CallToolResult| verification(&result).expect_err("not a reward");
+        assert!(error(text("great job")).contains("\"great job\": not a number"));
+        assert!(
+            error(CallToolResult::structured(json!({"reward": "high"}))).contains("not a number")
+        );
+        assert!(error(CallToolResult::structured(json!([1, 2]))).contains("expected a number"));
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration tests of the harness: one test binary, one module per area.
+
+mod lifecycle;

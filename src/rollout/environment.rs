@@ -1,0 +1,168 @@
+//! The `[environment]` table of `async-grpo rollout`: every rollout runs in a session of an
+//! MCP server (its tools are the rollout's, its verify tool gives the `env` reward).
+//!
+//! ```toml
+//! [environment]
+//! kind = "mcp"
+//! command = ["python3", "env_server.py"]   # stdio: one server process per rollout
+//! # url = "http://127.0.0.1:9000/mcp"      # or streamable HTTP: one MCP session per rollout
+//! verify_tool = "verify"                   # called once at the end, never shown to the model
+//! timeout = "30s"                          # per request
+//! weight = 1.0                             # of the `env` column among the rewards
+//! create_attempts = 3                      # tries at starting a session
+//! ```
+
+use std::{path::Path, time::Duration};
+
+use anyhow::bail;
+use harness::{
+    Harness, HarnessConfig,
+    mcp::{McpConfig, McpFactory, McpServer},
+};
+use scoring::Reward;
+use serde::{Deserialize, Serialize};
+use tool_dispatch::ToolDispatcher;
+
+/// The `[environment]` table: as written, and, once [`EnvironmentSettings::check`]ed, as
+/// the run uses it (paths absolute).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EnvironmentSettings {
+    /// What serves the episodes: `mcp`.
+    kind: Kind,
+    /// A stdio server: the program and its arguments (one process per rollout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    command: Option<Vec<String>>,
+    /// A streamable-HTTP server (one MCP session per rollout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    /// The tool called once at the end, never shown to the model.
+    #[serde(default = "default_verify_tool")]
+    verify_tool: String,
+    /// Per request.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    timeout: Duration,
+    /// The weight of the `env` column among the rewards.
+    #[serde(default = "default_weight")]
+    weight: f64,
+    /// Tries at starting a session.
+    #[serde(default = "default_create_attempts")]
+    create_attempts: u32,
+}
+
+/// What serves an environment's episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    /// An MCP server.
+    Mcp,
+}
+
+fn default_verify_tool() -> String {
+    "verify".to_owned()
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+fn default_create_attempts() -> u32 {
+    3
+}
+
+impl EnvironmentSettings {
+    /// Checks the table (at `place`, for messages); a relative program path, and arguments
+    /// naming files next to the config file, become paths from `base`.
+    pub(crate) fn check(&mut self, base: &Path, place: &str) -> anyhow::Result<()> {
+        match (&mut self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                bail!("{place}: give command (a stdio server) or url (streamable HTTP), not both")
+            }
+            (None, None) => bail!(
+                "{place}: no server: give command = [\"python3\", \"server.py\"] (stdio) or \
+                 url = \"http://127.0.0.1:9000/mcp\" (streamable HTTP)"
+            ),
+            (Some(argv), None) => {
+                let Some((program, args)) = argv.split_first_mut() else {
+                    bail!("{place}: command is empty; expected the program and its arguments");
+                };
+                *program = relative_program(base, program);
+                super::config::check_program(program)
+                    .map_err(|e| anyhow::anyhow!("{place}.command: {e}"))?;
+                for arg in args {
+                    let beside = base.join(&*arg);
+                    if Path::new(arg.as_str()).is_relative() && beside.is_file() {
+                        *arg = beside.display().to_string();
+                    }
+                }
+            }
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    bail!("{place}.url: '{url}' is not an http:// or https:// URL");
+                }
+            }
+        }
+        if self.timeout.is_zero() {
+            bail!("{place}.timeout: must be longer than zero");
+        }
+        if !self.weight.is_finite() {
+            bail!(
+                "{place}.weight: expected a finite number, got {}",
+                self.weight
+            );
+        }
+        if self.create_attempts == 0 {
+            bail!("{place}.create_attempts: must be at least 1");
+        }
+        if self.verify_tool.is_empty() {
+            bail!("{place}.verify_tool: must name a tool of the server");
+        }
+        Ok(())
+    }
+
+    /// The server, as the harness takes it.
+    fn server(&self) -> McpServer {
+        match (&self.command, &self.url) {
+            (Some(argv), _) => McpServer::Command(argv.clone()),
+            (None, url) => McpServer::Url(url.clone().unwrap_or_default()),
+        }
+    }
+
+    /// The environment, its sessions' tools run through `pool`.
+    pub(crate) fn harness(&self, pool: ToolDispatcher) -> Harness {
+        let server = self.server();
+        let factory = McpFactory::new(
+            McpConfig::new(server.clone())
+                .verify_tool(self.verify_tool.clone())
+                .timeout(self.timeout),
+        );
+        Harness::new(server.to_string(), factory, pool).config(
+            HarnessConfig::default()
+                .create_attempts(self.create_attempts)
+                .timeout(self.timeout)
+                // The server's start, then the handshake, tools/list and reset, each bounded
+                // by `timeout` in the MCP session itself.
+                .create_timeout(self.timeout.saturating_mul(4)),
+        )
+    }
+
+    /// The `env` reward column, weighted.
+    pub(crate) fn reward(&self) -> Reward {
+        scoring::builtin::environment().weight(self.weight)
+    }
+}
+
+/// A program path with a directory part, relative, is taken from `base`; a bare name is
+/// looked up on `PATH`.
+fn relative_program(base: &Path, program: &str) -> String {
+    let path = Path::new(program);
+    if path.is_relative() && path.components().count() > 1 {
+        base.join(path).display().to_string()
+    } else {
+        program.to_owned()
+    }
+}
