@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, fixtures, loom, parity, run_checked, tidy, vllm};
+use crate::{bridge, cargo, fixtures, loom, parity, run_checked, tidy, vllm};
 
 /// One step of CI.
 struct Step {
@@ -67,6 +67,10 @@ const STEPS: &[Step] = &[
         },
     },
     Step {
+        name: "bridge (pytest)",
+        run: bridge::pytest,
+    },
+    Step {
         name: "loom",
         run: loom::run,
     },
@@ -77,6 +81,10 @@ const STEPS: &[Step] = &[
     Step {
         name: "e2e (real vLLM)",
         run: vllm::e2e,
+    },
+    Step {
+        name: "TRL trainer",
+        run: bridge::trl,
     },
 ];
 

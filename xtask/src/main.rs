@@ -1,9 +1,10 @@
-//! Project automation: `cargo xtask ci | loom | bench | quickstart | tidy | vllm-cpu`.
+//! Project automation: `cargo xtask ci | loom | bench | quickstart | tidy | pytest | trl | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
 
 mod bench;
+mod bridge;
 mod ci;
 mod fixtures;
 mod loom;
@@ -23,8 +24,8 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, loom, tidy,
-            e2e
+  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, the
+            bridge's pytest suite, loom, tidy, e2e, the TRL trainer
   fixtures  fetch the real tokenizers and chat templates the tests use into the cache,
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
@@ -33,6 +34,10 @@ tasks:
   quickstart
             rewrite examples/quickstart's generated files (tokenizer.json, arithmetic.jsonl)
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  pytest    the Python package async_grpo (crates/trl-bridge) built, installed into a venv
+            in the cache, and its pytest suite
+  trl       TRL's AsyncGRPOTrainer training from async_grpo.RolloutWorker on CPU (reads
+            torch from the real-vLLM venv, which it installs on first use)
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
             a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
@@ -53,6 +58,8 @@ fn main() -> ExitCode {
         Some("quickstart") => quickstart::run(),
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),
+        Some("pytest") => bridge::pytest(),
+        Some("trl") => bridge::trl(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("help" | "--help" | "-h") => {
             eprint!("{HELP}");

@@ -79,9 +79,9 @@ struct Prepared {
 #[derive(Default)]
 struct State {
     /// The loop, once the servers answered and it started.
-    engine: OnceLock<Arc<Loop<Client>>>,
+    engine: Mutex<Option<Arc<Loop<Client>>>>,
     /// The client, for its retry counters.
-    client: OnceLock<Client>,
+    client: Mutex<Option<Client>>,
     /// The latest model version set, applied when the loop starts.
     version: AtomicU64,
     /// Why the loop failed or stopped early.
@@ -93,6 +93,10 @@ struct State {
 }
 
 impl State {
+    fn engine(&self) -> Option<Arc<Loop<Client>>> {
+        lock(&self.engine).clone()
+    }
+
     fn fail(&self, message: String) {
         let mut error = lock(&self.error);
         if error.is_none() {
@@ -338,7 +342,7 @@ impl Engine {
     /// behind are cancelled.
     fn set_model_version(&self, version: u64) {
         self.state.version.fetch_max(version, Ordering::AcqRel);
-        if let Some(engine) = self.state.engine.get() {
+        if let Some(engine) = self.state.engine() {
             engine.set_model_version(version);
         }
     }
@@ -350,14 +354,14 @@ impl Engine {
 
     /// Whether the loop is running (the servers answered and it started).
     fn running(&self) -> bool {
-        self.state.engine.get().is_some()
+        self.state.engine().is_some()
     }
 
     /// Counters and gauges: the loop's counters, the heartbeat's age and lag, rollouts in
     /// flight and queued, the client's retries. Empty before the loop runs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = PyDict::new(py);
-        let Some(engine) = self.state.engine.get() else {
+        let Some(engine) = self.state.engine() else {
             return Ok(stats);
         };
         let health = engine.health();
@@ -384,7 +388,7 @@ impl Engine {
             "admission_closed",
             f64::from(u8::from(health.admission_closed)),
         )?;
-        if let Some(client) = self.state.client.get() {
+        if let Some(client) = lock(&self.state.client).clone() {
             let client = client.stats();
             stats.set_item("vllm_retries", client.retries as f64)?;
             stats.set_item("vllm_failures", client.failures as f64)?;
@@ -416,8 +420,8 @@ impl Engine {
         let driver = lock(&self.driver).take();
         let drained = py.detach(|| {
             handle.block_on(async move {
-                let drained = match state.engine.get() {
-                    Some(engine) => Some(state.shutdown(engine, deadline).await),
+                let drained = match state.engine() {
+                    Some(engine) => Some(state.shutdown(&engine, deadline).await),
                     None => None,
                 };
                 if let Some(driver) = driver {
@@ -447,7 +451,7 @@ impl Engine {
 
     /// Cancels every rollout in flight at once (a drain under way then ends).
     fn cancel(&self) {
-        if let Some(engine) = self.state.engine.get() {
+        if let Some(engine) = self.state.engine() {
             engine.cancel();
         }
     }
@@ -456,9 +460,18 @@ impl Engine {
     /// [`Engine::shutdown`] and after the pump thread has stopped reading.
     fn close(&self, py: Python<'_>, timeout: f64) {
         *lock(&self.groups) = None;
-        if let Some(runtime) = lock(&self.runtime).take() {
-            py.detach(|| runtime.shutdown_timeout(Duration::from_secs_f64(timeout.max(0.0))));
-        }
+        let runtime = lock(&self.runtime).take();
+        let engine = lock(&self.state.engine).take();
+        let client = lock(&self.state.client).take();
+        py.detach(|| {
+            if let Some(runtime) = runtime {
+                runtime.shutdown_timeout(Duration::from_secs_f64(timeout.max(0.0)));
+            }
+            // The last handles on the loop: its reward pool and tool pool go with it (a tool
+            // thread still inside a call exits when the call returns).
+            drop(engine);
+            drop(client);
+        });
     }
 }
 
@@ -507,7 +520,7 @@ async fn run(
         runtime_threads: _,
     } = prepared;
     let client = Client::new(client).map_err(|e| format!("vllm_server_url: {e}"))?;
-    let _ = state.client.set(client.clone());
+    *lock(&state.client) = Some(client.clone());
     client.wait_until_ready(server_wait).await.map_err(|e| {
         format!("the vLLM servers did not become ready within {server_wait:?} (server_wait): {e}")
     })?;
@@ -535,7 +548,7 @@ async fn run(
     let (engine, mut groups) = builder.start(source).map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
     engine.set_model_version(state.version.load(Ordering::Acquire));
-    let _ = state.engine.set(Arc::clone(&engine));
+    *lock(&state.engine) = Some(Arc::clone(&engine));
     while let Some(group) = groups.recv().await {
         if groups_out.send(group).await.is_err() {
             break;

@@ -131,10 +131,21 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     return " ".join(s for s in summary if s).strip(), args
 
 
+def _bound_by_partials(function: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
+    """The function under any ``functools.partial``s, and the keywords they bind (not the
+    model's to give)."""
+    bound: set[str] = set()
+    while isinstance(function, functools.partial):
+        bound |= set(function.keywords)
+        function = function.func
+    return function, bound
+
+
 def _derived_schema(name: str, function: Callable[..., Any]) -> dict[str, Any]:
     """The schema from the signature, type hints and Google-style docstring, as
     ``transformers.utils.get_json_schema`` builds it, for when transformers is not installed."""
-    target = _signature_target(function)
+    target, bound = _bound_by_partials(function)
+    target = _signature_target(target)
     signature = inspect.signature(function)
     try:
         hints = typing.get_type_hints(target)
@@ -144,7 +155,7 @@ def _derived_schema(name: str, function: Callable[..., Any]) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     required: list[str] = []
     for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in bound:
             continue
         schema = _json_type(hints.get(parameter.name, parameter.annotation))
         if parameter.name in arg_docs:
@@ -165,11 +176,7 @@ def _transformers_schema(name: str, function: Callable[..., Any]) -> dict[str, A
         from transformers.utils import get_json_schema
     except ImportError:
         return None
-    bound: set[str] = set()
-    target = function
-    while isinstance(target, functools.partial):
-        bound |= set(target.keywords)
-        target = target.func
+    target, bound = _bound_by_partials(function)
     schema = get_json_schema(_signature_target(target))["function"]
     if bound or isinstance(function, functools.partial):
         remaining = set(inspect.signature(function).parameters)

@@ -349,6 +349,7 @@ class RolloutWorker:
             self._engine.close(10.0)
             self._loop.stop(10.0)
         self.report["dropped_at_stop"] = self._dropped_at_stop
+        logger.info("RolloutWorker stopped: %s", self.report)
         if self.report.get("tool_threads_left_running"):
             logger.warning(
                 "RolloutWorker.stop(): %s tool threads were still running a call and were left to finish",
