@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def test_check_health_raises_the_engine_s_cause_after_a_failure(simulator, make_
     worker.start()
     worker.check_health(60.0)  # still waiting: healthy
     wait_until(lambda: worker._engine.error() is not None, 20.0, "the engine to give up on the server")
-    with pytest.raises(RuntimeError, match="did not become ready"):
+    with pytest.raises(RuntimeError, match="servers are not ready"):
         worker.check_health(60.0)
 
 
@@ -150,6 +151,7 @@ def test_the_worker_stops_at_interpreter_exit_and_on_keyboard_interrupt(tokenize
     assert "got a sample" in done.stdout, done.stderr
     assert "RolloutWorker stopped" in done.stderr, done.stderr
     if ending == "interrupt":
-        assert done.returncode == 1 and "KeyboardInterrupt" in done.stderr
+        # An uncaught KeyboardInterrupt ends CPython by SIGINT, after the atexit hooks ran.
+        assert done.returncode == -signal.SIGINT and "KeyboardInterrupt" in done.stderr
     else:
         assert done.returncode == 0, done.stderr

@@ -136,7 +136,7 @@ def test_trl_async_grpo_trainer_trains_from_the_worker(tmp_path: Path, monkeypat
 
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 2}?"}], "answer": str(2 * a + 2)} for a in range(8)]
     dataset = Dataset.from_list(rows)
-    sim = async_grpo.Simulator(str(tokenizer_dir), tool_rounds=1, answer_tokens=16)
+    sim = async_grpo.Simulator(str(tokenizer_dir), tool_rounds=1, answer_tokens=16, model="tiny-qwen3")
 
     def calculator(expression: str) -> str:
         """Evaluates an arithmetic expression.
