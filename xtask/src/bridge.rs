@@ -118,6 +118,7 @@ fn install_bridge(venv: &Path) -> anyhow::Result<()> {
                 "--no-build-isolation",
                 "--no-deps",
                 "--force-reinstall",
+                "--no-cache-dir",
             ])
             .arg(root().join("crates").join("trl-bridge"))
             .env("PATH", path),

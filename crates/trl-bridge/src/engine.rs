@@ -522,7 +522,7 @@ async fn run(
     let client = Client::new(client).map_err(|e| format!("vllm_server_url: {e}"))?;
     *lock(&state.client) = Some(client.clone());
     client.wait_until_ready(server_wait).await.map_err(|e| {
-        format!("the vLLM servers did not become ready within {server_wait:?} (server_wait): {e}")
+        format!("the vLLM servers are not ready (server_wait {server_wait:?}): {e}")
     })?;
     let health_checks = client.spawn_health_checks(Duration::from_secs(2));
     let scorer = Scorer::new(
