@@ -180,6 +180,7 @@ def test_schemas_are_derived_as_trl_renders_them_or_taken_as_given() -> None:
 
 def error_of(sample: Any) -> str:
     content = sample.completion[1]["content"]
+    assert content.startswith('{"error":'), f"the tool message is not an error: {content!r}"
     return str(json.loads(content)["error"])
 
 
