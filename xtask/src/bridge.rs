@@ -130,6 +130,8 @@ fn run_pytest(python: &Path, args: &[&str]) -> anyhow::Result<()> {
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .args(args)
         .current_dir(root().join("crates").join("trl-bridge"))
+        // No `__pycache__` left in the repository.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .status()
         .context("cannot run pytest")?;
     match status.code() {

@@ -12,14 +12,14 @@
 //!   waits on a oneshot channel the loop completes. Dropping the future (the call timed out,
 //!   the rollout was cancelled) cancels the coroutine on the loop.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use futures::future::BoxFuture;
 use pyo3::prelude::*;
 use scoring::{Group, Scores, SyncReward};
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tool_dispatch::{Arguments, AsyncTool, SyncTool};
+
+use crate::sync::{Arc, Mutex, lock};
 
 /// What tools and rewards return when they fail: any error that can cross threads.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -134,11 +134,7 @@ struct Done {
 #[pymethods]
 impl Done {
     fn __call__(&self, ok: bool, text: String) {
-        let sender = self
-            .sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let sender = lock(&self.sender).take();
         if let Some(sender) = sender {
             // The waiter may have given up (a timeout): then nobody needs the answer.
             let _ = sender.send((ok, text));

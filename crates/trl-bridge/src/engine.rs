@@ -7,16 +7,7 @@
 //! the worker's pump thread reads with [`Engine::next_group`], never holding the GIL while it
 //! waits. [`Engine::shutdown`] drains the loop; [`Engine::close`] joins the runtime's threads.
 
-use std::{
-    collections::BTreeMap,
-    io::Cursor,
-    path::PathBuf,
-    sync::{
-        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::BTreeMap, io::Cursor, path::PathBuf, time::Duration};
 
 use numpy::PyArray1;
 use pyo3::{
@@ -34,13 +25,10 @@ use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
 use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
 use vllm_client::{Client, ClientConfig};
 
-use crate::callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool};
-
-/// Locks a mutex, going on past a panic elsewhere (the data stays consistent: each lock
-/// guards one `Option` that is taken or set whole).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::{
+    callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
+    sync::{Arc, AtomicBool, AtomicU64, Mutex, OnceLock, Ordering, lock},
+};
 
 /// A `ValueError` naming the argument at fault.
 fn bad(argument: &str, message: impl std::fmt::Display) -> PyErr {

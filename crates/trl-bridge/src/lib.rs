@@ -14,6 +14,7 @@
 mod callables;
 mod engine;
 mod simulator;
+mod sync;
 
 use pyo3::prelude::*;
 

@@ -1,11 +1,7 @@
 //! `Simulator`: vllm-client's vLLM-compatible simulator, served from Python (tests, demos,
 //! benchmarks: a GPU-free stand-in for a vLLM server, recording what it sampled).
 
-use std::{
-    path::PathBuf,
-    sync::{Mutex, PoisonError},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use pyo3::{
     exceptions::{PyRuntimeError, PyValueError},
@@ -13,6 +9,8 @@ use pyo3::{
 };
 use tokio::runtime::Runtime;
 use vllm_client::sim::{SimConfig, Simulator as Server};
+
+use crate::sync::{Mutex, lock};
 
 /// A vLLM-compatible simulator on a runtime of its own (`async_grpo.Simulator`).
 #[pyclass(frozen, module = "async_grpo._native")]
@@ -100,7 +98,7 @@ impl Simulator {
     /// finish_reason)`.
     #[allow(clippy::type_complexity)]
     fn transcript(&self) -> Vec<(Vec<u32>, Vec<u32>, Vec<f64>, &'static str)> {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let inner = lock(&self.inner);
         inner.as_ref().map_or_else(Vec::new, |(_, server)| {
             server
                 .transcript()
@@ -112,7 +110,7 @@ impl Simulator {
 
     /// Generation requests answered so far.
     fn completions(&self) -> u64 {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let inner = lock(&self.inner);
         inner
             .as_ref()
             .map_or(0, |(_, server)| server.counters().completions)
@@ -120,11 +118,7 @@ impl Simulator {
 
     /// Stops serving and joins the simulator's threads. Idempotent.
     fn stop(&self, py: Python<'_>) {
-        let inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let inner = lock(&self.inner).take();
         if let Some((runtime, server)) = inner {
             py.detach(|| {
                 runtime.block_on(server.stop());
