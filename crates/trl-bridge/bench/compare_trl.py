@@ -119,6 +119,7 @@ def cpu_seconds() -> float:
 
 
 SIM_PID = -1
+PYTHON_TOOL_THREADS: int | None = None
 
 
 def run_one(kind: str, tool: Any, url: str, tokenizer_dir: str, seconds: float, counter: Any) -> dict[str, float]:
@@ -133,7 +134,7 @@ def run_one(kind: str, tool: Any, url: str, tokenizer_dir: str, seconds: float, 
 
         worker: Any = async_grpo.RolloutWorker(
             model_name="sim", dataset=rows, reward_funcs=[reward], tools=tools, processing_class=tokenizer_dir,
-            vllm_server_url=url, num_generations=8, max_inflight_tasks=64, max_tokens=64, max_turns=40,
+            vllm_server_url=url, num_generations=8, max_inflight_tasks=64, max_tokens=64, max_turns=40, python_tool_threads=PYTHON_TOOL_THREADS,
         )
     else:
         from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
@@ -178,12 +179,16 @@ def with_trl_template(tokenizer_dir: str, out: Path) -> str:
 
 
 def main() -> None:
-    global SIM_PID
+    global SIM_PID  # noqa: PLW0603
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokenizer", default=str(Path.home() / ".cache/async-grpo/qwen3"))
     parser.add_argument("--seconds", type=float, default=10.0, help="the measured window, after the first sample")
     parser.add_argument("--only", default=None, help="run only the workloads whose name contains this")
+    parser.add_argument("--python-tool-threads", type=int, default=None, help="the bridge's python_tool_threads")
+    parser.add_argument("--workers", default="async_grpo,trl", help="which workers to run, comma-separated")
     args = parser.parse_args()
+    global PYTHON_TOOL_THREADS
+    PYTHON_TOOL_THREADS = args.python_tool_threads
     import tempfile
 
     args.tokenizer = with_trl_template(args.tokenizer, Path(tempfile.mkdtemp(prefix="wt12-bench-")))
@@ -191,7 +196,7 @@ def main() -> None:
     for name, (rounds, tool) in WORKLOADS.items():
         if args.only and args.only not in name:
             continue
-        for kind in ("async_grpo", "trl"):
+        for kind in args.workers.split(","):
             sim = subprocess.Popen(
                 [sys.executable, "-c", SIM_SCRIPT, args.tokenizer, str(rounds), tool.__name__ if tool else "calculator"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tool_dispatch::{Arguments, AsyncTool, SyncTool};
 
-use crate::sync::{Arc, Mutex, lock};
+use crate::sync::{Arc, Lane, Mutex, lock};
 
 /// What tools and rewards return when they fail: any error that can cross threads.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -142,13 +142,16 @@ impl Done {
     }
 }
 
-/// A sync Python tool: runs on tool-dispatch's pool.
+/// A sync Python tool: runs on tool-dispatch's pool; with a lane (`python_tool_threads`), at
+/// most the lane's permits of such calls run Python at once, the others waiting without the
+/// GIL, so that fewer threads contend for it with the trainer's.
 #[derive(Debug)]
-pub(crate) struct SyncPyTool(pub(crate) PyFunction);
+pub(crate) struct SyncPyTool(pub(crate) PyFunction, pub(crate) Option<Arc<Lane>>);
 
 impl SyncTool for SyncPyTool {
     fn call(&self, args: Arguments) -> Result<Value, BoxError> {
         let kwargs = Value::Object(args.into_inner()).to_string();
+        let _permit = self.1.as_ref().map(|lane| lane.enter());
         self.0.call_here("call_tool", kwargs).map(Value::String)
     }
 }

@@ -27,7 +27,7 @@ use vllm_client::{Client, ClientConfig};
 
 use crate::{
     callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
-    sync::{Arc, AtomicBool, AtomicU64, Mutex, OnceLock, Ordering, lock},
+    sync::{Arc, AtomicBool, AtomicU64, Lane, Mutex, OnceLock, Ordering, lock},
 };
 
 /// A `ValueError` naming the argument at fault.
@@ -132,7 +132,7 @@ impl Engine {
         num_generations, max_inflight, max_tokens, temperature, top_p, top_k, min_p, max_turns,
         fork_threshold_tokens, max_staleness, estimator, tool_timeout, reward_timeout,
         server_wait, max_failure_rate, retries, rollout_timeout, prompt_mode, seed,
-        runtime_threads, max_groups, min_group_size
+        runtime_threads, max_groups, min_group_size, python_tool_threads
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -168,6 +168,7 @@ impl Engine {
         runtime_threads: usize,
         max_groups: Option<u64>,
         min_group_size: usize,
+        python_tool_threads: Option<usize>,
     ) -> PyResult<Engine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
@@ -178,6 +179,7 @@ impl Engine {
         let rows = py.detach(|| read_rows(dataset_rows, dataset_path))?;
 
         let bridge = Arc::new(bridge);
+        let lane = python_tool_threads.map(|permits| Arc::new(Lane::new(permits)));
         let mut registry = Registry::new();
         for (name, description, parameters, function, is_async) in tools {
             let parameters: Value = serde_json::from_str(&parameters)
@@ -187,7 +189,7 @@ impl Engine {
             let tool = if is_async {
                 Tool::from_async(spec, AsyncPyTool(function))
             } else {
-                Tool::from_sync(spec, SyncPyTool(function))
+                Tool::from_sync(spec, SyncPyTool(function, lane.clone()))
             };
             registry.add(tool).map_err(|e| bad("tools", e))?;
         }

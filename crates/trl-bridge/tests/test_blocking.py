@@ -65,3 +65,31 @@ def test_a_tool_blocking_in_sleep_stalls_neither_the_heartbeat_nor_other_rollout
     wait_until(
         lambda: any(s.group_id == 0 for s in take(worker, 1)), 30.0, "the blocked rollouts to finish once released"
     )
+
+
+def test_python_tool_threads_bounds_the_sync_tools_running_python_at_once(simulator, make_worker) -> None:
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def busy(expression: str) -> str:
+        """Holds its thread a little.
+
+        Args:
+            expression: The expression.
+        """
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return expression
+
+    for bound, expect_most in ((None, lambda m: m > 1), (1, lambda m: m == 1)):
+        most[0] = 0
+        sim = simulator(tool_rounds=2, tool_name="busy")
+        worker = make_worker(sim, tools=[busy], max_inflight_tasks=16, python_tool_threads=bound)
+        worker.start()
+        take(worker, 24)
+        worker.stop()
+        assert expect_most(most[0]), f"python_tool_threads={bound}: {most[0]} calls ran Python at once"

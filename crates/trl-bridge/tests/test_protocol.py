@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import queue
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -149,6 +151,7 @@ BAD_ARGUMENTS = [
     ({"max_turns": 0}, ValueError, "max_turns"),
     ({"max_staleness": -1}, ValueError, "max_staleness"),
     ({"tool_timeout": 0}, ValueError, "tool_timeout"),
+    ({"python_tool_threads": 0}, ValueError, "python_tool_threads"),
     ({"vllm_server_url": "localhost:8000"}, ValueError, "vllm_server_url"),
     ({"vllm_server_url": []}, TypeError, "vllm_server_url"),
     ({"processing_class": "/nonexistent"}, ValueError, "processing_class"),
@@ -190,3 +193,16 @@ def test_a_jsonl_path_and_a_tokenizer_object_are_accepted(simulator, make_worker
     worker.start()
     samples = take(worker, 4)
     assert {s.prompt[0]["content"] for s in samples} == {"What is 2 + 3?"}
+
+
+def test_free_threaded_cpython_is_refused_with_a_clear_message() -> None:
+    # A stable-ABI module cannot load in free-threaded CPython; the package says so at import.
+    code = (
+        "import sysconfig\n"
+        "real = sysconfig.get_config_var\n"
+        "sysconfig.get_config_var = lambda name: 1 if name == 'Py_GIL_DISABLED' else real(name)\n"
+        "import async_grpo\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr and "free-threaded CPython" in done.stderr, done.stderr

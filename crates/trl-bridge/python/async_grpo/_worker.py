@@ -173,6 +173,7 @@ class RolloutWorker:
         seed: int | None = None,
         epochs: int | None = None,
         runtime_threads: int = 2,
+        python_tool_threads: int | None = None,
     ) -> None:
         if environment is not None:
             raise ValueError(
@@ -217,6 +218,8 @@ class RolloutWorker:
             epochs = _positive_int("epochs", epochs)
         if seed is not None:
             seed = _positive_int("seed", seed, 0)
+        if python_tool_threads is not None:
+            python_tool_threads = _positive_int("python_tool_threads", python_tool_threads)
         temperature = _number("temperature", temperature, 0.0, 100.0)
         top_p = _number("top_p", top_p, 0.0, 1.0, low_open=True)
         if isinstance(top_k, bool) or not isinstance(top_k, int):
@@ -284,6 +287,7 @@ class RolloutWorker:
             runtime_threads=runtime_threads,
             max_groups=None,
             min_group_size=min(2, num_generations),
+            python_tool_threads=python_tool_threads,
         )
         self._model_version = 0
         self._lock = threading.Lock()
