@@ -537,8 +537,10 @@ async fn run(
     };
     let (engine, mut groups) = builder.start(source).map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
-    engine.set_model_version(state.version.load(Ordering::Acquire));
+    // Published first, then the version applied: a version set in between reaches the loop
+    // either way (versions only grow, so applying one twice is harmless).
     *lock(&state.engine) = Some(Arc::clone(&engine));
+    engine.set_model_version(state.version.load(Ordering::Acquire));
     while let Some(group) = groups.recv().await {
         if groups_out.send(group).await.is_err() {
             break;
