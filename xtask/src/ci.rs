@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{cargo, features, fixtures, loom, parity, run_checked, tidy, vllm};
+use crate::{bridge, cargo, features, fixtures, loom, parity, run_checked, tidy, vllm};
 
 /// One step of CI.
 struct Step {
@@ -71,6 +71,10 @@ const STEPS: &[Step] = &[
         run: features::run,
     },
     Step {
+        name: "bridge (pytest)",
+        run: bridge::pytest,
+    },
+    Step {
         name: "loom",
         run: loom::run,
     },
@@ -81,6 +85,10 @@ const STEPS: &[Step] = &[
     Step {
         name: "e2e (real vLLM)",
         run: vllm::e2e,
+    },
+    Step {
+        name: "TRL trainer",
+        run: bridge::trl,
     },
 ];
 

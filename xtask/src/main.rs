@@ -1,9 +1,10 @@
-//! Project automation: `cargo xtask ci | features | loom | bench | quickstart | tidy | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | loom | bench | quickstart | tidy | environment | pytest | trl | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
 
 mod bench;
+mod bridge;
 mod ci;
 mod features;
 mod fixtures;
@@ -25,7 +26,7 @@ usage: cargo xtask <task>
 
 tasks:
   ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, features,
-            loom, tidy, e2e
+            the bridge's pytest suite, loom, tidy, e2e, the TRL trainer
   features  each package with no default features and with each feature alone: builds
             (no warning), unit tests, doc tests
   fixtures  fetch the real tokenizers and chat templates the tests use into the cache,
@@ -39,6 +40,10 @@ tasks:
   environment
             the MCP environment example (examples/environment/) on the built-in simulator,
             its Python MCP SDK installed into ~/.cache/async-grpo/venv-mcp on first use
+  pytest    the Python package async_grpo (crates/trl-bridge) built, installed into a venv
+            in the cache, and its pytest suite
+  trl       TRL's AsyncGRPOTrainer training from async_grpo.RolloutWorker on CPU (reads
+            torch from the real-vLLM venv, which it installs on first use)
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
             a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
@@ -61,6 +66,8 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),
         Some("environment") => environment(),
+        Some("pytest") => bridge::pytest(),
+        Some("trl") => bridge::trl(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("help" | "--help" | "-h") => {
             eprint!("{HELP}");

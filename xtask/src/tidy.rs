@@ -47,6 +47,14 @@ fn check(root: &Path) -> anyhow::Result<Vec<String>> {
     collect(root, &mut files)?;
     files.sort();
     for path in &files {
+        // Only Rust and Cargo files have rules; others (a built Python module, bytecode) may
+        // not even be text.
+        if !matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("rs" | "toml")
+        ) {
+            continue;
+        }
         let text = std::fs::read_to_string(path)?;
         let shown = path.strip_prefix(root).unwrap_or(path).display();
         match path.extension().and_then(|e| e.to_str()) {

@@ -1,0 +1,238 @@
+"""The same workloads through async_grpo.RolloutWorker and TRL 1.16's own AsyncRolloutWorker,
+against the same simulator (a process of its own), with the same Python tools and reward.
+
+For each workload and worker: turns per second (the simulator's completions over a window of
+`--seconds` of steady state, after the first sample, while the trainer thread takes samples
+as fast as they come), CPU per turn (the worker's process and its children,
+the simulator excluded), and the trainer thread's lag (a thread of the trainer's process
+that wants to wake every 10 ms: how late it woke, p99 and max, over the window).
+
+Run in the TRL venv `cargo xtask trl` builds:
+    ~/.cache/async-grpo/trl-venv/bin/python crates/trl-bridge/bench/compare_trl.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+SIM_SCRIPT = """
+import sys, async_grpo
+sim = async_grpo.Simulator(sys.argv[1], tool_rounds=int(sys.argv[2]), tool_name=sys.argv[3], answer_tokens=24,
+                           model="sim", max_model_len=8192)
+print(sim.url, flush=True)
+for line in sys.stdin:  # each line asks how many completions it served
+    print(sim.completions(), flush=True)
+sim.stop()
+"""
+
+
+def calculator(expression: str) -> str:
+    """Evaluates an arithmetic expression.
+
+    Args:
+        expression: Two integers and an operator, such as "3 + 4".
+    """
+    return expression
+
+
+def sleepy(expression: str) -> str:
+    """Waits 100 ms, as an HTTP call would.
+
+    Args:
+        expression: The expression.
+    """
+    time.sleep(0.1)
+    return expression
+
+
+async def asleepy(expression: str) -> str:
+    """Waits 100 ms, asynchronously.
+
+    Args:
+        expression: The expression.
+    """
+    await asyncio.sleep(0.1)
+    return expression
+
+
+def burner(expression: str) -> str:
+    """Burns 5 ms of Python CPU.
+
+    Args:
+        expression: The expression.
+    """
+    end = time.thread_time() + 0.005
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+    return expression
+
+
+def reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+    return [float(len(c[-1]["content"]) % 2) for c in completions]
+
+
+WORKLOADS = {
+    "single turn": (0, None),
+    "sync tool sleeping 100 ms, 2 rounds": (2, sleepy),
+    "async tool sleeping 100 ms, 2 rounds": (2, asleepy),
+    "sync tool burning 5 ms CPU, 2 rounds": (2, burner),
+    "32 tool rounds": (32, calculator),
+}
+
+
+class Ticker:
+    """The trainer's thread: wakes every 10 ms and records how late it woke."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            before = time.perf_counter()
+            time.sleep(0.01)
+            self.lags.append(time.perf_counter() - before - 0.01)
+
+
+def cpu_seconds() -> float:
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            if child.pid != SIM_PID:
+                total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+SIM_PID = -1
+PYTHON_TOOL_THREADS: int | None = None
+
+
+def run_one(kind: str, tool: Any, url: str, tokenizer_dir: str, seconds: float, counter: Any) -> dict[str, float]:
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 3}?"}]} for a in range(64)]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tools = [tool] if tool is not None else None
+    if kind == "async_grpo":
+        import async_grpo
+
+        worker: Any = async_grpo.RolloutWorker(
+            model_name="sim", dataset=rows, reward_funcs=[reward], tools=tools, processing_class=tokenizer_dir,
+            vllm_server_url=url, num_generations=8, max_inflight_tasks=64, max_tokens=64, max_turns=40, python_tool_threads=PYTHON_TOOL_THREADS,
+        )
+    else:
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+        worker = AsyncRolloutWorker(
+            model_name="sim", dataset=Dataset.from_list(rows), reward_funcs=[reward], tools=tools,
+            processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id], num_generations=8,
+            max_inflight_tasks=64, vllm_server_url=url, max_tokens=64,
+        )
+    ticker = Ticker()
+    worker.start()
+    try:
+        worker.rollout_buffer.get(timeout=300)
+        ticker.thread.start()
+        turns0, cpu0, t0 = counter(), cpu_seconds(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            worker.rollout_buffer.get(timeout=300)
+        turns1, cpu1, t1 = counter(), cpu_seconds(), time.perf_counter()
+    finally:
+        ticker.stop.set()
+        worker.stop()
+    turns = turns1 - turns0
+    lags = sorted(ticker.lags) or [0.0]
+    return {
+        "turns_per_s": turns / (t1 - t0),
+        "cpu_ms_per_turn": 1e3 * (cpu1 - cpu0) / max(turns, 1),
+        "lag_p99_ms": 1e3 * lags[int(0.99 * (len(lags) - 1))],
+        "lag_max_ms": 1e3 * lags[-1],
+    }
+
+
+def with_trl_template(tokenizer_dir: str, out: Path) -> str:
+    """The tokenizer with TRL's own Qwen3 chat template (the one TRL knows how to parse
+    responses of), saved for both workers to load."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = qwen3_chat_template
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def main() -> None:
+    global SIM_PID  # noqa: PLW0603
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokenizer", default=str(Path.home() / ".cache/async-grpo/qwen3"))
+    parser.add_argument("--seconds", type=float, default=10.0, help="the measured window, after the first sample")
+    parser.add_argument("--only", default=None, help="run only the workloads whose name contains this")
+    parser.add_argument("--python-tool-threads", type=int, default=None, help="the bridge's python_tool_threads")
+    parser.add_argument("--workers", default="async_grpo,trl", help="which workers to run, comma-separated")
+    args = parser.parse_args()
+    global PYTHON_TOOL_THREADS
+    PYTHON_TOOL_THREADS = args.python_tool_threads
+    import tempfile
+
+    args.tokenizer = with_trl_template(args.tokenizer, Path(tempfile.mkdtemp(prefix="wt12-bench-")))
+    results = []
+    for name, (rounds, tool) in WORKLOADS.items():
+        if args.only and args.only not in name:
+            continue
+        for kind in args.workers.split(","):
+            sim = subprocess.Popen(
+                [sys.executable, "-c", SIM_SCRIPT, args.tokenizer, str(rounds), tool.__name__ if tool else "calculator"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )
+            SIM_PID = sim.pid
+            assert sim.stdin is not None and sim.stdout is not None
+            url = sim.stdout.readline().strip()
+
+            def count(sim: subprocess.Popen = sim) -> int:
+                assert sim.stdin is not None and sim.stdout is not None
+                sim.stdin.write("?\n")
+                sim.stdin.flush()
+                return int(sim.stdout.readline())
+
+            try:
+                result = run_one(kind, tool, url, args.tokenizer, args.seconds, count)
+            finally:
+                if sim.stdin:
+                    sim.stdin.close()
+                sim.wait(30)
+            results.append((name, kind, result))
+            print(f"{name:40s} {kind:10s} " + "  ".join(f"{k}={v:.2f}" for k, v in result.items()), flush=True)
+    print()
+    print("| workload | worker | turns/s | CPU ms/turn | trainer-thread lag p99 / max (ms) |")
+    print("|---|---|---:|---:|---:|")
+    for name, kind, r in results:
+        label = "async_grpo.RolloutWorker" if kind == "async_grpo" else "TRL AsyncRolloutWorker"
+        print(
+            f"| {name} | {label} | {r['turns_per_s']:.0f} | {r['cpu_ms_per_turn']:.2f} | "
+            f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from accelerate import PartialState
+
+    PartialState()  # TRL's worker logs through accelerate, which wants its state first
+    main()

@@ -1,0 +1,423 @@
+"""Tools and reward functions: names, JSON schemas, sync or async, and how the engine calls them.
+
+The engine (Rust) decides where a call runs; ``Bridge`` does the calling and turns whatever
+the user's function returns or raises into ``(ok, text)``:
+
+- sync functions are called by ``Bridge.call_tool`` / ``Bridge.call_reward`` on the engine's
+  pool threads, which hold the GIL only while Python runs;
+- ``async def`` functions are scheduled by ``Bridge.submit_tool`` / ``Bridge.submit_reward``
+  on the worker's asyncio loop thread (``LoopThread``), and report through a callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import json
+import logging
+import math
+import threading
+import types
+import typing
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("async_grpo")
+
+Done = Callable[[bool, str], None]
+
+
+def returns_awaitable(function: Callable[..., Any]) -> bool:
+    """Whether calling ``function`` returns an awaitable, judged from what runs when it is
+    called: through ``functools.partial``, bound methods, and a callable object's ``__call__``
+    (an instance whose ``__call__`` is ``async def`` counts), not from the object alone."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    if inspect.iscoroutinefunction(function):
+        return True
+    if inspect.isfunction(function) or inspect.ismethod(function) or inspect.isbuiltin(function):
+        return False
+    call = getattr(type(function), "__call__", None)
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def callable_name(function: Callable[..., Any]) -> str:
+    """TRL's name for a callable: a ``name`` attribute, else ``__name__`` (through partials),
+    else the class name of a callable object."""
+    name = getattr(function, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    while isinstance(function, functools.partial):
+        function = function.func
+    return getattr(function, "__name__", type(function).__name__)
+
+
+def _signature_target(function: Callable[..., Any]) -> Callable[..., Any]:
+    """What to read a signature, type hints and docstring from: the function itself, or a
+    callable object's bound ``__call__``."""
+    if inspect.isfunction(function) or inspect.ismethod(function):
+        return function
+    return function.__call__  # type: ignore[no-any-return]
+
+
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    tuple: "array",
+    dict: "object",
+    type(None): "null",
+}
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [_json_type(arg) for arg in typing.get_args(hint)]
+        kinds = [o["type"] for o in options if "type" in o]
+        if len(kinds) == len(options):
+            flat: list[str] = []
+            for kind in kinds:
+                flat.extend(kind if isinstance(kind, list) else [kind])
+            return {"type": flat[0] if len(flat) == 1 else flat}
+        return {}
+    if origin is typing.Literal:
+        values = list(typing.get_args(hint))
+        return {"type": _JSON_TYPES.get(type(values[0]), "string"), "enum": values}
+    if origin in (list, tuple, set):
+        args = typing.get_args(hint)
+        schema: dict[str, Any] = {"type": "array"}
+        if args and args[0] is not Ellipsis:
+            schema["items"] = _json_type(args[0])
+        return schema
+    if origin is dict:
+        return {"type": "object"}
+    kind = _JSON_TYPES.get(hint)
+    return {"type": kind} if kind else {}
+
+
+def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
+    """A Google-style docstring's summary and ``Args:`` descriptions."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    args: dict[str, str] = {}
+    section = "summary"
+    current: str | None = None
+    for line in lines:
+        stripped = line.strip()
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            section, current = "args", None
+            continue
+        if stripped.endswith(":") and stripped[:-1] in ("Returns", "Raises", "Yields", "Example", "Examples"):
+            section = "other"
+            continue
+        if section == "summary":
+            summary.append(stripped)
+        elif section == "args" and stripped:
+            head, sep, rest = stripped.partition(":")
+            name = head.split("(")[0].strip()
+            if sep and line.startswith((" ", "\t")) and name.isidentifier() and not line.startswith(" " * 8):
+                current = name
+                args[name] = rest.strip()
+            elif current is not None:
+                args[current] = f"{args[current]} {stripped}".strip()
+    return " ".join(s for s in summary if s).strip(), args
+
+
+def _bound_by_partials(function: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
+    """The function under any ``functools.partial``s, and the keywords they bind (not the
+    model's to give)."""
+    bound: set[str] = set()
+    while isinstance(function, functools.partial):
+        bound |= set(function.keywords)
+        function = function.func
+    return function, bound
+
+
+def _derived_schema(name: str, function: Callable[..., Any]) -> dict[str, Any]:
+    """The schema from the signature, type hints and Google-style docstring, as
+    ``transformers.utils.get_json_schema`` builds it, for when transformers is not installed."""
+    target, bound = _bound_by_partials(function)
+    target = _signature_target(target)
+    signature = inspect.signature(function)
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:
+        hints = {}
+    description, arg_docs = _docstring_parts(inspect.getdoc(target))
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in bound:
+            continue
+        schema = _json_type(hints.get(parameter.name, parameter.annotation))
+        if parameter.name in arg_docs:
+            schema["description"] = arg_docs[parameter.name]
+        properties[parameter.name] = schema
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        parameters["required"] = required
+    return {"name": name, "description": description, "parameters": parameters}
+
+
+def _transformers_schema(name: str, function: Callable[..., Any]) -> dict[str, Any] | None:
+    """``transformers.utils.get_json_schema``'s schema (what TRL renders), or None when
+    transformers is not installed. A partial's bound arguments are left out."""
+    try:
+        from transformers.utils import get_json_schema
+    except ImportError:
+        return None
+    target, bound = _bound_by_partials(function)
+    schema = get_json_schema(_signature_target(target))["function"]
+    if bound or isinstance(function, functools.partial):
+        remaining = set(inspect.signature(function).parameters)
+        parameters = schema.get("parameters", {})
+        props = parameters.get("properties", {})
+        for key in list(props):
+            if key not in remaining or key in bound:
+                del props[key]
+        if "required" in parameters:
+            parameters["required"] = [r for r in parameters["required"] if r in props]
+    schema["name"] = name
+    return dict(schema)
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    """A tool ready for the engine."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    function: Callable[..., Any]
+    is_async: bool
+
+
+def tool_entry(item: Any, index: int) -> ToolEntry:
+    """A tool from what ``tools=`` holds: a callable, or ``{"function": callable, "name": ...,
+    "schema": {...}}`` with an explicit name and/or schema (OpenAI's function shape, bare or
+    under ``{"type": "function", "function": ...}``)."""
+    explicit_name: str | None = None
+    schema: dict[str, Any] | None = None
+    function = item
+    if isinstance(item, dict):
+        unknown = set(item) - {"function", "name", "schema"}
+        if unknown:
+            raise ValueError(f"tools[{index}]: unknown keys {sorted(unknown)}; expected function, name, schema")
+        function = item.get("function")
+        explicit_name = item.get("name")
+        schema = item.get("schema")
+        if schema is not None:
+            if not isinstance(schema, dict):
+                raise TypeError(f"tools[{index}]: schema must be a dict (a JSON schema), got {type(schema).__name__}")
+            schema = dict(schema.get("function", schema))
+    if not callable(function):
+        raise TypeError(f"tools[{index}]: expected a callable or a dict with a callable 'function', got {item!r}")
+    name = explicit_name or (schema or {}).get("name") or callable_name(function)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"tools[{index}]: the tool's name must be an identifier, got {name!r}")
+    if schema is None:
+        try:
+            schema = _transformers_schema(name, function)
+        except Exception as error:
+            raise ValueError(
+                f"tools[{index}] ({name}): transformers.utils.get_json_schema cannot describe it ({error}); "
+                "document every argument in a Google-style docstring with type hints, or pass an explicit "
+                "schema: {'function': f, 'schema': {...}}"
+            ) from error
+        if schema is None:
+            schema = _derived_schema(name, function)
+    parameters = schema.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        raise ValueError(f"tools[{index}] ({name}): the schema's parameters must be a JSON schema of type object")
+    return ToolEntry(
+        name=name,
+        description=str(schema.get("description") or ""),
+        parameters=parameters,
+        function=function,
+        is_async=returns_awaitable(function),
+    )
+
+
+def _content(result: Any) -> str:
+    """A tool's return value as the tool message's content: text as is, else JSON, else str()."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def _error(kind: str, name: str, error: BaseException) -> str:
+    logger.warning("%s %s raised", kind, name, exc_info=(type(error), error, error.__traceback__))
+    return f"{type(error).__name__}: {error}"
+
+
+def _awaitable_from_sync(kind: str, name: str, result: Any) -> str:
+    if inspect.iscoroutine(result):
+        result.close()
+    return (
+        f"{kind} {name!r} was registered as sync (calling it does not look async) but returned an awaitable; "
+        "make it (or its __call__) an `async def`"
+    )
+
+
+def _reward_kwargs(group_json: str) -> tuple[int, dict[str, Any]]:
+    """TRL's reward-function arguments for a group: ``prompts``, ``completions``,
+    ``completion_ids`` and every dataset column, one entry per completion."""
+    group = json.loads(group_json)
+    completions = group["completions"]
+    n = len(completions)
+    kwargs: dict[str, Any] = {
+        "prompts": [group["prompt"] for _ in range(n)],
+        "completions": [c["messages"] for c in completions],
+        "completion_ids": [c["token_ids"] for c in completions],
+    }
+    for column, value in group.get("row", {}).items():
+        kwargs.setdefault(column, [value for _ in range(n)])
+    return n, kwargs
+
+
+def _scores_json(name: str, n: int, result: Any) -> tuple[bool, str]:
+    if not isinstance(result, (list, tuple)) or len(result) != n:
+        return False, f"reward function {name!r} must return a list of {n} floats or None, got {result!r}"
+    scores: list[float | None] = []
+    for value in result:
+        if value is None:
+            scores.append(None)
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return False, f"reward function {name!r} returned {value!r}, not a float or None"
+        scores.append(number if math.isfinite(number) else None)
+    return True, json.dumps(scores)
+
+
+class LoopThread:
+    """The worker's asyncio event loop, on a thread of its own, where ``async def`` tools and
+    rewards run."""
+
+    def __init__(self, name: str = "async-grpo-asyncio") -> None:
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=self._name, daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def submit(self, coroutine: Coroutine[Any, Any, tuple[bool, str]], done: Done) -> concurrent.futures.Future:
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            coroutine.close()
+            raise RuntimeError("the worker's asyncio loop is not running")
+        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+
+        def finished(future: concurrent.futures.Future) -> None:
+            if future.cancelled():
+                done(False, "cancelled")
+            elif future.exception() is not None:
+                done(False, repr(future.exception()))
+            else:
+                done(*future.result())
+
+        future.add_done_callback(finished)
+        return future
+
+    def stop(self, timeout: float) -> bool:
+        """Stops the loop (tasks still running are cancelled) and joins its thread."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:
+                pass
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+
+class Bridge:
+    """What the engine calls to run a Python tool or reward function."""
+
+    def __init__(self, loop: LoopThread) -> None:
+        self._loop = loop
+
+    def call_tool(self, function: Callable[..., Any], name: str, kwargs_json: str) -> tuple[bool, str]:
+        try:
+            result = function(**json.loads(kwargs_json))
+        except Exception as error:
+            return False, _error("tool", name, error)
+        if inspect.isawaitable(result):
+            return False, _awaitable_from_sync("tool", name, result)
+        return True, _content(result)
+
+    def submit_tool(
+        self, function: Callable[..., Any], name: str, kwargs_json: str, done: Done
+    ) -> concurrent.futures.Future:
+        async def run() -> tuple[bool, str]:
+            try:
+                result = function(**json.loads(kwargs_json))
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as error:
+                return False, _error("tool", name, error)
+            return True, _content(result)
+
+        return self._loop.submit(run(), done)
+
+    def call_reward(self, function: Callable[..., Any], name: str, group_json: str) -> tuple[bool, str]:
+        n, kwargs = _reward_kwargs(group_json)
+        try:
+            result = function(**kwargs)
+        except Exception as error:
+            return False, _error("reward function", name, error)
+        if inspect.isawaitable(result):
+            return False, _awaitable_from_sync("reward function", name, result)
+        return _scores_json(name, n, result)
+
+    def submit_reward(
+        self, function: Callable[..., Any], name: str, group_json: str, done: Done
+    ) -> concurrent.futures.Future:
+        n, kwargs = _reward_kwargs(group_json)
+
+        async def run() -> tuple[bool, str]:
+            try:
+                result = function(**kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as error:
+                return False, _error("reward function", name, error)
+            return _scores_json(name, n, result)
+
+        return self._loop.submit(run(), done)

@@ -1,0 +1,490 @@
+"""``RolloutWorker``: TRL's rollout worker protocol on top of the Rust engine.
+
+Threads (all started by ``start()``, all joined by ``stop()``):
+
+- the engine's runtime threads (``async-grpo-rt``), its tool pool (``async-grpo-tool``) and
+  reward pool (``async-grpo-reward``): Rust, holding the GIL only while a Python tool or
+  reward function runs;
+- ``async-grpo-asyncio``: the asyncio loop where ``async def`` tools and rewards run;
+- ``async-grpo-pump``: moves scored groups from the engine into ``rollout_buffer`` as
+  ``RolloutSample``s and pushes metrics; it waits on the engine without the GIL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _native
+from ._callables import Bridge, LoopThread, callable_name, returns_awaitable, tool_entry
+from ._sample import RolloutSample
+
+logger = logging.getLogger("async_grpo")
+
+MetricValue = float | tuple[float, float]
+
+# Engine counters pushed to `metrics_queue` as deltas (TRL sums keys with a `total` word).
+_COUNTERS = {
+    "rollouts_completed": "rollout/completed_total",
+    "rollouts_failed": "rollout/failed_total",
+    "rollouts_retried": "rollout/retried_total",
+    "rollouts_cancelled": "rollout/cancelled_total",
+    "groups_stale": "rollout/stale_groups_total",
+    "groups_too_small": "rollout/dropped_groups_total",
+    "turns": "rollout/turns_total",
+    "sampled_tokens": "rollout/sampled_tokens_total",
+    "tool_calls": "tools/call_total",
+    "tool_errors": "tools/failure_total",
+    "parse_failures": "tools/parse_failure_total",
+    "vllm_retries": "rollout/vllm_retry_total",
+    "tools/unknown_name": "tools/unknown_name_total",
+}
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
+        bound = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bound}{low}, {high}], got {value}")
+    return number
+
+
+def _tokenizer_dir(processing_class: Any) -> str:
+    """The folder holding the tokenizer's ``tokenizer.json`` and chat template."""
+    if processing_class is None:
+        raise ValueError("processing_class: give the tokenizer (or the folder it was saved to)")
+    if isinstance(processing_class, (str, os.PathLike)):
+        path = Path(processing_class)
+    else:
+        name = getattr(processing_class, "name_or_path", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                "processing_class must be a transformers tokenizer (with name_or_path) or a folder path, "
+                f"got {type(processing_class).__name__}"
+            )
+        path = Path(name)
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(
+            f"processing_class: {str(path)!r} is not a folder with a tokenizer.json; the engine loads the same "
+            "tokenizer.json and chat template: save the tokenizer with save_pretrained(folder) and pass the folder"
+        )
+    return str(path)
+
+
+def _servers(url: Any) -> list[str]:
+    urls = [url] if isinstance(url, str) else url
+    if not isinstance(urls, (list, tuple)) or not urls:
+        raise TypeError("vllm_server_url must be a URL or a non-empty list of URLs")
+    for u in urls:
+        if not isinstance(u, str) or not u.startswith(("http://", "https://")):
+            raise ValueError(f"vllm_server_url: {u!r} is not an http:// or https:// URL")
+    return [u.rstrip("/") for u in urls]
+
+
+def _dataset(dataset: Any) -> tuple[list[str] | None, str | None]:
+    """JSON lines of the rows, or a .jsonl path."""
+    if isinstance(dataset, (str, os.PathLike)):
+        path = Path(dataset)
+        if path.suffix != ".jsonl" or not path.is_file():
+            raise ValueError(f"dataset: {str(path)!r} is not a .jsonl file")
+        return None, str(path)
+    if isinstance(dataset, dict) or not isinstance(dataset, Iterable):
+        raise TypeError(
+            f"dataset must be a datasets.Dataset, a list of dicts or a .jsonl path, got {type(dataset).__name__}"
+        )
+    lines = []
+    for index, row in enumerate(dataset):
+        if not isinstance(row, dict):
+            raise TypeError(f"dataset[{index}] must be a dict with a 'prompt', got {type(row).__name__}")
+        try:
+            lines.append(json.dumps(row, default=_jsonable))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"dataset[{index}]: cannot be written as JSON: {error}") from error
+    return lines, None
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays as JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+class RolloutWorker:
+    """A rollout worker for TRL's ``AsyncGRPOTrainer`` (``rollout_worker=``), backed by the
+    Rust engine.
+
+    The arguments are those of TRL's ``AsyncRolloutWorker`` that apply, with the same names
+    and meanings, plus the engine's own (after ``environment``). A wrong argument raises
+    ``TypeError`` or ``ValueError`` naming it here, at construction.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        dataset: Any,
+        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]],
+        processing_class: Any,
+        tools: Sequence[Any] | None = None,
+        num_generations: int = 8,
+        max_inflight_tasks: int = 128,
+        queue_maxsize: int = 0,
+        vllm_server_url: str | Sequence[str] = "http://localhost:8000",
+        max_tokens: int = 32,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float | None = None,
+        max_turns: int = 10,
+        fork_threshold_tokens: int = 1024,
+        max_staleness: int | None = None,
+        reward_weights: Sequence[float] | None = None,
+        estimator: str = "trl",
+        tool_timeout: float = 60.0,
+        environment: Any = None,
+        reward_timeout: float = 300.0,
+        prompt_mode: str = "append",
+        retries: int = 1,
+        rollout_timeout: float = 600.0,
+        server_wait: float = 600.0,
+        max_failure_rate: float | None = 0.5,
+        drain_timeout: float = 10.0,
+        seed: int | None = None,
+        epochs: int | None = None,
+        runtime_threads: int = 2,
+        python_tool_threads: int | None = None,
+    ) -> None:
+        if environment is not None:
+            raise ValueError(
+                "environment= needs the harness (OpenEnv session factories driven by the engine), which this "
+                "build does not include yet; pass tools= and reward_funcs= instead"
+            )
+        if not isinstance(model_name, str) or not model_name:
+            raise TypeError("model_name must be the served model's name (a non-empty str)")
+        funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
+        if not funcs:
+            raise ValueError("reward_funcs: give at least one reward function")
+        for index, func in enumerate(funcs):
+            if not callable(func):
+                raise TypeError(f"reward_funcs[{index}] is not callable: {func!r}")
+        if reward_weights is None:
+            weights = [1.0] * len(funcs)
+        else:
+            weights = [float(w) for w in reward_weights]
+            if len(weights) != len(funcs):
+                raise ValueError(
+                    f"reward_weights has {len(weights)} weights for {len(funcs)} reward functions"
+                )
+        names = [callable_name(f) for f in funcs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"reward_funcs: two reward functions are named {duplicates[0]!r}; give one a name attribute")
+        entries = [tool_entry(item, i) for i, item in enumerate(tools or [])]
+        tool_names = [t.name for t in entries]
+        if len(set(tool_names)) != len(tool_names):
+            raise ValueError(f"tools: two tools share a name: {tool_names}")
+        num_generations = _positive_int("num_generations", num_generations)
+        max_inflight_tasks = _positive_int("max_inflight_tasks", max_inflight_tasks)
+        queue_maxsize = _positive_int("queue_maxsize", queue_maxsize, 0)
+        max_tokens = _positive_int("max_tokens", max_tokens)
+        max_turns = _positive_int("max_turns", max_turns)
+        fork_threshold_tokens = _positive_int("fork_threshold_tokens", fork_threshold_tokens, 0)
+        runtime_threads = _positive_int("runtime_threads", runtime_threads)
+        retries = _positive_int("retries", retries, 0)
+        if max_staleness is not None:
+            max_staleness = _positive_int("max_staleness", max_staleness, 0)
+        if epochs is not None:
+            epochs = _positive_int("epochs", epochs)
+        if seed is not None:
+            seed = _positive_int("seed", seed, 0)
+        if python_tool_threads is not None:
+            python_tool_threads = _positive_int("python_tool_threads", python_tool_threads)
+        temperature = _number("temperature", temperature, 0.0, 100.0)
+        top_p = _number("top_p", top_p, 0.0, 1.0, low_open=True)
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise TypeError(f"top_k must be an int, got {type(top_k).__name__}")
+        if top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off) or positive, got {top_k}")
+        if min_p is not None:
+            min_p = _number("min_p", min_p, 0.0, 1.0)
+        if max_failure_rate is not None:
+            max_failure_rate = _number("max_failure_rate", max_failure_rate, 0.0, 1.0)
+        for name, value in (
+            ("tool_timeout", tool_timeout),
+            ("reward_timeout", reward_timeout),
+            ("rollout_timeout", rollout_timeout),
+            ("server_wait", server_wait),
+            ("drain_timeout", drain_timeout),
+        ):
+            _number(name, value, 0.0, 1e9, low_open=True)
+        rows, path = _dataset(dataset)
+        tokenizer = _tokenizer_dir(processing_class)
+        servers = _servers(vllm_server_url)
+
+        self.model_name = model_name
+        self.num_generations = num_generations
+        self.max_staleness = max_staleness
+        self.reward_func_names = names
+        self.tools = entries
+        self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue[dict[str, MetricValue]] = queue.Queue(maxsize=4096)
+        self._drain_timeout = float(drain_timeout)
+        self._loop = LoopThread()
+        self._bridge = Bridge(self._loop)
+        self._engine = _native.Engine(
+            bridge=self._bridge,
+            tokenizer=tokenizer,
+            servers=servers,
+            model=model_name,
+            dataset_rows=rows,
+            dataset_path=path,
+            epochs=epochs,
+            tools=[(t.name, t.description, json.dumps(t.parameters), t.function, t.is_async) for t in entries],
+            rewards=[
+                (name, func, returns_awaitable(func), weight)
+                for name, func, weight in zip(names, funcs, weights, strict=True)
+            ],
+            num_generations=num_generations,
+            max_inflight=max_inflight_tasks,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p if top_p < 1.0 else None,
+            top_k=top_k if top_k > 0 else None,
+            min_p=min_p if min_p else None,
+            max_turns=max_turns,
+            fork_threshold_tokens=fork_threshold_tokens,
+            max_staleness=max_staleness,
+            estimator=estimator,
+            tool_timeout=float(tool_timeout),
+            reward_timeout=float(reward_timeout),
+            server_wait=float(server_wait),
+            max_failure_rate=max_failure_rate,
+            retries=retries,
+            rollout_timeout=float(rollout_timeout),
+            prompt_mode=prompt_mode,
+            seed=seed,
+            runtime_threads=runtime_threads,
+            max_groups=None,
+            min_group_size=min(2, num_generations),
+            python_tool_threads=python_tool_threads,
+        )
+        self._model_version = 0
+        self._lock = threading.Lock()
+        self._started_at: float | None = None
+        self._stopped = False
+        self._stopping = threading.Event()
+        self._pump: threading.Thread | None = None
+        self._pump_error: BaseException | None = None
+        self._last_stats: dict[str, float] = {}
+        self._dropped_at_stop = 0
+        self.delivered = 0
+        self.report: dict[str, Any] = {}
+
+    # -- TRL's protocol -------------------------------------------------------------------
+
+    @property
+    def model_version(self) -> int:
+        return self._model_version
+
+    def update_model_version(self, model_version: int) -> None:
+        """The policy version now live: new turns record it, and with ``max_staleness`` the
+        engine cancels groups left too far behind (the trainer would drop their samples)."""
+        self._model_version = int(model_version)
+        self._engine.set_model_version(self._model_version)
+
+    def start(self) -> None:
+        """Starts the engine (it waits for the vLLM servers in the background) and the
+        worker's threads. A second call does nothing."""
+        with self._lock:
+            if self._started_at is not None:
+                logger.warning("RolloutWorker.start() called twice; ignoring")
+                return
+            if self._stopped:
+                raise RuntimeError("this RolloutWorker was stopped; make a new one")
+            self._started_at = time.monotonic()
+            self._loop.start()
+            self._engine.start()
+            self._pump = threading.Thread(target=self._run_pump, name="async-grpo-pump", daemon=True)
+            self._pump.start()
+            _live_workers.add(self)
+
+    def stop(self) -> None:
+        """Drains: no new rollouts, those in flight finish for up to ``drain_timeout`` seconds
+        (then are cancelled), complete groups still reach ``rollout_buffer`` while it has
+        room; then joins every thread the worker started. Idempotent; also runs at
+        interpreter exit. A ``KeyboardInterrupt`` during the drain cancels at once."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        _live_workers.discard(self)
+        if self._started_at is None:
+            return
+        self._stopping.set()
+        try:
+            self.report = dict(self._engine.shutdown(self._drain_timeout))
+        except KeyboardInterrupt:
+            self._engine.cancel()
+            self.report = dict(self._engine.shutdown(0.0))
+        finally:
+            if self._pump is not None:
+                self._pump.join(30.0)
+            self._engine.close(10.0)
+            self._loop.stop(10.0)
+        self.report["dropped_at_stop"] = self._dropped_at_stop
+        logger.info("RolloutWorker stopped: %s", self.report)
+        if self.report.get("tool_threads_left_running"):
+            logger.warning(
+                "RolloutWorker.stop(): %s tool threads were still running a call and were left to finish",
+                self.report["tool_threads_left_running"],
+            )
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raises ``RuntimeError`` with the cause when the engine failed or stopped early, or
+        when its heartbeat is older than ``stale_after_s`` seconds."""
+        if self._pump_error is not None:
+            raise RuntimeError("the rollout worker's pump thread failed") from self._pump_error
+        error = self._engine.error()
+        if error is not None:
+            raise RuntimeError(f"the rollout engine failed: {error}")
+        if self._started_at is None:
+            raise RuntimeError("the rollout worker was not started")
+        if not self._engine.running():
+            waited = time.monotonic() - self._started_at
+            if waited > stale_after_s:
+                raise RuntimeError(
+                    f"the rollout worker is still waiting for the vLLM servers after {waited:.0f}s "
+                    f"(> {stale_after_s:.0f}s)"
+                )
+            return
+        age = float(self._engine.stats().get("heartbeat_age_s", 0.0))
+        if age > stale_after_s:
+            raise RuntimeError(
+                f"the rollout engine's heartbeat is stale: {age:.1f}s > {stale_after_s:.1f}s; its runtime is blocked"
+            )
+
+    # -- Beyond the protocol --------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """The engine's counters and gauges now (rollouts, turns, tokens, tool calls, the
+        heartbeat's age and lag, ...)."""
+        return dict(self._engine.stats())
+
+    def __enter__(self) -> RolloutWorker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- The pump -------------------------------------------------------------------------
+
+    def _run_pump(self) -> None:
+        try:
+            while True:
+                ended, group = self._engine.next_group(0.2)
+                if ended:
+                    return
+                if group is not None:
+                    self._deliver(*group)
+        except BaseException as error:
+            logger.error("the rollout worker's pump thread failed", exc_info=True)
+            self._pump_error = error
+
+    def _deliver(self, samples: list[dict[str, Any]], group_metrics: dict[str, float], causes: list[str]) -> None:
+        rates: dict[str, list[float]] = {}
+        reward_std = group_metrics.get("reward_std", math.nan)
+        for raw in samples:
+            metrics = {f"rollout/{k}": v for k, v in raw["metrics"].items()}
+            reward = raw["reward"]
+            metrics["reward"] = math.nan if reward is None else float(reward)
+            metrics["reward_std"] = reward_std
+            for name, value in json.loads(raw["rewards"]).items():
+                metrics[f"rewards/{name}"] = math.nan if value is None else float(value)
+            calls = raw["metrics"].get("tool_calls", 0.0)
+            if self.tools:
+                metrics["tools/call_frequency"] = calls
+                metrics["tools/failure_frequency"] = raw["metrics"].get("tool_errors", 0.0) / calls if calls else 0.0
+            for key, source in (("rollout/turns_mean", "turns"), ("completions/mean_length", "completion_tokens")):
+                pair = rates.setdefault(key, [0.0, 0.0])
+                pair[0] += raw["metrics"].get(source, 0.0)
+                pair[1] += 1.0
+            sample = RolloutSample(
+                prompt=json.loads(raw["prompt"]),
+                completion=json.loads(raw["completion"]),
+                input_ids=raw["input_ids"],
+                completion_mask=raw["completion_mask"],
+                old_log_probs=raw["old_log_probs"],
+                advantage=float(raw["advantage"]),
+                model_version=int(raw["model_version"]),
+                group_id=int(raw["group_id"]),
+                metrics=metrics,
+            )
+            self._put(sample)
+        values: dict[str, MetricValue] = {key: (num, den) for key, (num, den) in rates.items()}
+        for cause in causes:
+            key = f"rollout/failures/{cause}_total"
+            values[key] = float(values.get(key, 0.0)) + 1.0  # type: ignore[arg-type]
+        self._push_metrics(values)
+
+    def _put(self, sample: Any) -> None:
+        while True:
+            sample.enqueued_at = time.time()
+            try:
+                self.rollout_buffer.put(sample, timeout=0.1)
+                self.delivered += 1
+                return
+            except queue.Full:
+                if self._stopping.is_set():
+                    self._dropped_at_stop += 1
+                    return
+
+    def _push_metrics(self, values: dict[str, MetricValue]) -> None:
+        stats = self._engine.stats()
+        for source, key in _COUNTERS.items():
+            now = float(stats.get(source, 0.0))
+            values[key] = now - self._last_stats.get(source, 0.0)
+            self._last_stats[source] = now
+        values["rollout/inflight"] = float(stats.get("in_flight", 0.0))
+        values["rollout/queued"] = float(stats.get("queued", 0.0))
+        values["rollout/buffer_size"] = float(self.rollout_buffer.qsize())
+        values["rollout/heartbeat_age_s"] = float(stats.get("heartbeat_age_s", 0.0))
+        values["rollout/scheduler_lag_p99_s"] = float(stats.get("scheduler_lag_p99_s", 0.0))
+        values["rollout/scheduler_lag_max_s"] = float(stats.get("scheduler_lag_max_s", 0.0))
+        try:
+            self.metrics_queue.put_nowait(values)
+        except queue.Full:
+            pass  # never block delivery for metrics nobody reads
+
+
+_live_workers: weakref.WeakSet[RolloutWorker] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_workers() -> None:
+    for worker in list(_live_workers):
+        try:
+            worker.stop()
+        except Exception:
+            logger.exception("stopping a RolloutWorker at exit failed")

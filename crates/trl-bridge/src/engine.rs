@@ -1,0 +1,611 @@
+//! `Engine`: the rollout loop on a tokio runtime of its own, as the Python worker drives it.
+//!
+//! Construction checks everything that can be checked without a server (the tokenizer and
+//! its chat template, every dataset row, the tools and rewards) and raises `ValueError`
+//! naming the argument. [`Engine::start`] starts the runtime and a driver task: it waits for
+//! the servers, starts the loop, and forwards scored groups to a channel of one group that
+//! the worker's pump thread reads with [`Engine::next_group`], never holding the GIL while it
+//! waits. [`Engine::shutdown`] drains the loop; [`Engine::close`] joins the runtime's threads.
+
+use std::{collections::BTreeMap, io::Cursor, path::PathBuf, time::Duration};
+
+use numpy::PyArray1;
+use pyo3::{
+    exceptions::{PyRuntimeError, PyValueError},
+    prelude::*,
+    types::{PyDict, PyList},
+};
+use rollout_core::{
+    ChatTokenizer, DatasetError, DatasetReader, DatasetRow, TrainingSample,
+    rollout::{DrainReport, Engine as Loop, PromptMode, RolloutConfig, ScoredGroup},
+};
+use scoring::{AdvantageConfig, Reward, Scorer, ScorerConfig};
+use serde_json::Value;
+use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
+use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
+use vllm_client::{Client, ClientConfig};
+
+use crate::{
+    callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
+    sync::{Arc, AtomicBool, AtomicU64, Lane, Mutex, OnceLock, Ordering, lock},
+};
+
+/// A `ValueError` naming the argument at fault.
+fn bad(argument: &str, message: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("{argument}: {message}"))
+}
+
+/// A duration in seconds from Python, checked.
+fn seconds(argument: &str, value: f64) -> PyResult<Duration> {
+    if value.is_finite() && value > 0.0 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(bad(
+            argument,
+            format!("must be a number of seconds > 0, got {value}"),
+        ))
+    }
+}
+
+/// Everything the loop needs, checked at construction and consumed by [`Engine::start`].
+struct Prepared {
+    tokenizer: ChatTokenizer,
+    rows: Vec<DatasetRow>,
+    epochs: Option<usize>,
+    registry: Registry,
+    rewards: Vec<Reward>,
+    config: RolloutConfig,
+    client: ClientConfig,
+    server_wait: Duration,
+    tool_threads: usize,
+    tool_timeout: Duration,
+    reward_threads: usize,
+    runtime_threads: usize,
+}
+
+/// What the driver task and the Python side share.
+#[derive(Default)]
+struct State {
+    /// The loop, once the servers answered and it started.
+    engine: Mutex<Option<Arc<Loop<Client>>>>,
+    /// The client, for its retry counters.
+    client: Mutex<Option<Client>>,
+    /// The latest model version set, applied when the loop starts.
+    version: AtomicU64,
+    /// Why the loop failed or stopped early.
+    error: Mutex<Option<String>>,
+    /// Whether a shutdown was asked for: the loop ending is then expected.
+    stopping: AtomicBool,
+    /// The drain's report: the first shutdown runs it, later calls read it.
+    report: tokio::sync::Mutex<Option<DrainReport>>,
+}
+
+impl State {
+    fn engine(&self) -> Option<Arc<Loop<Client>>> {
+        lock(&self.engine).clone()
+    }
+
+    fn fail(&self, message: String) {
+        let mut error = lock(&self.error);
+        if error.is_none() {
+            tracing::error!(%message, "the rollout engine failed");
+            *error = Some(message);
+        }
+    }
+
+    /// Drains the loop once; later calls get the same report.
+    async fn shutdown(&self, engine: &Loop<Client>, deadline: Duration) -> DrainReport {
+        let mut report = self.report.lock().await;
+        match report.as_ref() {
+            Some(done) => done.clone(),
+            None => {
+                let done = engine.shutdown(deadline).await;
+                *report = Some(done.clone());
+                done
+            }
+        }
+    }
+}
+
+/// The rollout engine behind `async_grpo.RolloutWorker` (`async_grpo._native.Engine`).
+#[pyclass(frozen, module = "async_grpo._native")]
+pub(crate) struct Engine {
+    prepared: Mutex<Option<Prepared>>,
+    runtime: Mutex<Option<Runtime>>,
+    handle: OnceLock<tokio::runtime::Handle>,
+    state: Arc<State>,
+    groups: Mutex<Option<mpsc::Receiver<ScoredGroup>>>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A tool as the Python side describes it: name, description, JSON schema of the
+/// parameters (text), the callable, and whether it is async.
+type ToolSpecTuple = (String, String, String, Py<PyAny>, bool);
+/// A reward function: name, the callable, whether it is async, its weight.
+type RewardTuple = (String, Py<PyAny>, bool, f64);
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (
+        *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, epochs, tools, rewards,
+        num_generations, max_inflight, max_tokens, temperature, top_p, top_k, min_p, max_turns,
+        fork_threshold_tokens, max_staleness, estimator, tool_timeout, reward_timeout,
+        server_wait, max_failure_rate, retries, rollout_timeout, prompt_mode, seed,
+        runtime_threads, max_groups, min_group_size, python_tool_threads
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        bridge: Py<PyAny>,
+        tokenizer: PathBuf,
+        servers: Vec<String>,
+        model: Option<String>,
+        dataset_rows: Option<Vec<String>>,
+        dataset_path: Option<PathBuf>,
+        epochs: Option<usize>,
+        tools: Vec<ToolSpecTuple>,
+        rewards: Vec<RewardTuple>,
+        num_generations: usize,
+        max_inflight: usize,
+        max_tokens: u32,
+        temperature: f32,
+        top_p: Option<f32>,
+        top_k: Option<i32>,
+        min_p: Option<f32>,
+        max_turns: usize,
+        fork_threshold_tokens: usize,
+        max_staleness: Option<u64>,
+        estimator: String,
+        tool_timeout: f64,
+        reward_timeout: f64,
+        server_wait: f64,
+        max_failure_rate: Option<f64>,
+        retries: usize,
+        rollout_timeout: f64,
+        prompt_mode: String,
+        seed: Option<u64>,
+        runtime_threads: usize,
+        max_groups: Option<u64>,
+        min_group_size: usize,
+        python_tool_threads: Option<usize>,
+    ) -> PyResult<Engine> {
+        if servers.is_empty() {
+            return Err(bad("vllm_server_url", "give at least one server URL"));
+        }
+        let chat_tokenizer = py
+            .detach(|| ChatTokenizer::from_dir(&tokenizer))
+            .map_err(|e| bad("processing_class", e))?;
+        let rows = py.detach(|| read_rows(dataset_rows, dataset_path))?;
+
+        let bridge = Arc::new(bridge);
+        let lane = python_tool_threads.map(|permits| Arc::new(Lane::new(permits)));
+        let mut registry = Registry::new();
+        for (name, description, parameters, function, is_async) in tools {
+            let parameters: Value = serde_json::from_str(&parameters)
+                .map_err(|e| bad("tools", format!("{name}: the JSON schema is not JSON: {e}")))?;
+            let spec = ToolSpec::new(name.clone(), description).parameters(parameters);
+            let function = PyFunction::new(Arc::clone(&bridge), function, &name);
+            let tool = if is_async {
+                Tool::from_async(spec, AsyncPyTool(function))
+            } else {
+                Tool::from_sync(spec, SyncPyTool(function, lane.clone()))
+            };
+            registry.add(tool).map_err(|e| bad("tools", e))?;
+        }
+        let reward_timeout = seconds("reward_timeout", reward_timeout)?;
+        let mut scored = Vec::new();
+        for (name, function, is_async, weight) in rewards {
+            if !weight.is_finite() {
+                return Err(bad(
+                    "reward_weights",
+                    format!("{name}: the weight must be finite, got {weight}"),
+                ));
+            }
+            let function = PyFunction::new(Arc::clone(&bridge), function, &name);
+            let reward = if is_async {
+                Reward::from_async(name, AsyncPyReward(function))
+            } else {
+                Reward::from_sync(name, SyncPyReward(function))
+            };
+            scored.push(reward.weight(weight).timeout(reward_timeout));
+        }
+        // Checked now, so that two rewards of one name fail here and not in a thread.
+        Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
+            .map_err(|e| bad("reward_funcs", e))?;
+
+        let advantages = AdvantageConfig::preset(&estimator).ok_or_else(|| {
+            bad(
+                "estimator",
+                format!(
+                    "unknown estimator '{estimator}'; expected one of {}",
+                    scoring::PRESETS.join(", ")
+                ),
+            )
+        })?;
+        let prompt_mode: PromptMode = prompt_mode.parse().map_err(|e| bad("prompt_mode", e))?;
+        let mut config = RolloutConfig::default();
+        config.num_generations = num_generations;
+        config.max_inflight = max_inflight;
+        config.max_tokens = max_tokens;
+        config.max_turns = max_turns;
+        config.max_staleness = max_staleness;
+        config.max_failure_rate = max_failure_rate;
+        config.retries = retries;
+        config.rollout_timeout = seconds("rollout_timeout", rollout_timeout)?;
+        config.server_wait = seconds("server_wait", server_wait)?;
+        config.max_groups = max_groups;
+        config.min_group_size = min_group_size;
+        config.prompt_mode = prompt_mode;
+        config.advantages = advantages;
+        config.reconciler.fork_threshold_tokens = fork_threshold_tokens;
+        config.sampling.temperature = temperature;
+        config.sampling.top_p = top_p;
+        config.sampling.top_k = top_k;
+        config.sampling.min_p = min_p;
+        config.sampling.seed = seed;
+        config
+            .validate()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+
+        let mut client = ClientConfig::with_servers(servers);
+        if let Some(model) = model {
+            client = client.model(model);
+        }
+        Ok(Engine {
+            prepared: Mutex::new(Some(Prepared {
+                tokenizer: chat_tokenizer,
+                rows,
+                epochs,
+                registry,
+                rewards: scored,
+                config,
+                client,
+                server_wait: seconds("server_wait", server_wait)?,
+                // A thread per rollout in flight: every rollout may be in a tool call.
+                tool_threads: max_inflight.clamp(1, 512),
+                tool_timeout: seconds("tool_timeout", tool_timeout)?,
+                reward_threads: 2,
+                runtime_threads: runtime_threads.max(1),
+            })),
+            runtime: Mutex::new(None),
+            handle: OnceLock::new(),
+            state: Arc::new(State::default()),
+            groups: Mutex::new(None),
+            driver: Mutex::new(None),
+        })
+    }
+
+    /// Starts the runtime and the loop (it waits for the servers in the background).
+    fn start(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(prepared) = lock(&self.prepared).take() else {
+            return Err(PyRuntimeError::new_err(
+                "the engine was already started; a worker starts once",
+            ));
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(prepared.runtime_threads)
+            .thread_name("async-grpo-rt")
+            .enable_all()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start the runtime: {e}")))?;
+        let (sender, receiver) = mpsc::channel(1);
+        let state = Arc::clone(&self.state);
+        let driver = py.detach(|| runtime.spawn(drive(prepared, state, sender)));
+        let _ = self.handle.set(runtime.handle().clone());
+        *lock(&self.groups) = Some(receiver);
+        *lock(&self.driver) = Some(driver);
+        *lock(&self.runtime) = Some(runtime);
+        Ok(())
+    }
+
+    /// The next scored group, waiting up to `timeout` seconds without the GIL: `(False,
+    /// group)`, `(False, None)` on a timeout, `(True, None)` once the loop has ended and
+    /// every group was read. A group is `(samples, metrics, failure causes)`.
+    fn next_group<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: f64,
+    ) -> PyResult<(bool, Option<Bound<'py, PyAny>>)> {
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        let Some(handle) = self.handle.get() else {
+            return Err(PyRuntimeError::new_err("the engine was not started"));
+        };
+        let mut guard = lock(&self.groups);
+        let Some(receiver) = guard.as_mut() else {
+            return Ok((true, None));
+        };
+        let received = py.detach(|| {
+            handle.block_on(async { tokio::time::timeout(wait, receiver.recv()).await })
+        });
+        match received {
+            Err(_) => Ok((false, None)),
+            Ok(None) => {
+                *guard = None;
+                Ok((true, None))
+            }
+            Ok(Some(group)) => Ok((false, Some(group_to_python(py, &group)?))),
+        }
+    }
+
+    /// Turns sampled from now on record `version`; with `max_staleness`, groups left too far
+    /// behind are cancelled.
+    fn set_model_version(&self, version: u64) {
+        self.state.version.fetch_max(version, Ordering::AcqRel);
+        if let Some(engine) = self.state.engine() {
+            engine.set_model_version(version);
+        }
+    }
+
+    /// Why the engine failed or stopped early, if it did.
+    fn error(&self) -> Option<String> {
+        lock(&self.state.error).clone()
+    }
+
+    /// Whether the loop is running (the servers answered and it started).
+    fn running(&self) -> bool {
+        self.state.engine().is_some()
+    }
+
+    /// Counters and gauges: the loop's counters, the heartbeat's age and lag, rollouts in
+    /// flight and queued, the client's retries. Empty before the loop runs.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = PyDict::new(py);
+        let Some(engine) = self.state.engine() else {
+            return Ok(stats);
+        };
+        let health = engine.health();
+        if let Ok(Value::Object(counters)) = serde_json::to_value(health.stats) {
+            for (key, value) in counters {
+                if let Some(number) = value.as_f64() {
+                    stats.set_item(key, number)?;
+                }
+            }
+        }
+        stats.set_item("heartbeat_age_s", health.heartbeat_age.as_secs_f64())?;
+        stats.set_item(
+            "scheduler_lag_p99_s",
+            health.scheduler_lag_p99.as_secs_f64(),
+        )?;
+        stats.set_item(
+            "scheduler_lag_max_s",
+            health.scheduler_lag_max.as_secs_f64(),
+        )?;
+        stats.set_item("in_flight", health.in_flight as f64)?;
+        stats.set_item("queued", health.queued as f64)?;
+        stats.set_item("model_version", health.model_version as f64)?;
+        stats.set_item(
+            "admission_closed",
+            f64::from(u8::from(health.admission_closed)),
+        )?;
+        if let Some(client) = lock(&self.state.client).clone() {
+            let client = client.stats();
+            stats.set_item("vllm_retries", client.retries as f64)?;
+            stats.set_item("vllm_failures", client.failures as f64)?;
+        }
+        if let Some(tools) = engine.tools() {
+            let metrics = tools.metrics();
+            for tool in &metrics.tools {
+                let name = &tool.name;
+                stats.set_item(format!("tools/{name}/calls"), tool.calls as f64)?;
+                stats.set_item(format!("tools/{name}/failed"), tool.failed as f64)?;
+                stats.set_item(format!("tools/{name}/timed_out"), tool.timed_out as f64)?;
+            }
+            stats.set_item("tools/unknown_name", metrics.unknown_tool as f64)?;
+            stats.set_item("tool_threads_stuck", metrics.pool.stuck as f64)?;
+        }
+        Ok(stats)
+    }
+
+    /// Stops admission, lets rollouts in flight finish for up to `drain_timeout` seconds,
+    /// cancels the rest, closes the tool pool; returns what the drain did. Idempotent.
+    fn shutdown<'py>(&self, py: Python<'py>, drain_timeout: f64) -> PyResult<Bound<'py, PyDict>> {
+        let deadline = Duration::from_secs_f64(drain_timeout.max(0.0));
+        let report = PyDict::new(py);
+        self.state.stopping.store(true, Ordering::Release);
+        let Some(handle) = self.handle.get() else {
+            return Ok(report);
+        };
+        let state = Arc::clone(&self.state);
+        let driver = lock(&self.driver).take();
+        let drained = py.detach(|| {
+            handle.block_on(async move {
+                let drained = match state.engine() {
+                    Some(engine) => Some(state.shutdown(&engine, deadline).await),
+                    None => None,
+                };
+                if let Some(driver) = driver {
+                    if drained.is_none() {
+                        // Still waiting for the servers: nothing to drain.
+                        driver.abort();
+                    }
+                    let _ = driver.await;
+                }
+                drained
+            })
+        });
+        if let Some(drained) = drained {
+            report.set_item("clean", drained.clean)?;
+            report.set_item("elapsed_s", drained.elapsed.as_secs_f64())?;
+            report.set_item("cancelled_at_deadline", drained.cancelled_at_deadline)?;
+            report.set_item("error", drained.error.clone())?;
+            if let Some(tools) = &drained.tools {
+                report.set_item("tool_calls_cancelled", tools.cancelled)?;
+                report.set_item("tool_calls_still_running", tools.still_running)?;
+                report.set_item("tool_threads_joined", tools.threads_joined)?;
+                report.set_item("tool_threads_left_running", tools.threads_detached)?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Cancels every rollout in flight at once (a drain under way then ends).
+    fn cancel(&self) {
+        if let Some(engine) = self.state.engine() {
+            engine.cancel();
+        }
+    }
+
+    /// Shuts the runtime down, waiting up to `timeout` seconds for its threads. Call after
+    /// [`Engine::shutdown`] and after the pump thread has stopped reading.
+    fn close(&self, py: Python<'_>, timeout: f64) {
+        *lock(&self.groups) = None;
+        let runtime = lock(&self.runtime).take();
+        let engine = lock(&self.state.engine).take();
+        let client = lock(&self.state.client).take();
+        py.detach(|| {
+            if let Some(runtime) = runtime {
+                runtime.shutdown_timeout(Duration::from_secs_f64(timeout.max(0.0)));
+            }
+            // The last handles on the loop: its reward pool and tool pool go with it (a tool
+            // thread still inside a call exits when the call returns).
+            drop(engine);
+            drop(client);
+        });
+    }
+}
+
+/// Parses every dataset row now, so that a bad row is a `ValueError` at construction.
+fn read_rows(lines: Option<Vec<String>>, path: Option<PathBuf>) -> PyResult<Vec<DatasetRow>> {
+    let rows: Result<Vec<DatasetRow>, DatasetError> = match (lines, path) {
+        (Some(lines), None) => {
+            let text = lines.join("\n");
+            DatasetReader::new(Cursor::new(text.into_bytes()), "dataset").collect()
+        }
+        (None, Some(path)) => DatasetReader::open(&path).and_then(|reader| reader.collect()),
+        _ => return Err(bad("dataset", "give rows or a .jsonl path")),
+    };
+    let rows = rows.map_err(|e| bad("dataset", e))?;
+    if rows.is_empty() {
+        return Err(bad("dataset", "the dataset has no row"));
+    }
+    Ok(rows)
+}
+
+/// The driver: waits for the servers, starts the loop, forwards its groups; records why it
+/// ended when it ended on its own.
+async fn drive(prepared: Prepared, state: Arc<State>, groups_out: mpsc::Sender<ScoredGroup>) {
+    if let Err(message) = run(prepared, &state, groups_out).await {
+        state.fail(message);
+    }
+}
+
+async fn run(
+    prepared: Prepared,
+    state: &State,
+    groups_out: mpsc::Sender<ScoredGroup>,
+) -> Result<(), String> {
+    let Prepared {
+        tokenizer,
+        rows,
+        epochs,
+        registry,
+        rewards,
+        config,
+        client,
+        server_wait,
+        tool_threads,
+        tool_timeout,
+        reward_threads,
+        runtime_threads: _,
+    } = prepared;
+    let client = Client::new(client).map_err(|e| format!("vllm_server_url: {e}"))?;
+    *lock(&state.client) = Some(client.clone());
+    client.wait_until_ready(server_wait).await.map_err(|e| {
+        format!("the vLLM servers are not ready (server_wait {server_wait:?}): {e}")
+    })?;
+    let health_checks = client.spawn_health_checks(Duration::from_secs(2));
+    let scorer = Scorer::new(
+        rewards,
+        ScorerConfig::default()
+            .threads(reward_threads)
+            .thread_name("async-grpo-reward"),
+    )
+    .map_err(|e| format!("reward_funcs: {e}"))?;
+    let mut builder = Loop::builder(client, tokenizer, scorer).config(config);
+    if !registry.is_empty() {
+        builder = builder.tools(ToolDispatcher::new(
+            registry,
+            DispatcherConfig::new(tool_threads)
+                .default_timeout(tool_timeout)
+                .thread_name("async-grpo-tool"),
+        ));
+    }
+    let source: Box<dyn Iterator<Item = Result<DatasetRow, DatasetError>> + Send> = match epochs {
+        Some(epochs) => Box::new(std::iter::repeat_n(rows, epochs).flatten().map(Ok)),
+        None => Box::new(rows.into_iter().cycle().map(Ok)),
+    };
+    let (engine, mut groups) = builder.start(source).map_err(|e| e.to_string())?;
+    let engine = Arc::new(engine);
+    // Published first, then the version applied: a version set in between reaches the loop
+    // either way (versions only grow, so applying one twice is harmless).
+    *lock(&state.engine) = Some(Arc::clone(&engine));
+    engine.set_model_version(state.version.load(Ordering::Acquire));
+    while let Some(group) = groups.recv().await {
+        if groups_out.send(group).await.is_err() {
+            break;
+        }
+    }
+    health_checks.abort();
+    if state.stopping.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    // The loop ended on its own: the dataset is done, or the run stopped early.
+    let report = state.shutdown(&engine, Duration::from_secs(5)).await;
+    match report.error {
+        Some(error) => Err(format!("the rollout loop stopped: {error}")),
+        None => Ok(()),
+    }
+}
+
+/// A group as Python reads it: `(samples, metrics, failure causes)`, each sample a dict.
+fn group_to_python<'py>(py: Python<'py>, group: &ScoredGroup) -> PyResult<Bound<'py, PyAny>> {
+    let samples = PyList::empty(py);
+    for sample in &group.samples {
+        samples.append(sample_to_python(py, sample)?)?;
+    }
+    let metrics: BTreeMap<&str, f64> = group
+        .metrics
+        .iter()
+        .map(|(key, value)| (key.as_str(), *value))
+        .collect();
+    let causes: Vec<&str> = group.failures.iter().map(|f| f.cause.as_str()).collect();
+    Ok((samples, metrics, causes).into_pyobject(py)?.into_any())
+}
+
+fn sample_to_python<'py>(py: Python<'py>, sample: &TrainingSample) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("prompt", json_text(&sample.prompt)?)?;
+    dict.set_item("completion", json_text(&sample.completion)?)?;
+    let ids: Vec<i64> = sample.input_ids.iter().map(|&id| i64::from(id)).collect();
+    let mask: Vec<i64> = sample
+        .completion_mask
+        .iter()
+        .map(|&m| i64::from(m))
+        .collect();
+    dict.set_item("input_ids", PyArray1::from_vec(py, ids))?;
+    dict.set_item("completion_mask", PyArray1::from_vec(py, mask))?;
+    dict.set_item(
+        "old_log_probs",
+        PyArray1::from_slice(py, &sample.old_log_probs),
+    )?;
+    dict.set_item("advantage", sample.advantage)?;
+    dict.set_item("reward", sample.reward)?;
+    dict.set_item("rewards", json_text(&sample.rewards)?)?;
+    dict.set_item("model_version", sample.model_version)?;
+    dict.set_item("group_id", sample.group_id)?;
+    dict.set_item("rollout_id", sample.rollout_id.0)?;
+    let metrics = PyDict::new(py);
+    for (key, value) in &sample.metrics {
+        if let Some(number) = value.as_f64() {
+            metrics.set_item(key, number)?;
+        }
+    }
+    dict.set_item("metrics", metrics)?;
+    Ok(dict)
+}
+
+/// JSON text of the message lists and maps a sample carries.
+fn json_text<T: serde::Serialize>(value: &T) -> PyResult<String> {
+    serde_json::to_string(value).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}

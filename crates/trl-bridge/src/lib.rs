@@ -1,0 +1,36 @@
+//! The rollout engine as a Python extension module, `async_grpo._native`, under the Python
+//! package `async_grpo` (`python/async_grpo/`), which implements TRL's rollout worker
+//! protocol on top of it.
+//!
+//! - [`engine`]: `Engine`, the rollout loop on a tokio runtime of its own; the worker's pump
+//!   thread reads scored groups from it without holding the GIL.
+//! - [`callables`]: Python tools and reward functions as tool-dispatch tools and scoring
+//!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
+//! - [`simulator`]: `Simulator`, the vLLM-compatible simulator served from Python.
+//!
+//! Built by maturin (`pip install ./crates/trl-bridge`): PyO3 with the stable ABI of Python
+//! 3.10 and later.
+
+mod callables;
+mod engine;
+mod simulator;
+mod sync;
+
+use pyo3::prelude::*;
+
+/// `async_grpo._native`: the engine, the simulator, and the version.
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Rust-side warnings (a failed rollout, a late heartbeat) go to stderr, at the level
+    // `ASYNC_GRPO_LOG` sets (default `warn`); a program that set a subscriber keeps its own.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ASYNC_GRPO_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    module.add_class::<engine::Engine>()?;
+    module.add_class::<simulator::Simulator>()?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,265 @@
+"""Python tools of every shape: names, schemas, where they run, and what their failures become."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_grpo._callables import returns_awaitable, tool_entry
+from conftest import drain_metrics, take, wait_until
+
+CALLS: list[tuple[str, str, str]] = []  # (tag, Python thread name, OS thread name)
+
+
+def where() -> tuple[str, str]:
+    os_name = Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+    return threading.current_thread().name, os_name
+
+
+def record(tag: str, expression: str) -> str:
+    assert threading.current_thread() is not threading.main_thread()
+    CALLS.append((tag, *where()))
+    return f"{tag}:{expression}"
+
+
+def sync_function(expression: str) -> str:
+    """Evaluates an arithmetic expression.
+
+    Args:
+        expression: Two integers and an operator, such as "3 + 4".
+    """
+    return record("sync_function", expression)
+
+
+async def async_function(expression: str) -> str:
+    """Evaluates an arithmetic expression, asynchronously.
+
+    Args:
+        expression: Two integers and an operator.
+    """
+    await asyncio.sleep(0.01)
+    return record("async_function", expression)
+
+
+class SyncObject:
+    """A callable object with a name attribute."""
+
+    name = "sync_object"
+
+    def __call__(self, expression: str) -> str:
+        """Evaluates.
+
+        Args:
+            expression: The expression.
+        """
+        return record("sync_object", expression)
+
+
+class AsyncObject:
+    """A callable object whose __call__ is async: async by what calling it returns."""
+
+    name = "async_object"
+
+    async def __call__(self, expression: str) -> str:
+        """Evaluates.
+
+        Args:
+            expression: The expression.
+        """
+        await asyncio.sleep(0.01)
+        return record("async_object", expression)
+
+
+class Environment:
+    def lookup(self, expression: str) -> str:
+        """Looks the expression up.
+
+        Args:
+            expression: The expression.
+        """
+        return record("lookup", expression)
+
+    async def alookup(self, expression: str) -> str:
+        """Looks the expression up, asynchronously.
+
+        Args:
+            expression: The expression.
+        """
+        return record("alookup", expression)
+
+
+def tagged(expression: str, tag: str) -> str:
+    """Tags an expression.
+
+    Args:
+        expression: The expression.
+        tag: The tag.
+    """
+    return record(tag, expression)
+
+
+environment = Environment()
+SHAPES: list[tuple[str, Any, bool]] = [
+    ("sync_function", sync_function, False),
+    ("async_function", async_function, True),
+    ("sync_object", SyncObject(), False),
+    ("async_object", AsyncObject(), True),
+    ("lookup", environment.lookup, False),
+    ("alookup", environment.alookup, True),
+    ("partial_tool", {"function": functools.partial(tagged, tag="partial_tool"), "name": "partial_tool"}, False),
+]
+
+
+@pytest.mark.parametrize(("name", "tool", "is_async"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_every_tool_shape_runs_where_it_should(simulator, make_worker, name: str, tool: Any, is_async: bool) -> None:
+    CALLS.clear()
+    sim = simulator(tool_rounds=1, tool_name=name)
+    worker = make_worker(sim, tools=[tool], dataset=[{"prompt": "What is 6 * 7?"}], num_generations=2, epochs=1)
+    [entry] = worker.tools
+    assert (entry.name, entry.is_async) == (name, is_async)
+    worker.start()
+    samples = take(worker, 2)
+    for sample in samples:
+        assert sample.completion[1]["content"] == f"{name}:6 * 7", sample.completion
+    assert [c[0] for c in CALLS] == [name, name]
+    for _tag, python_thread, os_thread in CALLS:
+        if is_async:
+            assert python_thread == "async-grpo-asyncio", "async tools run on the worker's asyncio loop"
+        else:
+            assert os_thread.startswith("async-grpo-tool"), "sync tools run on the engine's tool pool"
+
+
+def test_whether_a_tool_is_async_is_read_from_what_calling_it_returns() -> None:
+    assert [returns_awaitable(tool_entry(t, 0).function) for _, t, _ in SHAPES] == [s[2] for s in SHAPES]
+    assert returns_awaitable(functools.partial(async_function))
+    assert not returns_awaitable(print)
+
+
+def test_schemas_are_derived_as_trl_renders_them_or_taken_as_given() -> None:
+    entry = tool_entry(sync_function, 0)
+    assert (entry.name, entry.description) == ("sync_function", "Evaluates an arithmetic expression.")
+    assert entry.parameters == {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "description": 'Two integers and an operator, such as "3 + 4".'}},
+        "required": ["expression"],
+    }
+    partial = tool_entry({"function": functools.partial(tagged, tag="x"), "name": "partial_tool"}, 0)
+    assert list(partial.parameters["properties"]) == ["expression"]
+    assert partial.parameters["required"] == ["expression"]
+    assert tool_entry(SyncObject(), 0).parameters["properties"] == {
+        "expression": {"type": "string", "description": "The expression."}
+    }
+    try:
+        from transformers.utils import get_json_schema
+    except ImportError:
+        pass
+    else:
+        assert get_json_schema(sync_function)["function"] == {
+            "name": entry.name,
+            "description": entry.description,
+            "parameters": entry.parameters,
+        }
+    explicit = {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Adds.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        },
+    }
+    given = tool_entry({"function": lambda a: a, "schema": explicit}, 0)
+    assert (given.name, given.description, given.parameters) == ("calc", "Adds.", explicit["function"]["parameters"])
+
+
+def error_of(sample: Any) -> str:
+    content = sample.completion[1]["content"]
+    assert content.startswith('{"error":'), f"the tool message is not an error: {content!r}"
+    return str(json.loads(content)["error"])
+
+
+def test_a_raising_tool_becomes_its_error_message_and_the_run_goes_on(simulator, make_worker, caplog) -> None:
+    def broken(expression: str) -> str:
+        """Fails.
+
+        Args:
+            expression: The expression.
+        """
+        raise ValueError(f"cannot evaluate {expression}")
+
+    sim = simulator(tool_rounds=1, tool_name="broken")
+    worker = make_worker(sim, tools=[broken], dataset=[{"prompt": "What is 6 * 7?"}], num_generations=2)
+    with caplog.at_level(logging.WARNING, logger="async_grpo"):
+        worker.start()
+        samples = take(worker, 6)
+    assert all("ValueError: cannot evaluate 6 * 7" in error_of(s) for s in samples)
+    assert all(s.metrics["rollout/tool_errors"] == 1.0 for s in samples)
+    records = [r for r in caplog.records if "broken" in r.getMessage()]
+    assert records and records[0].exc_info is not None, "the traceback is logged"
+    wait_until(lambda: not worker.metrics_queue.empty(), 10.0, "metrics")
+    assert sum(m.get("tools/failure_total", 0.0) for m in drain_metrics(worker)) >= 2.0
+    worker.check_health(60.0)
+
+
+def test_hanging_tools_hit_the_timeout_and_async_ones_are_cancelled(simulator, make_worker) -> None:
+    release = threading.Event()
+    cancelled = threading.Event()
+
+    def stuck(expression: str) -> str:
+        """Hangs.
+
+        Args:
+            expression: The expression.
+        """
+        release.wait(20.0)
+        return "late"
+
+    async def astuck(expression: str) -> str:
+        """Hangs, asynchronously.
+
+        Args:
+            expression: The expression.
+        """
+        try:
+            await asyncio.sleep(60.0)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "late"
+
+    try:
+        for name, tool in (("stuck", stuck), ("astuck", astuck)):
+            sim = simulator(tool_rounds=1, tool_name=name)
+            worker = make_worker(
+                sim, tools=[tool], dataset=[{"prompt": "What is 6 * 7?"}], num_generations=2, tool_timeout=0.3
+            )
+            worker.start()
+            samples = take(worker, 2)
+            assert all("timed out" in error_of(s) for s in samples), [s.completion[1] for s in samples]
+            worker.check_health(60.0)
+        wait_until(cancelled.is_set, 10.0, "the timed-out async tool to be cancelled on the loop")
+    finally:
+        release.set()
+
+
+def test_a_sync_tool_that_returns_an_awaitable_is_an_error_naming_it(simulator, make_worker) -> None:
+    def sneaky(expression: str) -> Any:
+        """Looks sync, returns a coroutine.
+
+        Args:
+            expression: The expression.
+        """
+        return asyncio.sleep(0)
+
+    sim = simulator(tool_rounds=1, tool_name="sneaky")
+    worker = make_worker(sim, tools=[sneaky], dataset=[{"prompt": "What is 6 * 7?"}], num_generations=2)
+    assert not worker.tools[0].is_async
+    worker.start()
+    [sample, *_] = take(worker, 2)
+    assert "'sneaky'" in error_of(sample) and "async def" in error_of(sample)

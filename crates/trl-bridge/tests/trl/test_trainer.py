@@ -1,0 +1,218 @@
+"""TRL's real ``AsyncGRPOTrainer`` trains from ``async_grpo.RolloutWorker`` on CPU.
+
+A tiny random-weight Qwen3 model with the real Qwen3 tokenizer, the simulator as the vLLM
+server, three optimizer steps. TRL 1.16 needs two functions replaced for CPU before the
+trainer is built (its varlen flash-attention kernel is CUDA-only; its peak-FLOPs probe calls
+CUDA), and a ``weight_transfer`` that needs no NCCL.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
+import trl.experimental.async_grpo.packing as packing
+from datasets import Dataset
+from transformers import Qwen3Config, Qwen3ForCausalLM, TrainerCallback
+from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample as TrlSample
+
+import async_grpo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import cache_dir  # noqa: E402
+
+
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    **_: Any,
+) -> torch.Tensor:
+    """flash_attn_varlen_func in plain torch: each packed segment attends to its own keys,
+    causally aligned bottom-right (the segment's queries are its keys' last rows)."""
+    repeat = query.shape[1] // key.shape[1]
+    outputs = []
+    for i in range(len(cu_seqlens_q) - 1):
+        qs, qe = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+        ks, ke = int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
+        q = query[qs:qe].transpose(0, 1)
+        k = key[ks:ke].repeat_interleave(repeat, dim=1).transpose(0, 1)
+        v = value[ks:ke].repeat_interleave(repeat, dim=1).transpose(0, 1)
+        mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool).tril(diagonal=(ke - ks) - (qe - qs)) if causal else None
+        outputs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
+    return torch.cat(outputs, dim=0)
+
+
+class NoWeightTransfer:
+    """A weight transfer with nothing to send to (the simulator has no weights)."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    def init_weight_transfer(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def send_weights(self, iterator: Any) -> None:
+        for _name, _tensor in iterator:
+            pass
+        self.sends += 1
+
+    def resume(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+
+class RecordingQueue(queue.Queue):
+    """The worker's rollout buffer, remembering what went in and what the trainer took out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.put_samples: list[Any] = []
+        self.taken: list[Any] = []
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        self.put_samples.append(item)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        self.taken.append(item)
+        return item
+
+
+class Losses(TrainerCallback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def reward(prompts: list[Any], completions: list[Any], answer: list[str], **columns: Any) -> list[float]:
+    return [1.0 if a in c[-1]["content"] else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+
+def test_trl_async_grpo_trainer_trains_from_the_worker(tmp_path: Path, monkeypatch: Any) -> None:
+    tokenizer_dir = cache_dir() / "qwen3"
+    model_dir = tmp_path / "tiny-qwen3"
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    Qwen3ForCausalLM(config).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, model_dir / name)
+    monkeypatch.setattr(packing, "_flash_attn", lambda: types.SimpleNamespace(flash_attn_varlen_func=varlen_attention))
+    monkeypatch.setattr(trainer_module, "get_peak_flops_per_device", lambda *args, **kwargs: None)
+
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 2}?"}], "answer": str(2 * a + 2)} for a in range(8)]
+    dataset = Dataset.from_list(rows)
+    sim = async_grpo.Simulator(str(tokenizer_dir), tool_rounds=1, answer_tokens=16, model="tiny-qwen3")
+
+    def calculator(expression: str) -> str:
+        """Evaluates an arithmetic expression.
+
+        Args:
+            expression: Two integers and an operator, such as "3 + 4".
+        """
+        left, _, right = expression.split()
+        return str(int(left) + int(right))
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    worker = async_grpo.RolloutWorker(
+        model_name="tiny-qwen3",
+        dataset=dataset,
+        reward_funcs=[reward],
+        tools=[calculator],
+        processing_class=tokenizer,
+        vllm_server_url=sim.url,
+        num_generations=4,
+        max_inflight_tasks=16,
+        max_tokens=48,
+        max_staleness=2,
+    )
+    buffer = RecordingQueue()
+    worker.rollout_buffer = buffer
+    transfer = NoWeightTransfer()
+    losses = Losses()
+    args = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        num_generations=4,
+        max_completion_length=48,
+        token_budget=2048,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        bf16=False,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        vllm_server_base_url=sim.url,
+        heartbeat_stale_after_s=120.0,
+        max_staleness=2,
+    )
+    trainer = AsyncGRPOTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_worker=worker,
+        weight_transfer=transfer,
+        callbacks=[losses],
+    )
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    try:
+        trainer.train()
+    finally:
+        worker.stop()
+        transcript = sim.transcript()
+        sim.stop()
+
+    assert trainer.state.global_step == 3
+    assert losses.losses and all(math.isfinite(loss) for loss in losses.losses), losses.losses
+    changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[name])]
+    assert changed, "no weight changed"
+    assert transfer.sends >= 1
+    # Every sample the trainer consumed came from the worker, as TRL's own RolloutSample,
+    # and holds ids the simulator sampled.
+    assert buffer.taken, "the trainer consumed nothing"
+    put = {id(s) for s in buffer.put_samples}
+    assert all(id(s) in put for s in buffer.taken)
+    assert all(isinstance(s, TrlSample) for s in buffer.taken)
+    sampled = {tuple(prompt + answer) for prompt, answer, _, _ in transcript}
+    assert all(tuple(s.input_ids.tolist()) in sampled for s in buffer.taken)
+    assert worker.report["error"] is None
