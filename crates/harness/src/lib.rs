@@ -18,6 +18,72 @@
 //!
 //! [`mcp`]: any MCP server (a process speaking stdio, or a streamable-HTTP endpoint) is an
 //! environment, through the official Rust SDK `rmcp`, so an environment needs no Rust.
+//!
+//! This crate alone, with a blocking environment whose episode ends when the model says the
+//! magic word (the engine's loop drives the same calls):
+//!
+//! ```
+//! use harness::{
+//!     Harness, SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification,
+//! };
+//! use rollout_core::{
+//!     DatasetRow, Message,
+//!     rollout::{Environment, EpisodeRequest, EpisodeStatus},
+//! };
+//! use serde_json::{Map, Value, json};
+//! use tool_dispatch::{DispatcherConfig, Registry, ToolCall, ToolDispatcher, ToolSpec};
+//!
+//! struct Word;
+//!
+//! impl SyncSession for Word {
+//!     fn tools(&self) -> Vec<ToolSpec> {
+//!         vec![ToolSpec::new("say", "Say a word")]
+//!     }
+//!     fn call_tool(&self, _: &str, args: Map<String, Value>) -> Result<ToolOutput, SessionError> {
+//!         let word = args.get("word").and_then(Value::as_str).unwrap_or_default();
+//!         let output = ToolOutput::new(format!("you said {word}"));
+//!         Ok(if word == "please" { output.done() } else { output })
+//!     }
+//!     fn verify(&self, transcript: &[Message]) -> Result<Verification, SessionError> {
+//!         Ok(Verification::reward(transcript.len() as f64))
+//!     }
+//!     fn close(&self) {}
+//! }
+//!
+//! struct Words;
+//!
+//! impl SyncSessionFactory for Words {
+//!     fn create(&self, _: &Task) -> Result<Box<dyn SyncSession>, SessionError> {
+//!         Ok(Box::new(Word))
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! // Its calls run on the tool pool's threads, never on the runtime.
+//! let pool = ToolDispatcher::new(Registry::new(), DispatcherConfig::new(2));
+//! let environment = Harness::new_sync("words", Words, pool);
+//! let row = DatasetRow {
+//!     source: "tasks.jsonl".into(),
+//!     line: 1,
+//!     prompt: vec![Message::user("Ask nicely.")],
+//!     columns: Map::new(),
+//! };
+//! let mut episode = environment
+//!     .open(EpisodeRequest::new(&row, 7, "r0-a1"))
+//!     .await?;
+//! let said = episode
+//!     .tools()
+//!     .run(vec![ToolCall::new("say", json!({"word": "please"}))])
+//!     .await?;
+//! assert_eq!(said[0].content, "you said please");
+//! assert_eq!(episode.status(), EpisodeStatus::Done);
+//! let verdict = episode.verify(vec![Message::user("Ask nicely.")]).await;
+//! assert_eq!(verdict.reward, Some(1.0));
+//! episode.close().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod environment;
 pub mod mcp;
