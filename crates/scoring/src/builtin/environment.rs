@@ -21,7 +21,7 @@ pub fn environment() -> Reward {
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "scorer"))]
 mod tests {
     use super::*;
     use crate::{Completion, Scorer, ScorerConfig};
