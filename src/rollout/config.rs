@@ -156,6 +156,12 @@ pub(crate) struct Settings {
     #[cfg(feature = "sim")]
     #[arg(skip)]
     pub(crate) simulator: SimSettings,
+    /// A build without the simulator still reads a file written for one: its `[simulator]`
+    /// is kept as written and unused (a run without servers is refused in the checks).
+    #[cfg(not(feature = "sim"))]
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) simulator: Option<toml::Table>,
     /// The rollout loop's settings, read from the same table of the file.
     #[command(flatten)]
     #[serde(skip)]
@@ -183,6 +189,8 @@ impl Default for Settings {
             environment: None,
             #[cfg(feature = "sim")]
             simulator: SimSettings::default(),
+            #[cfg(not(feature = "sim"))]
+            simulator: None,
             engine: RolloutConfig::default(),
         }
     }
