@@ -34,26 +34,8 @@ use vllm_sim::{SimConfig, Simulator};
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// ChatML with tools, as the simulator's tokenizer reads it.
-const CHATML_WITH_TOOLS: &str = r#"{%- if tools %}<|im_start|>system
-You may call these tools:
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}<|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == "assistant" %}<|im_start|>assistant
-{{ m.content }}
-{%- if m.tool_calls %}{% for call in m.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}{% endif %}<|im_end|>
-{% elif m.role == "tool" %}<|im_start|>tool
-{{ m.content }}<|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"#;
+const CHATML_WITH_TOOLS: &str =
+    include_str!("../../rollout-core/tests/fixtures/chatml_with_tools.jinja");
 
 pub(crate) fn chat_tokenizer() -> ChatTokenizer {
     static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(vllm_sim::training_tokenizer);

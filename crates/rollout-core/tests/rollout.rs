@@ -33,26 +33,7 @@ use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
 /// ChatML with tools: the tools listed in a system turn, calls in hermes `<tool_call>` blocks,
 /// tool results in `tool` turns. An assistant turn renders exactly as the scripted generator
 /// samples it, so every turn boundary is clean.
-const CHATML_WITH_TOOLS: &str = r#"{%- if tools %}<|im_start|>system
-You may call these tools:
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}<|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == "assistant" %}<|im_start|>assistant
-{{ m.content }}
-{%- if m.tool_calls %}{% for call in m.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}{% endif %}<|im_end|>
-{% elif m.role == "tool" %}<|im_start|>tool
-{{ m.content }}<|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"#;
+const CHATML_WITH_TOOLS: &str = include_str!("fixtures/chatml_with_tools.jinja");
 
 const ADD_CALL: &str =
     "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>";
