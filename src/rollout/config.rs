@@ -843,7 +843,7 @@ fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
 
 /// A program named by a relative path with a directory part (`./score.py`, `bin/x`) is
 /// relative to `base`; a bare name is looked up on PATH as usual.
-fn program_path(base: &Path, program: &str) -> String {
+pub(crate) fn program_path(base: &Path, program: &str) -> String {
     let path = Path::new(program);
     if path.is_relative() && path.components().count() > 1 {
         base.join(path).display().to_string()

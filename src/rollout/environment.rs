@@ -90,7 +90,7 @@ impl EnvironmentSettings {
                 let Some((program, args)) = argv.split_first_mut() else {
                     bail!("{place}: command is empty; expected the program and its arguments");
                 };
-                *program = relative_program(base, program);
+                *program = super::config::program_path(base, program);
                 super::config::check_program(program)
                     .map_err(|e| anyhow::anyhow!("{place}.command: {e}"))?;
                 for arg in args {
@@ -153,16 +153,5 @@ impl EnvironmentSettings {
     /// The `env` reward column, weighted.
     pub(crate) fn reward(&self) -> Reward {
         scoring::builtin::environment().weight(self.weight)
-    }
-}
-
-/// A program path with a directory part, relative, is taken from `base`; a bare name is
-/// looked up on `PATH`.
-fn relative_program(base: &Path, program: &str) -> String {
-    let path = Path::new(program);
-    if path.is_relative() && path.components().count() > 1 {
-        base.join(path).display().to_string()
-    } else {
-        program.to_owned()
     }
 }
