@@ -395,6 +395,12 @@ async fn finished_rollouts_close_every_session_and_verify_is_the_env_reward() {
                 .any(|m| m["role"] == "tool" && m["content"] == "5")
         );
         assert_eq!(sample.metrics["env_verified"], json!(1.0));
+        // What the model was prompted with: the session's initial messages, then the row's.
+        assert_eq!(
+            sample.prompt[0],
+            Message::system("You are in a test environment.")
+        );
+        assert_eq!(sample.prompt[1].role(), "user");
     }
     run.simulator.stop().await;
 }

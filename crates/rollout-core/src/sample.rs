@@ -20,7 +20,8 @@ pub struct TrainingSample {
     pub group_id: u64,
     /// The rollout (conversation) it comes from.
     pub rollout_id: RolloutId,
-    /// The prompt messages.
+    /// The prompt messages: the dataset row's, after the initial messages of the rollout's
+    /// environment session when it ran in one.
     pub prompt: Vec<Message>,
     /// The messages the rollout added: assistant turns and tool results.
     pub completion: Vec<Message>,

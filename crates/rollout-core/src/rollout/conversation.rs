@@ -164,7 +164,8 @@ async fn converse<G: Generator>(
             conversation.last = Some((prompt_ids, assistant_at, answer.last().copied()));
         }
     }
-    conversation.verify(initial).await;
+    conversation.finished.initial = initial;
+    conversation.verify().await;
     Ok(conversation.finish())
 }
 
@@ -468,11 +469,11 @@ impl<G: Generator> Conversation<'_, G> {
 
     /// Has the episode judge the whole conversation (its initial messages, the prompt, every
     /// message the rollout added, the last answer's tool calls included), once.
-    async fn verify(&mut self, initial: Vec<Message>) {
+    async fn verify(&mut self) {
         let Some(lease) = &mut self.lease else {
             return;
         };
-        let mut transcript = initial;
+        let mut transcript = self.finished.initial.clone();
         transcript.extend(self.group.row.prompt.iter().cloned());
         transcript.extend(self.finished.messages.iter().cloned());
         self.finished.verdict = Some(lease.get_mut().verify(transcript).await);

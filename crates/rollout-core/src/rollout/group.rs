@@ -140,11 +140,14 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         if done.rows.len() > 1 {
             Counters::add(&counters.forked_rollouts, 1);
         }
+        // What the model was prompted with: the episode's initial messages, then the row's.
+        let mut prompt = done.initial;
+        prompt.extend(group.row.prompt.iter().cloned());
         for row in done.rows {
             samples.push(TrainingSample {
                 group_id: group.group_id,
                 rollout_id: done.rollout_id,
-                prompt: group.row.prompt.clone(),
+                prompt: prompt.clone(),
                 completion: done.messages.clone(),
                 input_ids: row.input_ids,
                 completion_mask: row.completion_mask,

@@ -13,6 +13,9 @@ use crate::{Message, RolloutId, Tally, TrainingRow};
 #[derive(Debug)]
 pub(crate) struct Finished {
     pub(crate) rollout_id: RolloutId,
+    /// What the rollout's episode put before the dataset row's prompt (its initial
+    /// messages); empty outside an environment. The sample's prompt is these, then the row's.
+    pub(crate) initial: Vec<Message>,
     /// The messages the rollout added: assistant turns and tool results.
     pub(crate) messages: Vec<Message>,
     pub(crate) rows: Vec<TrainingRow>,
@@ -37,6 +40,7 @@ impl Finished {
     pub(crate) fn new(rollout_id: RolloutId, attempts: u32) -> Finished {
         Finished {
             rollout_id,
+            initial: Vec::new(),
             messages: Vec::new(),
             rows: Vec::new(),
             tally: Tally::default(),
