@@ -16,7 +16,7 @@
 //! messages as any tool), `done` ends the episode, `verify` runs once at the end and its
 //! reward is the `env` reward column, and every session is closed exactly once, on every path.
 //!
-//! [`mcp`]: any MCP server (a process speaking stdio, or a streamable-HTTP endpoint) is an
+//! [`mcp`] (feature `mcp`, on by default): any MCP server (a process speaking stdio, or a streamable-HTTP endpoint) is an
 //! environment, through the official Rust SDK `rmcp`, so an environment needs no Rust.
 //!
 //! This crate alone, with a blocking environment whose episode ends when the model says the
@@ -86,6 +86,7 @@
 //! ```
 
 mod environment;
+#[cfg(feature = "mcp")]
 pub mod mcp;
 mod session;
 mod sync;
