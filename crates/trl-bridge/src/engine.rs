@@ -9,6 +9,7 @@
 
 use std::{collections::BTreeMap, io::Cursor, path::PathBuf, time::Duration};
 
+use harness::{Harness, HarnessConfig};
 use numpy::PyArray1;
 use pyo3::{
     exceptions::{PyRuntimeError, PyValueError},
@@ -27,6 +28,7 @@ use vllm_client::{Client, ClientConfig};
 
 use crate::{
     callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
+    environment::PyEnvironment,
     sync::{Arc, AtomicBool, AtomicU64, Lane, Mutex, OnceLock, Ordering, lock},
 };
 
@@ -53,6 +55,8 @@ struct Prepared {
     rows: Vec<DatasetRow>,
     epochs: Option<usize>,
     registry: Registry,
+    /// The environment each rollout runs in (its sessions' tools instead of `registry`).
+    environment: Option<PyEnvironment>,
     rewards: Vec<Reward>,
     config: RolloutConfig,
     client: ClientConfig,
@@ -123,13 +127,15 @@ pub(crate) struct Engine {
 type ToolSpecTuple = (String, String, String, Py<PyAny>, bool);
 /// A reward function: name, the callable, whether it is async, its weight.
 type RewardTuple = (String, Py<PyAny>, bool, f64);
+/// An environment: its name (for messages), the session factory, the weight of its reward.
+type EnvironmentTuple = (String, Py<PyAny>, f64);
 
 #[pymethods]
 impl Engine {
     #[new]
     #[pyo3(signature = (
         *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, epochs, tools, rewards,
-        num_generations, max_inflight, max_tokens, temperature, top_p, top_k, min_p, max_turns,
+        environment, num_generations, max_inflight, max_tokens, temperature, top_p, top_k, min_p, max_turns,
         fork_threshold_tokens, max_staleness, estimator, tool_timeout, reward_timeout,
         server_wait, max_failure_rate, retries, rollout_timeout, prompt_mode, seed,
         runtime_threads, max_groups, min_group_size, python_tool_threads
@@ -146,6 +152,7 @@ impl Engine {
         epochs: Option<usize>,
         tools: Vec<ToolSpecTuple>,
         rewards: Vec<RewardTuple>,
+        environment: Option<EnvironmentTuple>,
         num_generations: usize,
         max_inflight: usize,
         max_tokens: u32,
@@ -210,6 +217,27 @@ impl Engine {
             };
             scored.push(reward.weight(weight).timeout(reward_timeout));
         }
+        let environment = match environment {
+            None => None,
+            Some(_) if !registry.is_empty() => {
+                return Err(bad(
+                    "environment",
+                    "the rollouts' tools are the sessions' (list_tools()): give tools= or \
+                     environment=, not both",
+                ));
+            }
+            Some((name, factory, weight)) => {
+                if !weight.is_finite() {
+                    return Err(bad(
+                        "environment_weight",
+                        format!("the weight must be finite, got {weight}"),
+                    ));
+                }
+                // What verify() found is the `env` column.
+                scored.push(scoring::builtin::environment().weight(weight));
+                Some(PyEnvironment::new(Arc::clone(&bridge), factory, &name))
+            }
+        };
         // Checked now, so that two rewards of one name fail here and not in a thread.
         Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
             .map_err(|e| bad("reward_funcs", e))?;
@@ -258,6 +286,7 @@ impl Engine {
                 rows,
                 epochs,
                 registry,
+                environment,
                 rewards: scored,
                 config,
                 client,
@@ -500,6 +529,7 @@ async fn run(
         rows,
         epochs,
         registry,
+        environment,
         rewards,
         config,
         client,
@@ -523,13 +553,21 @@ async fn run(
     )
     .map_err(|e| format!("reward_funcs: {e}"))?;
     let mut builder = Loop::builder(client, tokenizer, scorer).config(config);
-    if !registry.is_empty() {
-        builder = builder.tools(ToolDispatcher::new(
+    if !registry.is_empty() || environment.is_some() {
+        let tools = ToolDispatcher::new(
             registry,
             DispatcherConfig::new(tool_threads)
                 .default_timeout(tool_timeout)
                 .thread_name("async-grpo-tool"),
-        ));
+        );
+        if let Some(environment) = environment {
+            // Every session call runs on the tool pool's threads, bounded like a tool call.
+            let name = environment.name().to_owned();
+            let harness = Harness::new_sync(name, environment, tools.clone())
+                .config(HarnessConfig::default().timeout(tool_timeout));
+            builder = builder.environment(Arc::new(harness));
+        }
+        builder = builder.tools(tools);
     }
     let source: Box<dyn Iterator<Item = Result<DatasetRow, DatasetError>> + Send> = match epochs {
         Some(epochs) => Box::new(std::iter::repeat_n(rows, epochs).flatten().map(Ok)),

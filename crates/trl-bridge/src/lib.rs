@@ -6,6 +6,8 @@
 //!   thread reads scored groups from it without holding the GIL.
 //! - [`callables`]: Python tools and reward functions as tool-dispatch tools and scoring
 //!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
+//! - [`environment`]: a Python object of OpenEnv's session-factory shape as the harness's
+//!   blocking session factory (`environment=`), its calls on the engine's tool pool.
 //! - [`simulator`]: `Simulator`, the vLLM-compatible simulator served from Python.
 //!
 //! Built by maturin (`pip install ./crates/trl-bridge`): PyO3 with the stable ABI of Python
@@ -13,6 +15,7 @@
 
 mod callables;
 mod engine;
+mod environment;
 mod simulator;
 mod sync;
 

@@ -168,7 +168,7 @@ BAD_ARGUMENTS = [
     ({"estimator": "ppo"}, ValueError, "estimator"),
     ({"prompt_mode": "sometimes"}, ValueError, "prompt_mode"),
     ({"model_name": ""}, TypeError, "model_name"),
-    ({"environment": object()}, ValueError, "harness"),
+    ({"environment": object()}, TypeError, "environment"),
     ({"not_an_argument": 1}, TypeError, "not_an_argument"),
 ]
 

@@ -25,6 +25,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from ._environment import Sessions
+
 logger = logging.getLogger("async_grpo")
 
 Done = Callable[[bool, str], None]
@@ -353,6 +355,22 @@ class LoopThread:
         future.add_done_callback(finished)
         return future
 
+    def run(self, awaitable: Any) -> Any:
+        """Awaits ``awaitable`` on the loop and returns its result, this thread waiting (without
+        the GIL). Never call it from the loop's own thread."""
+        loop = self._loop
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("LoopThread.run() called from the loop's own thread")
+        if loop is None or loop.is_closed() or not loop.is_running():
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+            raise RuntimeError("the worker's asyncio loop is not running")
+
+        async def wait() -> Any:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wait(), loop).result()
+
     def stop(self, timeout: float) -> bool:
         """Stops the loop (tasks still running are cancelled) and joins its thread."""
         loop, thread = self._loop, self._thread
@@ -368,10 +386,23 @@ class LoopThread:
 
 
 class Bridge:
-    """What the engine calls to run a Python tool or reward function."""
+    """What the engine calls to run a Python tool, reward function or environment session."""
 
     def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
+        self._sessions = Sessions(loop)
+
+    def create_session(self, factory: Any, name: str, row_json: str, seed: int, episode_id: str) -> tuple[bool, Any]:
+        return self._sessions.create(factory, name, row_json, seed, episode_id)
+
+    def session_call_tool(self, session: Any, name: str, tool: str, arguments_json: str) -> tuple[bool, str]:
+        return self._sessions.call_tool(session, name, tool, arguments_json)
+
+    def session_verify(self, session: Any, name: str, transcript_json: str) -> tuple[bool, str]:
+        return self._sessions.verify(session, name, transcript_json)
+
+    def session_close(self, session: Any, name: str) -> tuple[bool, str]:
+        return self._sessions.close(session, name)
 
     def call_tool(self, function: Callable[..., Any], name: str, kwargs_json: str) -> tuple[bool, str]:
         try:

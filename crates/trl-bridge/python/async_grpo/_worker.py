@@ -27,6 +27,7 @@ from typing import Any
 
 from . import _native
 from ._callables import Bridge, LoopThread, callable_name, returns_awaitable, tool_entry
+from ._environment import check_factory
 from ._sample import RolloutSample
 
 logger = logging.getLogger("async_grpo")
@@ -135,8 +136,15 @@ class RolloutWorker:
     Rust engine.
 
     The arguments are those of TRL's ``AsyncRolloutWorker`` that apply, with the same names
-    and meanings, plus the engine's own (after ``environment``). A wrong argument raises
+    and meanings, plus the engine's own (from ``estimator`` on). A wrong argument raises
     ``TypeError`` or ``ValueError`` naming it here, at construction.
+
+    ``environment`` is an object of OpenEnv's session-factory shape (see
+    ``async_grpo._environment``): each rollout gets a session of its own, the session's
+    tools are the rollout's (instead of ``tools``), a tool result with ``done`` ends the
+    episode, and what ``verify`` returns is the ``env`` reward column (weighted by
+    ``environment_weight``; ``reward_funcs`` may then be empty). Every session is closed
+    exactly once.
     """
 
     def __init__(
@@ -144,7 +152,7 @@ class RolloutWorker:
         *,
         model_name: str,
         dataset: Any,
-        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]],
+        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
         processing_class: Any,
         tools: Sequence[Any] | None = None,
         num_generations: int = 8,
@@ -163,6 +171,7 @@ class RolloutWorker:
         estimator: str = "trl",
         tool_timeout: float = 60.0,
         environment: Any = None,
+        environment_weight: float = 1.0,
         reward_timeout: float = 300.0,
         prompt_mode: str = "append",
         retries: int = 1,
@@ -175,16 +184,12 @@ class RolloutWorker:
         runtime_threads: int = 2,
         python_tool_threads: int | None = None,
     ) -> None:
-        if environment is not None:
-            raise ValueError(
-                "environment= needs the harness (OpenEnv session factories driven by the engine), which this "
-                "build does not include yet; pass tools= and reward_funcs= instead"
-            )
+        environment_name = None if environment is None else check_factory(environment)
         if not isinstance(model_name, str) or not model_name:
             raise TypeError("model_name must be the served model's name (a non-empty str)")
         funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
-        if not funcs:
-            raise ValueError("reward_funcs: give at least one reward function")
+        if not funcs and environment is None:
+            raise ValueError("reward_funcs: give at least one reward function (or an environment= whose verify() rewards)")
         for index, func in enumerate(funcs):
             if not callable(func):
                 raise TypeError(f"reward_funcs[{index}] is not callable: {func!r}")
@@ -238,6 +243,7 @@ class RolloutWorker:
             ("drain_timeout", drain_timeout),
         ):
             _number(name, value, 0.0, 1e9, low_open=True)
+        environment_weight = _number("environment_weight", environment_weight, -1e9, 1e9)
         rows, path = _dataset(dataset)
         tokenizer = _tokenizer_dir(processing_class)
         servers = _servers(vllm_server_url)
@@ -265,6 +271,7 @@ class RolloutWorker:
                 (name, func, returns_awaitable(func), weight)
                 for name, func, weight in zip(names, funcs, weights, strict=True)
             ],
+            environment=None if environment is None else (environment_name, environment, environment_weight),
             num_generations=num_generations,
             max_inflight=max_inflight_tasks,
             max_tokens=max_tokens,
