@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::{
     PromptMode, Shared,
+    agent::{self, Agent, AgentRun, SampleRefused, Sampled},
     episode::{EpisodeRequest, EpisodeSlot, EpisodeStatus, Lease},
     generator::{Finish, GenerateRequest, Generator},
     group::GroupState,
@@ -115,6 +116,9 @@ async fn converse<G: Generator>(
     attempt: u32,
     slot: &EpisodeSlot,
 ) -> Result<Finished, Failure> {
+    if let Some(agent) = &shared.agent {
+        return drive_agent(shared, group, agent.as_ref(), rollout_id, attempt).await;
+    }
     let lease = open_episode(shared, group, rollout_id, attempt, slot).await?;
     let initial = lease
         .as_ref()
@@ -164,7 +168,9 @@ async fn converse<G: Generator>(
             conversation.last = Some((prompt_ids, assistant_at, answer.last().copied()));
         }
     }
-    conversation.finished.initial = initial;
+    let mut prompt = initial;
+    prompt.extend(group.row.prompt.iter().cloned());
+    conversation.finished.prompt = prompt;
     conversation.verify().await;
     Ok(conversation.finish())
 }
@@ -288,113 +294,45 @@ impl<G: Generator> Conversation<'_, G> {
     /// What `turn` may sample after a prompt of `prompt_len` tokens; `None` when nothing is
     /// left (the stop recorded), an error when even the first prompt fills the context.
     fn limit(&mut self, turn: usize, prompt_len: usize) -> Result<Option<Limit>, Failure> {
-        let config = &self.shared.config;
-        let room = match self.shared.max_model_len {
-            Some(limit) => (limit as usize).saturating_sub(prompt_len),
-            None => usize::MAX,
-        };
-        if room == 0 {
-            if turn == 0 {
-                return Err((
-                    FailureCause::PromptTooLong,
-                    format!(
-                        "the prompt is {prompt_len} tokens, the model's context is {}: nothing is \
-                         left to sample",
-                        self.shared.max_model_len.unwrap_or(0)
-                    ),
-                ));
+        match room(self.shared, &self.finished, prompt_len) {
+            Room::Turn(limit) => Ok(Some(limit)),
+            Room::Budget => {
+                self.finished.stop = Stop::TokenBudget;
+                Ok(None)
             }
-            self.finished.stop = Stop::Context;
-            return Ok(None);
+            Room::Context { context } if turn == 0 => Err((
+                FailureCause::PromptTooLong,
+                format!(
+                    "the prompt is {prompt_len} tokens, the model's context is {context}: nothing \
+                     is left to sample"
+                ),
+            )),
+            Room::Context { .. } => {
+                self.finished.stop = Stop::Context;
+                Ok(None)
+            }
         }
-        let budget = match config.max_total_tokens {
-            Some(total) => (total as usize).saturating_sub(self.finished.sampled.len()),
-            None => usize::MAX,
-        };
-        if budget == 0 {
-            self.finished.stop = Stop::TokenBudget;
-            return Ok(None);
-        }
-        let max_tokens = (config.max_tokens as usize).min(room).min(budget);
-        Ok(Some(Limit {
-            max_tokens,
-            by_context: max_tokens < config.max_tokens as usize && max_tokens == room,
-        }))
     }
 
-    /// Samples one answer, continuing after aborts (each segment its own turn record, fed
-    /// to the reconciler). Returns the prompt extended by the answer, the answer and how it
-    /// finished.
+    /// Samples one answer (see [`sample_answer`]).
     async fn sample(
         &mut self,
         turn: usize,
-        mut prompt_ids: Vec<u32>,
+        prompt_ids: Vec<u32>,
         limit: Limit,
     ) -> Result<(Vec<u32>, Vec<u32>, Finish), Failure> {
-        let (shared, rollout_id) = (self.shared, self.finished.rollout_id);
-        let sampling = &shared.config.sampling;
-        let mut answer: Vec<u32> = Vec::new();
-        let mut segment = 0;
-        loop {
-            let version = shared.model_version();
-            self.group.sampled_under(version);
-            let request = GenerateRequest {
-                rollout: rollout_id,
-                turn,
-                prompt_ids: &prompt_ids,
-                max_tokens: (limit.max_tokens - answer.len()) as u32,
-                sampling,
-                seed: sampling.seed.map(|seed| {
-                    request_seed(seed, rollout_id, self.finished.attempts, turn, segment)
-                }),
-            };
-            let generation = shared.generator.generate(request).await.map_err(|e| {
-                let cause = if e.is_prompt_too_long() {
-                    FailureCause::PromptTooLong
-                } else if e.is_server_unavailable() {
-                    FailureCause::Unavailable
-                } else {
-                    FailureCause::Generation
-                };
-                (cause, e.to_string())
-            })?;
-            Counters::add(&shared.counters.turns, 1);
-            Counters::add(
-                &shared.counters.sampled_tokens,
-                generation.token_ids.len() as u64,
-            );
-            let finished = &mut self.finished;
-            finished.turns += 1;
-            finished.versions.0 = finished.versions.0.min(version);
-            finished.versions.1 = finished.versions.1.max(version);
-            let finish = generation.finish;
-            let record = TurnRecord::new(
-                prompt_ids,
-                generation.token_ids,
-                generation.logprobs,
-                version,
-            );
-            self.reconciler
-                .push(&record)
-                .map_err(|e| (FailureCause::Reconcile, e.to_string()))?;
-            let TurnRecord {
-                prompt_ids: sent,
-                sampled_ids,
-                ..
-            } = record;
-            // What the next request continues: the prompt sent and the ids sampled.
-            prompt_ids = sent;
-            prompt_ids.extend_from_slice(&sampled_ids);
-            answer.extend_from_slice(&sampled_ids);
-            segment += 1;
-            if finish != Finish::Abort
-                || answer.len() >= limit.max_tokens
-                || segment > MAX_CONTINUATIONS
-            {
-                self.finished.sampled.extend_from_slice(&answer);
-                return Ok((prompt_ids, answer, finish));
-            }
-        }
+        sample_answer(
+            TurnState {
+                shared: self.shared,
+                group: self.group,
+                finished: &mut self.finished,
+                reconciler: &mut self.reconciler,
+            },
+            turn,
+            prompt_ids,
+            limit.max_tokens,
+        )
+        .await
     }
 
     /// The answer as an assistant message, added to the conversation: decoded, its
@@ -473,23 +411,14 @@ impl<G: Generator> Conversation<'_, G> {
         let Some(lease) = &mut self.lease else {
             return;
         };
-        let mut transcript = self.finished.initial.clone();
-        transcript.extend(self.group.row.prompt.iter().cloned());
+        let mut transcript = self.finished.prompt.clone();
         transcript.extend(self.finished.messages.iter().cloned());
         self.finished.verdict = Some(lease.get_mut().verify(transcript).await);
     }
 
     /// The rollout's outcome: its rows and tally from the reconciler.
     fn finish(self) -> Finished {
-        let mut finished = self.finished;
-        let reconciled = self.reconciler.finish();
-        finished.tally = reconciled.tally;
-        finished.rows = reconciled.rows;
-        if finished.versions.0 == u64::MAX {
-            finished.versions.0 = self.shared.model_version();
-            finished.versions.1 = finished.versions.0;
-        }
-        finished
+        finish_rows(self.shared, self.finished, self.reconciler)
     }
 }
 
@@ -502,6 +431,253 @@ fn request_seed(seed: u64, rollout: RolloutId, attempt: u32, turn: usize, segmen
         x ^= x >> 31;
     }
     x >> 1
+}
+
+/// One attempt of a loop-owning agent: the agent runs the conversation, and the engine
+/// samples each turn it asks for (limits, model versions, the reconciler) until its run ends.
+/// A generation failure ends the attempt at once (dropping the agent's run stops it).
+async fn drive_agent<G: Generator>(
+    shared: &Shared<G>,
+    group: &GroupState,
+    agent: &dyn Agent,
+    rollout_id: RolloutId,
+    attempt: u32,
+) -> Result<Finished, Failure> {
+    let (sampler, mut requests) = agent::sampler();
+    let mut run = agent.run(AgentRun {
+        row: group.row.clone(),
+        rollout_id,
+        attempt,
+        episode_id: format!("r{}-a{attempt}", rollout_id.0),
+        sampler,
+    });
+    let mut finished = Finished::new(rollout_id, attempt);
+    finished.stop = Stop::Answer;
+    let mut reconciler = Reconciler::new(rollout_id, shared.config.reconciler);
+    let mut answers = 0;
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut run => break outcome,
+            Some(request) = requests.recv() => {
+                let state = TurnState { shared, group, finished: &mut finished, reconciler: &mut reconciler };
+                let answer = agent_turn(state, answers, request.prompt_ids, request.max_tokens).await?;
+                answers += usize::from(answer.is_ok());
+                // An agent that stopped waiting has nothing to be told.
+                let _ = request.reply.send(answer);
+            }
+        }
+    };
+    let outcome = outcome.map_err(|e| (FailureCause::Agent, e.0))?;
+    if answers == 0 {
+        return Err((
+            FailureCause::EmptyTrace,
+            "the agent ended without calling the model: no turn to train on".to_owned(),
+        ));
+    }
+    Counters::add(&shared.counters.tool_calls, outcome.tool_calls);
+    finished.prompt = outcome.prompt;
+    finished.messages = outcome.completion;
+    finished.verdict = outcome.verdict;
+    finished.tool_calls = outcome.tool_calls;
+    finished.metrics = outcome.metrics;
+    Ok(finish_rows(shared, finished, reconciler))
+}
+
+/// Samples the turn an agent asked for, or refuses it past a limit (the stop recorded).
+async fn agent_turn<G: Generator>(
+    state: TurnState<'_, '_, G>,
+    turn: usize,
+    prompt_ids: Vec<u32>,
+    asked: Option<u32>,
+) -> Result<Result<Sampled, SampleRefused>, Failure> {
+    let TurnState {
+        shared,
+        group,
+        finished,
+        reconciler,
+    } = state;
+    let config = &shared.config;
+    if turn >= config.max_turns {
+        finished.stop = Stop::MaxTurns;
+        return Ok(Err(SampleRefused::MaxTurns(config.max_turns)));
+    }
+    let limit = match room(shared, finished, prompt_ids.len()) {
+        Room::Turn(limit) => limit,
+        Room::Budget => {
+            finished.stop = Stop::TokenBudget;
+            let budget = config.max_total_tokens.unwrap_or(0);
+            return Ok(Err(SampleRefused::TokenBudget(budget)));
+        }
+        Room::Context { context } => {
+            finished.stop = Stop::Context;
+            let prompt = prompt_ids.len();
+            return Ok(Err(SampleRefused::Context { prompt, context }));
+        }
+    };
+    let max_tokens = match asked.filter(|&n| n > 0) {
+        Some(asked) => limit.max_tokens.min(asked as usize),
+        None => limit.max_tokens,
+    };
+    let state = TurnState {
+        shared,
+        group,
+        finished: &mut *finished,
+        reconciler,
+    };
+    let (_, token_ids, finish) = sample_answer(state, turn, prompt_ids, max_tokens).await?;
+    // An answer still aborted after its continuations is as cut as one at `max_tokens`.
+    let finish = match finish {
+        Finish::Stop => Finish::Stop,
+        Finish::Length | Finish::Abort => {
+            finished.stop = if max_tokens == limit.max_tokens {
+                limit.cut_by()
+            } else {
+                Stop::Length
+            };
+            Finish::Length
+        }
+    };
+    if finish == Finish::Stop {
+        finished.stop = Stop::Answer;
+    }
+    Ok(Ok(Sampled::new(token_ids, finish, turn)))
+}
+
+/// A rollout's outcome with its rows and tally from the reconciler.
+fn finish_rows<G>(shared: &Shared<G>, mut finished: Finished, reconciler: Reconciler) -> Finished {
+    let reconciled = reconciler.finish();
+    finished.tally = reconciled.tally;
+    finished.rows = reconciled.rows;
+    if finished.versions.0 == u64::MAX {
+        finished.versions.0 = shared.model_version();
+        finished.versions.1 = finished.versions.0;
+    }
+    finished
+}
+
+/// How much a turn may sample after its prompt.
+enum Room {
+    /// This much.
+    Turn(Limit),
+    /// Nothing: the rollout's token budget is spent.
+    Budget,
+    /// Nothing: the prompt fills the model's context.
+    Context {
+        /// The model's context.
+        context: u32,
+    },
+}
+
+/// What a turn after a prompt of `prompt_len` tokens may sample: `max_tokens`, clipped to the
+/// context left and the rollout's token budget.
+fn room<G>(shared: &Shared<G>, finished: &Finished, prompt_len: usize) -> Room {
+    let config = &shared.config;
+    let room = match shared.max_model_len {
+        Some(limit) => (limit as usize).saturating_sub(prompt_len),
+        None => usize::MAX,
+    };
+    if room == 0 {
+        return Room::Context {
+            context: shared.max_model_len.unwrap_or(0),
+        };
+    }
+    let budget = match config.max_total_tokens {
+        Some(total) => (total as usize).saturating_sub(finished.sampled.len()),
+        None => usize::MAX,
+    };
+    if budget == 0 {
+        return Room::Budget;
+    }
+    let max_tokens = (config.max_tokens as usize).min(room).min(budget);
+    Room::Turn(Limit {
+        max_tokens,
+        by_context: max_tokens < config.max_tokens as usize && max_tokens == room,
+    })
+}
+
+/// What sampling a turn updates: the rollout's outcome so far and its reconciler.
+struct TurnState<'a, 'b, G> {
+    shared: &'a Shared<G>,
+    group: &'a GroupState,
+    finished: &'b mut Finished,
+    reconciler: &'b mut Reconciler,
+}
+
+/// Samples one answer of at most `max_tokens`, continuing after aborts (each segment its own
+/// turn record, fed to the reconciler as it arrives). Returns the prompt extended by the
+/// answer, the answer and how it finished.
+async fn sample_answer<G: Generator>(
+    to: TurnState<'_, '_, G>,
+    turn: usize,
+    mut prompt_ids: Vec<u32>,
+    max_tokens: usize,
+) -> Result<(Vec<u32>, Vec<u32>, Finish), Failure> {
+    let TurnState {
+        shared,
+        group,
+        finished,
+        reconciler,
+    } = to;
+    let rollout_id = finished.rollout_id;
+    let sampling = &shared.config.sampling;
+    let mut answer: Vec<u32> = Vec::new();
+    let mut segment = 0;
+    loop {
+        let version = shared.model_version();
+        group.sampled_under(version);
+        let request = GenerateRequest {
+            rollout: rollout_id,
+            turn,
+            prompt_ids: &prompt_ids,
+            max_tokens: (max_tokens - answer.len()) as u32,
+            sampling,
+            seed: sampling
+                .seed
+                .map(|seed| request_seed(seed, rollout_id, finished.attempts, turn, segment)),
+        };
+        let generation = shared.generator.generate(request).await.map_err(|e| {
+            let cause = if e.is_prompt_too_long() {
+                FailureCause::PromptTooLong
+            } else if e.is_server_unavailable() {
+                FailureCause::Unavailable
+            } else {
+                FailureCause::Generation
+            };
+            (cause, e.to_string())
+        })?;
+        Counters::add(&shared.counters.turns, 1);
+        Counters::add(
+            &shared.counters.sampled_tokens,
+            generation.token_ids.len() as u64,
+        );
+        finished.turns += 1;
+        finished.versions.0 = finished.versions.0.min(version);
+        finished.versions.1 = finished.versions.1.max(version);
+        let finish = generation.finish;
+        let record = TurnRecord::new(
+            prompt_ids,
+            generation.token_ids,
+            generation.logprobs,
+            version,
+        );
+        reconciler
+            .push(&record)
+            .map_err(|e| (FailureCause::Reconcile, e.to_string()))?;
+        let TurnRecord {
+            prompt_ids: sent,
+            sampled_ids,
+            ..
+        } = record;
+        // What the next request continues: the prompt sent and the ids sampled.
+        prompt_ids = sent;
+        prompt_ids.extend_from_slice(&sampled_ids);
+        answer.extend_from_slice(&sampled_ids);
+        segment += 1;
+        if finish != Finish::Abort || answer.len() >= max_tokens || segment > MAX_CONTINUATIONS {
+            finished.sampled.extend_from_slice(&answer);
+            return Ok((prompt_ids, answer, finish));
+        }
+    }
 }
 
 /// A parsed call as the dispatcher runs it.

@@ -140,9 +140,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         if done.rows.len() > 1 {
             Counters::add(&counters.forked_rollouts, 1);
         }
-        // What the model was prompted with: the episode's initial messages, then the row's.
-        let mut prompt = done.initial;
-        prompt.extend(group.row.prompt.iter().cloned());
+        let prompt = done.prompt;
         for row in done.rows {
             samples.push(TrainingSample {
                 group_id: group.group_id,
@@ -281,6 +279,9 @@ fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
         for (name, value) in &verdict.metrics {
             put(&format!("env/{name}"), *value);
         }
+    }
+    for (name, value) in &done.metrics {
+        put(name, *value);
     }
     metrics
 }

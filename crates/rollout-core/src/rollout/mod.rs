@@ -27,6 +27,7 @@
 //!   deadline, cancels the rest (dropping their requests aborts them on the server), scores
 //!   every complete group, closes the output and the tool pool, and reports.
 
+mod agent;
 mod conversation;
 mod episode;
 mod generator;
@@ -45,6 +46,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 pub use self::{
+    agent::{Agent, AgentError, AgentOutcome, AgentRun, SampleRefused, Sampled, Sampler},
     episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
     generator::{Finish, GenerateError, GenerateRequest, Generation, Generator, Sampling},
     group::ScoredGroup,
@@ -373,6 +375,8 @@ pub(crate) struct Shared<G> {
     pub(crate) tools: Option<ToolDispatcher>,
     /// Where each rollout opens its episode, when it runs in an environment.
     pub(crate) environment: Option<Arc<dyn Environment>>,
+    /// What runs each rollout's conversation, when a loop-owning agent does.
+    pub(crate) agent: Option<Arc<dyn Agent>>,
     pub(crate) scorer: Scorer,
     pub(crate) config: RolloutConfig,
     pub(crate) max_model_len: Option<u32>,
@@ -532,6 +536,7 @@ pub struct EngineBuilder<G> {
     scorer: Scorer,
     tools: Option<ToolDispatcher>,
     environment: Option<Arc<dyn Environment>>,
+    agent: Option<Arc<dyn Agent>>,
     parser: Option<Box<dyn ToolCallParser>>,
     options: RenderOptions,
     config: RolloutConfig,
@@ -560,6 +565,15 @@ impl<G: Generator> EngineBuilder<G> {
     #[must_use]
     pub fn environment(mut self, environment: Arc<dyn Environment>) -> Self {
         self.environment = Some(environment);
+        self
+    }
+
+    /// Runs each rollout's conversation with `agent`, a loop-owning agent that samples every
+    /// turn through the engine (see [`Agent`]); the engine's tools and environment are then
+    /// not used by the loop.
+    #[must_use]
+    pub fn agent(mut self, agent: Arc<dyn Agent>) -> Self {
+        self.agent = Some(agent);
         self
     }
 
@@ -640,6 +654,7 @@ impl<G: Generator> EngineBuilder<G> {
             parser,
             tools: self.tools,
             environment: self.environment,
+            agent: self.agent,
             scorer: self.scorer,
             max_model_len,
             base,
@@ -790,6 +805,7 @@ impl<G: Generator> Engine<G> {
             scorer,
             tools: None,
             environment: None,
+            agent: None,
             parser: None,
             options: RenderOptions::generation(),
             config: RolloutConfig::default(),

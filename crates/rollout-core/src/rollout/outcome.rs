@@ -2,7 +2,7 @@
 //! What a rollout hands its group, so that the conversation (which produces it) and the group
 //! (which scores it) each depend on this module and not on each other.
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 use serde::Serialize;
 
@@ -13,9 +13,10 @@ use crate::{Message, RolloutId, Tally, TrainingRow};
 #[derive(Debug)]
 pub(crate) struct Finished {
     pub(crate) rollout_id: RolloutId,
-    /// What the rollout's episode put before the dataset row's prompt (its initial
-    /// messages); empty outside an environment. The sample's prompt is these, then the row's.
-    pub(crate) initial: Vec<Message>,
+    /// What the model was prompted with first: the dataset row's prompt, after the initial
+    /// messages of the rollout's environment session when it ran in one; what a loop-owning
+    /// agent sent first when one ran it.
+    pub(crate) prompt: Vec<Message>,
     /// The messages the rollout added: assistant turns and tool results.
     pub(crate) messages: Vec<Message>,
     pub(crate) rows: Vec<TrainingRow>,
@@ -32,6 +33,8 @@ pub(crate) struct Finished {
     pub(crate) fallbacks: u64,
     /// What the rollout's environment found, when it ran in one.
     pub(crate) verdict: Option<Verdict>,
+    /// Further numbers for the sample's metrics (a loop-owning agent's).
+    pub(crate) metrics: BTreeMap<String, f64>,
 }
 
 impl Finished {
@@ -40,7 +43,7 @@ impl Finished {
     pub(crate) fn new(rollout_id: RolloutId, attempts: u32) -> Finished {
         Finished {
             rollout_id,
-            initial: Vec::new(),
+            prompt: Vec::new(),
             messages: Vec::new(),
             rows: Vec::new(),
             tally: Tally::default(),
@@ -53,6 +56,7 @@ impl Finished {
             attempts,
             fallbacks: 0,
             verdict: None,
+            metrics: BTreeMap::new(),
         }
     }
 
@@ -113,6 +117,10 @@ pub enum FailureCause {
     SessionCreate,
     /// Its environment broke mid-episode (a server that exited, answered garbage).
     Environment,
+    /// Its loop-owning agent could not run, or failed before it ended.
+    Agent,
+    /// Its loop-owning agent ended without calling the model: nothing to train on.
+    EmptyTrace,
 }
 
 impl FailureCause {
@@ -130,6 +138,8 @@ impl FailureCause {
             FailureCause::Stale => "stale",
             FailureCause::SessionCreate => "session_create",
             FailureCause::Environment => "environment",
+            FailureCause::Agent => "agent",
+            FailureCause::EmptyTrace => "empty_trace",
         }
     }
 
