@@ -1,6 +1,8 @@
 //! End-to-end tests of the `async-grpo` binary and of the crates together: one test binary,
 //! built with the `cli` feature (the binary's); what needs the simulator is gated on `sim`.
 
+#[cfg(feature = "sim")]
+mod agent;
 #[path = "../crates/rollout-core/tests/cache.rs"]
 mod cache;
 mod cli;

@@ -48,7 +48,7 @@ use tool_dispatch::{
 #[cfg(feature = "sim")]
 use vllm_sim::SimSettings;
 
-use super::environment::EnvironmentSettings;
+use super::{agent::AgentSettings, environment::EnvironmentSettings};
 use crate::layered::{Defaults, Layer};
 
 /// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
@@ -152,6 +152,10 @@ pub(crate) struct Settings {
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) environment: Option<EnvironmentSettings>,
+    /// The loop-owning `[agent]` that runs every rollout, if any (file only).
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) agent: Option<AgentSettings>,
     /// The simulator's behaviour (`[simulator]`; file only; used only without servers).
     #[cfg(feature = "sim")]
     #[arg(skip)]
@@ -187,6 +191,7 @@ impl Default for Settings {
             progress: Progress::Auto,
             tools: Vec::new(),
             environment: None,
+            agent: None,
             #[cfg(feature = "sim")]
             simulator: SimSettings::default(),
             #[cfg(not(feature = "sim"))]
@@ -264,6 +269,7 @@ impl Resolved {
     pub(crate) fn reward_functions(&self) -> Vec<Reward> {
         let mut rewards: Vec<Reward> = self.rewards.iter().map(|r| r.reward.clone()).collect();
         rewards.extend(self.settings.environment.as_ref().map(|e| e.reward()));
+        rewards.extend(self.settings.agent.as_ref().and_then(|a| a.reward()));
         rewards
     }
 
@@ -369,6 +375,20 @@ impl Settings {
                 bail!(
                     "[[tools]] and [environment] together{file_name}: the environment's server \
                      offers the rollout's tools; serve the [[tools]] from it instead, or drop \
+                     [environment]"
+                );
+            }
+        }
+        if let Some(agent) = &mut settings.agent {
+            let place = places
+                .source
+                .and_then(|s| s.place(&["agent"]))
+                .unwrap_or_else(|| "agent".to_owned());
+            agent.check(base, &place)?;
+            if !settings.tools.is_empty() || settings.environment.is_some() {
+                bail!(
+                    "[agent] with [[tools]] or [environment]{file_name}: a loop-owning agent \
+                     brings its own tools and runs them itself; drop the [[tools]] and the \
                      [environment]"
                 );
             }
@@ -529,7 +549,9 @@ fn build_rewards(
         }
         rewards.push(RewardSetting { reward, place });
     }
-    if rewards.is_empty() && settings.environment.is_none() {
+    let verified = settings.environment.is_some()
+        || settings.agent.as_ref().is_some_and(AgentSettings::verifies);
+    if rewards.is_empty() && !verified {
         bail!(
             "no reward function: a run without rewards has nothing to train on; add \
              --reward numeric:answer (or exact:COLUMN, regex:PATTERN, command:PROGRAM, \

@@ -3,6 +3,7 @@
 //! (and the dataset) before anything is touched, [`run`] wires the engine, and [`progress`]
 //! shows how it goes.
 
+pub(crate) mod agent;
 pub(crate) mod config;
 pub(crate) mod environment;
 pub(crate) mod preflight;

@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, time::Instant};
 use anyhow::bail;
 use rollout_core::{ChatTokenizer, DatasetReader, RenderOptions};
 
-use super::config::Resolved;
+use super::config::{Resolved, Settings};
 
 /// Why a run without servers cannot go on in a build without the simulator.
 pub(crate) const NO_SIMULATOR: &str = "no --server given (`servers` in the config file), and this build has no built-in simulator to stand in for one (async-grpo's `sim` feature): pass --server URL, or build with `--features sim`";
@@ -29,11 +29,7 @@ pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
     if settings.servers.is_empty() && !cfg!(feature = "sim") {
         bail!("{NO_SIMULATOR}");
     }
-    let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
-    if let Some(template) = &settings.chat_template {
-        tokenizer = tokenizer.with_template_file(template)?;
-    }
-    tokenizer.template(&RenderOptions::generation())?;
+    let tokenizer = load_tokenizer(settings)?;
     let (rows, bad_rows) = scan_dataset(resolved)?;
     let holds_rows = std::fs::metadata(&settings.out).is_ok_and(|m| m.len() > 0);
     if holds_rows && !settings.overwrite {
@@ -47,6 +43,17 @@ pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
         rows,
         bad_rows,
     })
+}
+
+/// The run's tokenizer with its chat template (`--chat-template` when given), checked to
+/// render a prompt.
+pub(crate) fn load_tokenizer(settings: &Settings) -> anyhow::Result<ChatTokenizer> {
+    let mut tokenizer = ChatTokenizer::from_dir(&settings.tokenizer)?;
+    if let Some(template) = &settings.chat_template {
+        tokenizer = tokenizer.with_template_file(template)?;
+    }
+    tokenizer.template(&RenderOptions::generation())?;
+    Ok(tokenizer)
 }
 
 /// Reads every row once: each must parse (or, with `--skip-bad-rows`, is counted), there must

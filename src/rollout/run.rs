@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use harness::proxy::{Proxy, ProxyConfig};
 use rollout_core::{
     ChatTokenizer, DatasetReader, JsonlSink,
     parse::parser_by_name,
@@ -78,7 +79,11 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     // Only now is the output touched: every check that could fail has passed.
     let sink = create_output(&settings.out)?;
     let reader = DatasetReader::open(&settings.dataset)?;
-    let (builder, tool_count) = engine_builder(&resolved, client, tokenizer)?;
+    let proxy = match &settings.agent {
+        Some(_) => Some(start_proxy(settings).await?),
+        None => None,
+    };
+    let (builder, tool_count) = engine_builder(&resolved, client, tokenizer, proxy)?;
     let (engine, groups) = builder.start(reader)?;
     let engine = Arc::new(engine);
     tracing::info!(
@@ -225,6 +230,7 @@ fn engine_builder(
     resolved: &Resolved,
     client: Client,
     tokenizer: ChatTokenizer,
+    proxy: Option<Arc<Proxy>>,
 ) -> anyhow::Result<(EngineBuilder<Client>, usize)> {
     let settings = &resolved.settings;
     let mut registry = Registry::new();
@@ -242,10 +248,25 @@ fn engine_builder(
         }
         builder = builder.tools(tools);
     }
+    if let (Some(agent), Some(proxy)) = (&settings.agent, proxy) {
+        builder = builder.agent(Arc::new(agent.agent(proxy)));
+    }
     if let Some(name) = &settings.tool_parser {
         builder = builder.parser(parser_by_name(name)?);
     }
     Ok((builder, tool_count))
+}
+
+/// The proxy the `[agent]` talks to, rendering with the run's tokenizer and template.
+async fn start_proxy(settings: &Settings) -> anyhow::Result<Arc<Proxy>> {
+    let tokenizer = preflight::load_tokenizer(settings)?;
+    let model = settings
+        .model
+        .clone()
+        .unwrap_or_else(|| "async-grpo".to_owned());
+    let proxy = Proxy::start(tokenizer, ProxyConfig::new(model)).await?;
+    tracing::info!(url = %proxy.base_url(), "the agents' proxy is listening");
+    Ok(Arc::new(proxy))
 }
 
 /// The built-in simulator, answering in the run's tokenizer and calling its first tool.

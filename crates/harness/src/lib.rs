@@ -85,9 +85,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(feature = "agent")]
+pub mod agent;
 mod environment;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 mod session;
 mod sync;
 

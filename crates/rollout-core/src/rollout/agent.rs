@@ -102,13 +102,31 @@ impl AgentOutcome {
 #[error("{0}")]
 pub struct AgentError(pub String);
 
-/// One turn an agent asks for.
-pub(crate) struct SampleRequest {
+/// One turn an agent asks for, as the side that samples receives it.
+#[derive(Debug)]
+pub struct SampleRequest {
     pub(crate) prompt_ids: Vec<u32>,
     /// What the agent asked for at most; the engine clips it to `max_tokens`, the context
     /// and the budget.
     pub(crate) max_tokens: Option<u32>,
     pub(crate) reply: oneshot::Sender<Result<Sampled, SampleRefused>>,
+}
+
+impl SampleRequest {
+    /// The exact ids to send.
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+
+    /// Most tokens the agent asked for, if it said.
+    pub fn max_tokens(&self) -> Option<u32> {
+        self.max_tokens
+    }
+
+    /// Answers the request (an agent that stopped waiting is not told).
+    pub fn answer(self, answer: Result<Sampled, SampleRefused>) {
+        let _ = self.reply.send(answer);
+    }
 }
 
 /// What the engine sampled for a turn.
@@ -124,7 +142,8 @@ pub struct Sampled {
 }
 
 impl Sampled {
-    pub(crate) fn new(token_ids: Vec<u32>, finish: Finish, turn: usize) -> Sampled {
+    /// What was sampled for the rollout's turn `turn`.
+    pub fn new(token_ids: Vec<u32>, finish: Finish, turn: usize) -> Sampled {
         Sampled {
             token_ids,
             finish,
@@ -170,8 +189,12 @@ impl fmt::Debug for Sampler {
 }
 
 impl Sampler {
-    pub(crate) fn new(requests: mpsc::Sender<SampleRequest>) -> Sampler {
-        Sampler { requests }
+    /// A sampler whose turns are answered by whoever holds the returned [`SampleRequests`]
+    /// (the engine does it for its agents; programs and tests sampling outside an engine can
+    /// too).
+    pub fn channel() -> (Sampler, SampleRequests) {
+        let (requests, receiver) = mpsc::channel(1);
+        (Sampler { requests }, SampleRequests(receiver))
     }
 
     /// Samples one turn after `prompt_ids` (the exact ids to send), at most `max_tokens`
@@ -194,11 +217,13 @@ impl Sampler {
     }
 }
 
-/// The engine's side of a [`Sampler`]: where its requests arrive.
-pub(crate) type SampleRequests = mpsc::Receiver<SampleRequest>;
+/// The sampling side of a [`Sampler`]: where its requests arrive, in order.
+#[derive(Debug)]
+pub struct SampleRequests(mpsc::Receiver<SampleRequest>);
 
-/// A sampler and the engine's end of it.
-pub(crate) fn sampler() -> (Sampler, SampleRequests) {
-    let (requests, receiver) = mpsc::channel(1);
-    (Sampler::new(requests), receiver)
+impl SampleRequests {
+    /// The next request; `None` once every clone of the sampler is gone.
+    pub async fn next(&mut self) -> Option<SampleRequest> {
+        self.0.recv().await
+    }
 }

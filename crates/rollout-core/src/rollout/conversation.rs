@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::{
     PromptMode, Shared,
-    agent::{self, Agent, AgentRun, SampleRefused, Sampled},
+    agent::{Agent, AgentRun, SampleRefused, Sampled, Sampler},
     episode::{EpisodeRequest, EpisodeSlot, EpisodeStatus, Lease},
     generator::{Finish, GenerateRequest, Generator},
     group::GroupState,
@@ -443,7 +443,7 @@ async fn drive_agent<G: Generator>(
     rollout_id: RolloutId,
     attempt: u32,
 ) -> Result<Finished, Failure> {
-    let (sampler, mut requests) = agent::sampler();
+    let (sampler, mut requests) = Sampler::channel();
     let mut run = agent.run(AgentRun {
         row: group.row.clone(),
         rollout_id,
@@ -458,12 +458,12 @@ async fn drive_agent<G: Generator>(
     let outcome = loop {
         tokio::select! {
             outcome = &mut run => break outcome,
-            Some(request) = requests.recv() => {
+            Some(request) = requests.next() => {
                 let state = TurnState { shared, group, finished: &mut finished, reconciler: &mut reconciler };
-                let answer = agent_turn(state, answers, request.prompt_ids, request.max_tokens).await?;
+                let prompt_ids = request.prompt_ids().to_vec();
+                let answer = agent_turn(state, answers, prompt_ids, request.max_tokens()).await?;
                 answers += usize::from(answer.is_ok());
-                // An agent that stopped waiting has nothing to be told.
-                let _ = request.reply.send(answer);
+                request.answer(answer);
             }
         }
     };

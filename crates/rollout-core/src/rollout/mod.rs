@@ -46,7 +46,10 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 pub use self::{
-    agent::{Agent, AgentError, AgentOutcome, AgentRun, SampleRefused, Sampled, Sampler},
+    agent::{
+        Agent, AgentError, AgentOutcome, AgentRun, SampleRefused, SampleRequest, SampleRequests,
+        Sampled, Sampler,
+    },
     episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
     generator::{Finish, GenerateError, GenerateRequest, Generation, Generator, Sampling},
     group::ScoredGroup,

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 pub use self::{
     calculator::{ExpressionError, evaluate},
-    process::ProcessGroup,
+    process::{Finished, ProcessGroup, run_command},
 };
 use crate::tool::{Tool, ToolSpec};
 

@@ -22,10 +22,14 @@ use crate::tool::{Arguments, ToolError};
 
 /// What a finished program left.
 #[derive(Debug)]
-pub(crate) struct Finished {
-    pub(crate) status: ExitStatus,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
+#[non_exhaustive]
+pub struct Finished {
+    /// How it exited.
+    pub status: ExitStatus,
+    /// The start of its standard output (capped).
+    pub stdout: String,
+    /// The start of its standard error (capped).
+    pub stderr: String,
 }
 
 /// A program's process group (started with `process_group(0)`, so its id is the program's
@@ -78,8 +82,27 @@ pub(crate) async fn run(
 ) -> Result<Finished, String> {
     let (program, args) = argv.split_first().ok_or("no program to run")?;
     let mut command = Command::new(program);
+    command.args(args);
+    run_command(command, input, timeout, max_output).await
+}
+
+/// Runs `command` (its program, arguments, directory and environment as the caller set them)
+/// in a process group of its own with `input` on stdin. The group is killed when the program
+/// exits (what it left in the background goes with it), after `timeout`, or when the future is
+/// dropped. Each of stdout and stderr keeps its first `max_output` bytes, and says how much
+/// more there was. An error says the program could not start, or timed out and was killed.
+pub async fn run_command(
+    mut command: Command,
+    input: Vec<u8>,
+    timeout: Duration,
+    max_output: usize,
+) -> Result<Finished, String> {
+    let program = command
+        .as_std()
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
     command
-        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

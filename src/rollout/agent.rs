@@ -1,0 +1,133 @@
+//! The `[agent]` table of `async-grpo rollout`: every rollout is run by a loop-owning agent
+//! program (a coding agent) against the recording proxy, and judged by a verify command.
+//!
+//! ```toml
+//! [agent]
+//! command = ["opencode", "run", "--format", "json", "{prompt}"]  # {prompt} {workdir} {task_json}
+//! env = { OPENCODE_DISABLE_AUTOUPDATE = "1" }   # plus OPENAI_BASE_URL / OPENAI_API_KEY per rollout
+//! workdir = "fresh"                             # a new directory per rollout, removed after verify
+//! setup = ["./setup.sh"]                        # optional, in the workdir, before the agent
+//! verify = ["./verify.sh"]                      # in the workdir after the agent: a printed number, or exit 0/1
+//! timeout = "10m"                               # the agent's; then its process group is killed
+//! weight = 1.0                                  # of the `env` column (verify's reward)
+//! ```
+
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+
+use anyhow::bail;
+use harness::{
+    agent::{ProgramAgent, ProgramConfig},
+    proxy::Proxy,
+};
+use scoring::Reward;
+use serde::{Deserialize, Serialize};
+
+/// The `[agent]` table: as written, and, once [`AgentSettings::check`]ed, as the run uses it
+/// (programs next to the config file made absolute).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentSettings {
+    /// The agent's command line; `{prompt}`, `{workdir}` and `{task_json}` are replaced.
+    command: Vec<String>,
+    /// More environment variables for the agent, setup and verify.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    env: BTreeMap<String, String>,
+    /// Where each rollout runs: `fresh`, a new directory removed after verify.
+    #[serde(default)]
+    workdir: Workdir,
+    /// A command run in the directory before the agent (it must exit 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    setup: Option<Vec<String>>,
+    /// A command run in the directory after the agent: the number it prints, else its exit
+    /// code (0: 1.0, 1: 0.0), is the `env` reward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verify: Option<Vec<String>>,
+    /// How long the agent may run.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    timeout: Duration,
+    /// How long setup and verify may each run.
+    #[serde(default = "default_command_timeout", with = "humantime_serde")]
+    command_timeout: Duration,
+    /// The weight of the `env` column among the rewards.
+    #[serde(default = "default_weight")]
+    weight: f64,
+}
+
+/// Where an agent runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Workdir {
+    /// A new directory per rollout attempt, removed after verify.
+    #[default]
+    Fresh,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_command_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+impl AgentSettings {
+    /// Checks the table (at `place`, for messages); programs and arguments naming files next
+    /// to the config file become paths from `base`.
+    pub(crate) fn check(&mut self, base: &Path, place: &str) -> anyhow::Result<()> {
+        for (key, argv) in [
+            ("command", Some(&mut self.command)),
+            ("setup", self.setup.as_mut()),
+            ("verify", self.verify.as_mut()),
+        ] {
+            let Some(argv) = argv else { continue };
+            let Some((program, args)) = argv.split_first_mut() else {
+                bail!("{place}.{key}: empty; expected the program and its arguments");
+            };
+            *program = super::config::program_path(base, program);
+            super::config::check_program(program)
+                .map_err(|e| anyhow::anyhow!("{place}.{key}: {e}"))?;
+            for arg in args {
+                let beside = base.join(&*arg);
+                if Path::new(arg.as_str()).is_relative() && !arg.contains('{') && beside.is_file() {
+                    *arg = beside.display().to_string();
+                }
+            }
+        }
+        if self.timeout.is_zero() || self.command_timeout.is_zero() {
+            bail!("{place}: timeout and command_timeout must be longer than zero");
+        }
+        if !self.weight.is_finite() {
+            bail!(
+                "{place}.weight: expected a finite number, got {}",
+                self.weight
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether a verify command gives the `env` reward.
+    pub(crate) fn verifies(&self) -> bool {
+        self.verify.is_some()
+    }
+
+    /// The agent, run against `proxy`.
+    pub(crate) fn agent(&self, proxy: Arc<Proxy>) -> ProgramAgent {
+        let mut config = ProgramConfig::new(self.command.clone());
+        config.env = self.env.clone();
+        config.setup = self.setup.iter().cloned().collect();
+        config.verify = self.verify.clone();
+        config.timeout = self.timeout;
+        config.command_timeout = self.command_timeout;
+        ProgramAgent::new(proxy, config)
+    }
+
+    /// The `env` column (verify's reward), weighted, when a verify command gives one.
+    pub(crate) fn reward(&self) -> Option<Reward> {
+        self.verifies()
+            .then(|| scoring::builtin::environment().weight(self.weight))
+    }
+}

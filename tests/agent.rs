@@ -1,0 +1,118 @@
+//! `[agent]`: loop-owning agents behind the recording proxy. The agent is a real program on
+//! OpenAI's own Python client (`tests/fixtures/agent/openai_agent.py`), streaming or not, with
+//! tool calls, against the proxy over the simulator: every trained token is one the simulator
+//! sampled, a rollout whose agent only re-serialized its history is one row, verify's number
+//! is the `env` reward, and no process of an agent outlives the run.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use super::{
+    cache::cache_dir,
+    reliability::{MARKER, kill_all, survivors},
+    rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path},
+};
+
+/// The Python with OpenAI's client.
+fn agent_python() -> PathBuf {
+    let python = cache_dir().join("venv-agents").join("bin").join("python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run `cargo xtask fixtures` (it installs OpenAI's Python client there)",
+        python.display()
+    );
+    python
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/agent")
+        .join(name)
+}
+
+/// A run of 3 prompts × 2 rollouts whose agent is the `openai` client in `mode`.
+fn agent_case(name: &str, mode: &str) -> Case {
+    let case = Case::new(name);
+    case.write_dataset(3);
+    let python = toml_path(&agent_python());
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 4\nmax_turns = 4\nseed = 11\n\n\
+         [agent]\ncommand = [{python}, {agent}, \"{mode}\", \"{{prompt}}\"]\n\
+         verify = [{python}, {verify}, \"{{task_json}}\"]\ntimeout = \"60s\"\n",
+        agent = toml_path(&fixture("openai_agent.py")),
+        verify = toml_path(&fixture("verify.py")),
+    ));
+    case
+}
+
+fn run_agents(mode: &str) {
+    let marker = format!("agent-{mode}-{}", std::process::id());
+    let case = agent_case(&format!("agent-{mode}"), mode);
+    let runtime = runtime();
+    let sim = simulator(&runtime, 1, "calculator");
+    let output = case
+        .command(&["--server", &sim.url()])
+        .env(MARKER, &marker)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the binary starts");
+    let left = survivors(&marker);
+    kill_all(&left);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        left.is_empty(),
+        "agent processes outlived the run: {left:?}"
+    );
+    let rows = case.rows();
+    assert_eq!(rows.len(), 6, "one row per rollout: {stderr}");
+    let runs = assert_rows_are_what_was_sampled(&rows, &sim.transcript());
+    assert!(
+        runs.iter().all(|&n| n == 2),
+        "a tool-call turn and an answer, in one row: {runs:?}"
+    );
+    for row in &rows {
+        let metric = |name: &str| row.metrics[name].as_f64().unwrap_or(f64::NAN);
+        assert_eq!(metric("forked_turns"), 0.0, "{row:?}");
+        assert_eq!(
+            metric("capture_reused_turns"),
+            1.0,
+            "the agent's re-serialized answer was replaced by the sampled ids"
+        );
+        // The agent's own prompt, then its transcript with the proxy's answers.
+        assert_eq!(row.prompt[0]["role"], "system");
+        assert_eq!(row.prompt[1]["role"], "user");
+        let roles: Vec<&str> = row.completion.iter().map(|m| m.role()).collect();
+        assert_eq!(roles, ["assistant", "tool", "assistant"], "{row:?}");
+        assert_eq!(
+            row.completion[0]["tool_calls"][0]["function"]["name"],
+            "calculator"
+        );
+        // verify read the answer the agent wrote; the same judgement as the numeric reward.
+        let env = row.rewards["env"].as_f64().expect("verify gave a reward");
+        let numeric = row.rewards["numeric_answer"]
+            .as_f64()
+            .expect("a numeric reward");
+        assert_eq!(env, numeric, "{row:?}");
+    }
+    let rewards: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.rewards["env"].as_f64())
+        .collect();
+    assert!(
+        rewards.contains(&1.0) && rewards.contains(&0.0),
+        "the simulator answers right half of the time: {rewards:?}"
+    );
+}
+
+#[test]
+fn a_streaming_openai_client_agent_gives_one_exact_row_per_rollout() {
+    run_agents("stream");
+}
+
+#[test]
+fn a_non_streaming_openai_client_agent_gives_one_exact_row_per_rollout() {
+    run_agents("plain");
+}
