@@ -15,11 +15,13 @@ use std::{
     time::Duration,
 };
 
+use futures::future::BoxFuture;
 use rollout_core::{
     ChatTemplate, ChatTokenizer, DatasetError, DatasetRow, Message, RenderOptions,
     rollout::{
-        Engine, FailureCause, Finish, GenerateError, GenerateRequest, Generation, Generator,
-        Groups, RolloutConfig, ScoredGroup,
+        Agent, AgentError, AgentOutcome, AgentRun, Engine, FailureCause, Finish, GenerateError,
+        GenerateRequest, Generation, Generator, Groups, RolloutConfig, SampleRefused, Sampled,
+        ScoredGroup,
     },
 };
 use scoring::{
@@ -1195,5 +1197,141 @@ async fn max_turns_bounds_the_generation_calls_of_a_rollout() {
     for sample in out.iter().flat_map(|g| &g.samples) {
         assert_eq!(metric(sample, "turns"), 2.0);
         assert_trained_tokens_are_the_sampled_ones(&generator, sample);
+    }
+}
+
+/// A loop-owning agent in-process: it asks for `turns` turns, each prompt the previous one,
+/// the ids sampled and a user message; it logs what it was answered. `None` fails its run.
+struct TestAgent {
+    turns: Option<usize>,
+    answers: Arc<Mutex<Vec<Result<Sampled, SampleRefused>>>>,
+}
+
+impl Agent for TestAgent {
+    fn run(&self, run: AgentRun) -> BoxFuture<'static, Result<AgentOutcome, AgentError>> {
+        let (turns, answers) = (self.turns, Arc::clone(&self.answers));
+        Box::pin(async move {
+            let Some(turns) = turns else {
+                return Err(AgentError("the agent crashed at start".to_owned()));
+            };
+            let tokenizer = chat_tokenizer();
+            let encode = |text: &str| {
+                tokenizer
+                    .tokenizer()
+                    .encode(text, false)
+                    .expect("encodes")
+                    .get_ids()
+                    .to_vec()
+            };
+            let mut prompt = encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+            for _ in 0..turns {
+                let answer = run.sampler.sample(prompt.clone(), None).await;
+                if let Ok(sampled) = &answer {
+                    prompt.extend_from_slice(&sampled.token_ids);
+                    prompt.extend(encode(
+                        "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n",
+                    ));
+                }
+                lock(&answers).push(answer);
+            }
+            Ok(AgentOutcome::new(
+                vec![Message::user("Hi")],
+                vec![Message::assistant(format!(
+                    "The answer is {}",
+                    run.rollout_id.0
+                ))],
+            ))
+        })
+    }
+}
+
+fn start_agent(
+    generator: &ScriptedGenerator,
+    agent: TestAgent,
+    config: RolloutConfig,
+    rows: Vec<Result<DatasetRow, DatasetError>>,
+) -> (Engine<ScriptedGenerator>, Groups) {
+    Engine::builder(generator.clone(), chat_tokenizer(), scorer())
+        .config(config)
+        .agent(Arc::new(agent))
+        .start(rows)
+        .expect("the loop starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_s_turns_are_sampled_by_the_engine_and_trained_exactly() {
+    let tokenizer = chat_tokenizer();
+    let generator = ScriptedGenerator::answering(&tokenizer, &[]);
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let agent = TestAgent {
+        turns: Some(3),
+        answers: Arc::clone(&answers),
+    };
+    let (engine, mut groups) = start_agent(&generator, agent, config(2), rows(2));
+    let out = collect(&mut groups).await;
+    engine.shutdown(Duration::from_secs(10)).await;
+    let samples: Vec<_> = out.iter().flat_map(|g| &g.samples).collect();
+    assert_eq!(samples.len(), 4, "one row per rollout");
+    for sample in samples {
+        assert_trained_tokens_are_the_sampled_ones(&generator, sample);
+        assert_eq!(metric(sample, "turns"), 3.0);
+        assert_eq!(metric(sample, "forked_turns"), 0.0);
+        // The agent's transcript is the sample's.
+        assert_eq!(sample.prompt, vec![Message::user("Hi")]);
+        let reward = sample.rewards["answer"].as_f64();
+        assert_eq!(reward, Some(sample.rollout_id.0 as f64));
+    }
+    assert!(lock(&answers).iter().all(Result::is_ok));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_past_max_turns_are_refused_and_the_rollout_is_still_scored() {
+    let tokenizer = chat_tokenizer();
+    let generator = ScriptedGenerator::answering(&tokenizer, &[]);
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let agent = TestAgent {
+        turns: Some(4),
+        answers: Arc::clone(&answers),
+    };
+    let mut config = config(2);
+    config.max_turns = 2;
+    let (engine, mut groups) = start_agent(&generator, agent, config, rows(1));
+    let out = collect(&mut groups).await;
+    engine.shutdown(Duration::from_secs(10)).await;
+    let samples: Vec<_> = out.iter().flat_map(|g| &g.samples).collect();
+    assert_eq!(samples.len(), 2);
+    assert!(samples.iter().all(|s| metric(s, "turns") == 2.0));
+    let refused = lock(&answers)
+        .iter()
+        .filter(|a| matches!(a, Err(SampleRefused::MaxTurns(2))))
+        .count();
+    assert_eq!(refused, 4, "two refused turns per rollout");
+    assert_eq!(generator.log().len(), 4, "refused turns reach no server");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_samples_or_fails_fails_its_rollout_with_that_cause() {
+    for (turns, cause) in [
+        (Some(0), FailureCause::EmptyTrace),
+        (None, FailureCause::Agent),
+    ] {
+        let tokenizer = chat_tokenizer();
+        let generator = ScriptedGenerator::answering(&tokenizer, &[]);
+        let agent = TestAgent {
+            turns,
+            answers: Arc::new(Mutex::new(Vec::new())),
+        };
+        let mut config = config(2);
+        config.max_failure_rate = None;
+        let (engine, mut groups) = start_agent(&generator, agent, config, rows(1));
+        let out = collect(&mut groups).await;
+        let report = engine.shutdown(Duration::from_secs(10)).await;
+        assert!(out.iter().all(|g| g.samples.is_empty()), "{cause:?}");
+        assert_eq!(report.stats.rollouts_failed, 2, "{cause:?}");
+        assert!(
+            report.failures.iter().all(|f| f.cause == cause),
+            "{:?}",
+            report.failures
+        );
     }
 }
