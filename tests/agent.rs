@@ -116,3 +116,145 @@ fn a_streaming_openai_client_agent_gives_one_exact_row_per_rollout() {
 fn a_non_streaming_openai_client_agent_gives_one_exact_row_per_rollout() {
     run_agents("plain");
 }
+
+/// opencode (`cargo xtask fixtures` installs it) and the example's scripts.
+fn opencode() -> PathBuf {
+    let opencode = cache_dir().join("opencode/node_modules/.bin/opencode");
+    assert!(
+        opencode.is_file(),
+        "{} is missing: run `cargo xtask fixtures` (it installs opencode there)",
+        opencode.display()
+    );
+    opencode
+}
+
+fn example(name: &str) -> String {
+    toml_path(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/agent")
+            .join(name),
+    )
+}
+
+#[test]
+fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
+    let marker = format!("opencode-{}", std::process::id());
+    let case = Case::new("opencode");
+    case.write_dataset(2);
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 6\nseed = 5\nmax_tokens = 256\n\n\
+         [agent]\ncommand = [{command}, \"{{prompt}}\"]\nsetup = [{setup}, \"{{task_json}}\"]\n\
+         verify = [{verify}]\ntimeout = \"3m\"\n",
+        command = example("opencode-agent.sh"),
+        setup = example("setup.sh"),
+        verify = example("verify.sh"),
+    ));
+    let runtime = runtime();
+    let mut config = vllm_sim::SimConfig::from_tokenizer_file(
+        &super::rollout::quickstart().join("tokenizer.json"),
+    )
+    .expect("the quickstart tokenizer loads");
+    config.record = true;
+    config.tool_rounds = 1;
+    config.tool_name = "write".to_owned();
+    config.tool_arguments = Some(serde_json::json!({
+        "filePath": "solution.py",
+        "content": "def solve():\n    return {answer}\n",
+    }));
+    config.answer_tokens = 8;
+    config.correct_rate = 0.5;
+    config.max_model_len = 65536;
+    let sim = runtime
+        .block_on(vllm_sim::Simulator::start(
+            config,
+            "127.0.0.1:0".parse().expect("an address"),
+        ))
+        .expect("the simulator starts");
+    let output = case
+        .command(&["--server", &sim.url()])
+        .env(MARKER, &marker)
+        .env("OPENCODE", opencode())
+        .stdin(Stdio::null())
+        .output()
+        .expect("the binary starts");
+    let left = survivors(&marker);
+    kill_all(&left);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        left.is_empty(),
+        "opencode processes outlived the run: {left:?}"
+    );
+    let rows = case.rows();
+    assert_eq!(rows.len(), 4, "one row per rollout: {stderr}");
+    let runs = assert_rows_are_what_was_sampled(&rows, &sim.transcript());
+    assert!(
+        runs.iter().all(|&n| n == 2),
+        "the write call and the answer, in one row: {runs:?}"
+    );
+    for row in &rows {
+        let metric = |name: &str| row.metrics[name].as_f64().unwrap_or(f64::NAN);
+        assert_eq!(metric("forked_turns"), 0.0, "{row:?}");
+        assert_eq!(metric("capture_reused_turns"), 1.0, "{row:?}");
+        let call = &row.completion[0]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "write", "{row:?}");
+        assert_eq!(row.completion[1]["role"], "tool");
+        // verify ran the task's test on the file opencode wrote: it passes exactly when the
+        // model wrote the right answer.
+        let written = call["arguments"]["content"]
+            .as_str()
+            .expect("the file's text");
+        // Groups are admitted in dataset order: group i asked question i.
+        let (question, expected) = super::rollout::question(row.group_id as usize);
+        let right = written.trim_end().ends_with(&format!("return {expected}"));
+        assert_eq!(
+            row.rewards["env"].as_f64(),
+            Some(if right { 1.0 } else { 0.0 }),
+            "{written:?} for {question:?}"
+        );
+    }
+}
+
+#[test]
+fn an_agent_past_its_timeout_is_killed_with_its_children_and_its_turns_still_count() {
+    let marker = format!("agent-timeout-{}", std::process::id());
+    let case = Case::new("agent-timeout");
+    case.write_dataset(1);
+    // One turn, then a child that would outlive it, then a hang.
+    let agent = case.dir.join("hang.py");
+    std::fs::write(
+        &agent,
+        "import subprocess, sys, time\nfrom openai import OpenAI\n\
+         OpenAI().chat.completions.create(model='policy', messages=[{'role': 'user', 'content': sys.argv[1]}])\n\
+         subprocess.Popen(['sleep', '1000'])\ntime.sleep(1000)\n",
+    )
+    .expect("write the agent");
+    let python = toml_path(&agent_python());
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nretries = 0\n\n\
+         [agent]\ncommand = [{python}, {agent}, \"{{prompt}}\"]\ntimeout = \"3s\"\n",
+        agent = toml_path(&agent),
+    ));
+    let runtime = runtime();
+    let sim = simulator(&runtime, 0, "calculator");
+    let output = case
+        .command(&["--server", &sim.url()])
+        .env(MARKER, &marker)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the binary starts");
+    let left = survivors(&marker);
+    kill_all(&left);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        left.is_empty(),
+        "processes outlived their agent's timeout: {left:?}"
+    );
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows = case.rows();
+    assert_eq!(rows.len(), 2, "{stderr}");
+    for row in &rows {
+        assert_eq!(row.metrics["agent_timed_out"].as_f64(), Some(1.0));
+        assert_eq!(row.metrics["turns"].as_f64(), Some(1.0));
+    }
+}

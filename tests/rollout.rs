@@ -32,7 +32,7 @@ pub(crate) fn toml_path(path: &Path) -> String {
 }
 
 /// Question `i` of the test datasets and its answer, as the calculator writes it.
-fn question(i: usize) -> (String, String) {
+pub(crate) fn question(i: usize) -> (String, String) {
     let a = 2 + (i * 7) % 40;
     let b = 3 + (i * 11) % 30;
     if i.is_multiple_of(2) {

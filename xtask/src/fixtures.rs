@@ -11,7 +11,9 @@
 //! - for MCP environments (the example and the end-to-end tests), a venv with the pinned
 //!   Python MCP SDK in `<cache>/venv-mcp/`;
 //! - for the agents of the proxy's tests, a venv with OpenAI's pinned Python client
-//!   (`openai`) in `<cache>/venv-agents/`.
+//!   (`openai`) in `<cache>/venv-agents/`;
+//! - npm `opencode-ai@1.18.33` (a coding agent, for the agent example and its test) into
+//!   `<cache>/opencode/`, its plugin package into `<cache>/opencode-config/`.
 //!
 //! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
 //! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
@@ -34,6 +36,10 @@ pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3
 const MCP_PACKAGES: &[&str] = &["mcp==2.3.0"];
 /// What the agents of the proxy's tests run on: OpenAI's own Python client.
 const AGENT_PACKAGES: &[&str] = &["openai==3.57.0"];
+/// The coding agent of the agent example and its test (npm; its platform binary comes as an
+/// optional dependency), and the plugin package it would otherwise fetch when it starts.
+const OPENCODE_PACKAGE: &str = "opencode-ai@1.18.33";
+const OPENCODE_PLUGIN_PACKAGE: &str = "@opencode-ai/plugin@1.18.33";
 
 pub(crate) fn run() -> anyhow::Result<()> {
     let cache = cache_dir();
@@ -43,6 +49,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     parity_expected(&cache)?;
     mcp_python()?;
     agent_python()?;
+    opencode(&cache)?;
     eprintln!("fixtures: ready in {}", cache.display());
     Ok(())
 }
@@ -208,6 +215,45 @@ pub(crate) fn parity_python() -> anyhow::Result<PathBuf> {
 /// first use.
 pub(crate) fn mcp_python() -> anyhow::Result<PathBuf> {
     venv_python("venv-mcp", MCP_PACKAGES, "MCP environments")
+}
+
+/// opencode into `<cache>/opencode/` (its binary: `node_modules/.bin/opencode`), and its
+/// plugin package into `<cache>/opencode-config/opencode/`, the configuration folder
+/// `examples/agent/opencode-agent.sh` gives it, so that it fetches nothing when it starts.
+/// npm's own cache is `<cache>/npm-cache`.
+fn opencode(cache: &Path) -> anyhow::Result<()> {
+    let stamp = cache.join("opencode").join("installed.txt");
+    let wanted = format!("{OPENCODE_PACKAGE}\n{OPENCODE_PLUGIN_PACKAGE}");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(());
+    }
+    let npm_cache = cache.join("npm-cache");
+    for (package, prefix) in [
+        (OPENCODE_PACKAGE, cache.join("opencode")),
+        (
+            OPENCODE_PLUGIN_PACKAGE,
+            cache.join("opencode-config").join("opencode"),
+        ),
+    ] {
+        eprintln!("fixtures: npm install {package}");
+        std::fs::create_dir_all(&prefix)?;
+        checked(
+            Command::new("npm")
+                .args([
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--save-exact",
+                    "--prefix",
+                ])
+                .arg(&prefix)
+                .arg(package)
+                .env("npm_config_cache", &npm_cache),
+            "npm (Node.js) is needed to install opencode, the agent example's coding agent",
+        )?;
+    }
+    std::fs::write(&stamp, wanted)?;
+    Ok(())
 }
 
 /// The agents' venv's python (`<cache>/venv-agents`, the `openai` client), created and

@@ -108,6 +108,11 @@ pub struct SimConfig {
     pub tool_rounds: usize,
     /// The tool it calls.
     pub tool_name: String,
+    /// The scripted call's arguments, when not the arithmetic demo's `{"expression": ...}`:
+    /// a JSON object whose strings may hold `{expression}` (the question's `A op B`) and
+    /// `{answer}` (its value, right at `correct_rate`, else off by one). An agent scenario:
+    /// `write` with `{"filePath": "solution.py", "content": "def solve():\n    return {answer}\n"}`.
+    pub tool_arguments: Option<serde_json::Value>,
     /// How it writes the call.
     pub call_format: CallFormat,
     /// Text every answer starts with, call or final answer: empty by default; a reasoning
@@ -152,6 +157,7 @@ impl SimConfig {
             answer_tokens: 0,
             tool_rounds: 0,
             tool_name: settings.tool_name_or_default(),
+            tool_arguments: None,
             call_format: CallFormat::Hermes,
             preamble: String::new(),
             spell_calls: false,

@@ -117,7 +117,12 @@ impl State {
     fn answer(&self, reading: &Reading<'_>, calling: bool, seed: u64) -> Answer {
         let mut arguments = None;
         let mut ids = if calling {
-            let args = tool_arguments(reading.question, seed);
+            let args = match &self.config.tool_arguments {
+                Some(template) => {
+                    scripted_arguments(template, reading.question, seed, self.config.correct_rate)
+                }
+                None => tool_arguments(reading.question, seed),
+            };
             let call = tool_call_text(self.config.call_format, &self.config.tool_name, &args);
             let ids = if self.config.spell_calls {
                 let mut ids = self.preamble.clone();
@@ -775,6 +780,56 @@ fn tool_arguments(question: Option<&str>, seed: u64) -> Value {
         str::to_owned,
     );
     json!({ "expression": expression })
+}
+
+/// A scenario's call arguments: `template` with `{expression}` and `{answer}` filled in every
+/// string (the answer right at `correct_rate`, drawn from the request's seed, else off by one).
+fn scripted_arguments(
+    template: &Value,
+    question: Option<&str>,
+    seed: u64,
+    correct_rate: f64,
+) -> Value {
+    let expression = question.map_or_else(
+        || format!("{} * {}", mix(seed) % 50 + 2, mix(seed ^ 1) % 50 + 2),
+        str::to_owned,
+    );
+    let value = evaluate(&expression).unwrap_or(0);
+    let right = unit(mix(seed ^ CORRECT_DRAW)) < correct_rate;
+    let answer = if right { value } else { value + 1 };
+    fill(template, &expression, &answer.to_string())
+}
+
+fn fill(template: &Value, expression: &str, answer: &str) -> Value {
+    match template {
+        Value::String(text) => Value::String(
+            text.replace("{expression}", expression)
+                .replace("{answer}", answer),
+        ),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| fill(v, expression, answer)).collect())
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), fill(v, expression, answer)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The value of an `A op B` of integers (`+ - * /`).
+fn evaluate(expression: &str) -> Option<i64> {
+    let mut parts = expression.split_whitespace();
+    let (a, op, b) = (parts.next()?, parts.next()?, parts.next()?);
+    let (a, b): (i64, i64) = (a.parse().ok()?, b.parse().ok()?);
+    match op {
+        "+" => a.checked_add(b),
+        "-" => a.checked_sub(b),
+        "*" => a.checked_mul(b),
+        "/" => a.checked_div(b),
+        _ => None,
+    }
 }
 
 /// The call as the format's own chat templates render it, JSON spaced as Python's

@@ -60,6 +60,11 @@ pub struct SimSettings {
     #[cfg_attr(feature = "clap", arg(long, value_name = "NAME"))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_name: Option<String>,
+    /// The scripted call's arguments (file only): a table whose strings may hold
+    /// `{expression}` and `{answer}` (default: the calculator's `expression`)
+    #[cfg_attr(feature = "clap", arg(skip))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_arguments: Option<serde_json::Map<String, serde_json::Value>>,
     /// The end-of-answer token, appended when the tokenizer has it (default: a run's
     /// tokenizer's EOS token, else <|im_end|>)
     #[cfg_attr(feature = "clap", arg(long, value_name = "TOKEN"))]
@@ -82,6 +87,7 @@ impl Default for SimSettings {
             answer_tokens: 32,
             tool_rounds: 0,
             tool_name: None,
+            tool_arguments: None,
             correct_rate: 0.5,
             eos_token: None,
             latency: Duration::ZERO,
@@ -132,6 +138,9 @@ impl SimSettings {
         config.tool_rounds = self.tool_rounds;
         if let Some(tool) = &self.tool_name {
             config.tool_name.clone_from(tool);
+        }
+        if let Some(arguments) = &self.tool_arguments {
+            config.tool_arguments = Some(serde_json::Value::Object(arguments.clone()));
         }
         config.correct_rate = self.correct_rate;
         if let Some(eos) = &self.eos_token {

@@ -1,0 +1,44 @@
+#!/bin/sh
+# Runs opencode (https://opencode.ai) on the task ($1) in the current directory, the
+# rollout's fresh working directory, against the model behind OPENAI_BASE_URL with the
+# rollout's OPENAI_API_KEY (the engine's recording proxy sets both per rollout).
+#
+# opencode is the pinned npm package `cargo xtask agent` installs into the cache
+# ($OPENCODE overrides where it is). Everything it writes (its config, state and caches)
+# stays in .agent-home/ in the rollout's directory, removed with it; nothing reaches the
+# network but the proxy.
+set -eu
+cache="${ASYNC_GRPO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/async-grpo}"
+opencode="${OPENCODE:-$cache/opencode/node_modules/.bin/opencode}"
+home="$PWD/.agent-home"
+mkdir -p "$home"
+cat > "$home/opencode.json" <<JSON
+{
+  "\$schema": "https://opencode.ai/config.json",
+  "autoupdate": false,
+  "share": "disabled",
+  "snapshot": false,
+  "model": "policy/policy",
+  "small_model": "policy/policy",
+  "provider": {
+    "policy": {
+      "npm": "@ai-sdk/openai-compatible",
+      "name": "Policy",
+      "options": { "baseURL": "$OPENAI_BASE_URL", "apiKey": "$OPENAI_API_KEY" },
+      "models": {
+        "policy": { "name": "Policy", "tool_call": true, "limit": { "context": 65536, "output": 1024 } }
+      }
+    }
+  }
+}
+JSON
+export HOME="$home" XDG_DATA_HOME="$home/data" XDG_STATE_HOME="$home/state" XDG_CACHE_HOME="$home/cache"
+# Its plugin package, installed once next to opencode (else opencode fetches it at start).
+export XDG_CONFIG_HOME="$cache/opencode-config"
+export OPENCODE_CONFIG="$home/opencode.json"
+export OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_SHARE=1 \
+    OPENCODE_DISABLE_DEFAULT_PLUGINS=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 \
+    OPENCODE_DISABLE_EXTERNAL_SKILLS=1 OPENCODE_DISABLE_CLAUDE_CODE=1
+# The task on stdin (as an argument opencode would quote it); a title given, so that it makes
+# no side request to name the session.
+printf '%s' "$1" | "$opencode" run --model policy/policy --title task --format json
