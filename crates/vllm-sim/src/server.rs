@@ -818,17 +818,21 @@ fn fill(template: &Value, expression: &str, answer: &str) -> Value {
     }
 }
 
-/// The value of an `A op B` of integers (`+ - * /`).
+/// The value of an `A op B` of integers (`+ - * /`), spaced or not, as
+/// [`last_expression`] finds it.
 fn evaluate(expression: &str) -> Option<i64> {
-    let mut parts = expression.split_whitespace();
-    let (a, op, b) = (parts.next()?, parts.next()?, parts.next()?);
-    let (a, b): (i64, i64) = (a.parse().ok()?, b.parse().ok()?);
+    let text: String = expression.split_whitespace().collect();
+    // The operator after the first integer (whose own sign comes first).
+    let (at, op) = text
+        .char_indices()
+        .skip(1)
+        .find(|&(_, c)| matches!(c, '+' | '-' | '*' | '/'))?;
+    let (a, b) = (text[..at].parse::<i64>().ok()?, text[at + 1..].parse::<i64>().ok()?);
     match op {
-        "+" => a.checked_add(b),
-        "-" => a.checked_sub(b),
-        "*" => a.checked_mul(b),
-        "/" => a.checked_div(b),
-        _ => None,
+        '+' => a.checked_add(b),
+        '-' => a.checked_sub(b),
+        '*' => a.checked_mul(b),
+        _ => a.checked_div(b),
     }
 }
 
@@ -1069,6 +1073,21 @@ fn unit(x: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scenario_s_arguments_carry_the_question_and_its_answer() {
+        let template = json!({"filePath": "solution.py", "content": "return {answer}  # {expression}", "n": 3});
+        let right = scripted_arguments(&template, Some("6 * 7"), 1, 1.0);
+        assert_eq!(
+            right,
+            json!({"filePath": "solution.py", "content": "return 42  # 6 * 7", "n": 3})
+        );
+        let wrong = scripted_arguments(&template, Some("6 * 7"), 1, 0.0);
+        assert_eq!(wrong["content"], "return 43  # 6 * 7");
+        assert_eq!(evaluate("5-17"), Some(-12));
+        assert_eq!(evaluate("-4 / -2"), Some(2));
+        assert_eq!(evaluate("12"), None);
+    }
 
     #[test]
     fn the_last_expression_is_found_as_written() {
