@@ -12,6 +12,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         ("rollout-core", "turns", ""),
         ("rollout-core", "rollout", ""),
         ("harness", "sessions", ""),
+        ("harness", "proxy", ""),
     ];
     for (package, bench, features) in benches {
         if bench == "turns" {

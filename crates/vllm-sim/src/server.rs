@@ -827,7 +827,10 @@ fn evaluate(expression: &str) -> Option<i64> {
         .char_indices()
         .skip(1)
         .find(|&(_, c)| matches!(c, '+' | '-' | '*' | '/'))?;
-    let (a, b) = (text[..at].parse::<i64>().ok()?, text[at + 1..].parse::<i64>().ok()?);
+    let (a, b) = (
+        text[..at].parse::<i64>().ok()?,
+        text[at + 1..].parse::<i64>().ok()?,
+    );
     match op {
         '+' => a.checked_add(b),
         '-' => a.checked_sub(b),
