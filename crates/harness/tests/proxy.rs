@@ -285,3 +285,37 @@ async fn an_answer_written_back_differently_is_continued_with_its_sampled_ids() 
     assert_eq!(roles, ["assistant", "tool", "assistant"]);
     assert!(transcript.completion[0].as_map().contains_key("tool_calls"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_completion_samples_the_prompt_s_ids() {
+    let proxy = proxy().await;
+    let (s, mut prompts) = session(&proxy, vec![Script::Say("Five.")]);
+    let (status, body) = post(
+        &proxy,
+        Some(s.key()),
+        "/completions",
+        json!({"prompt": "2 + 3 =", "max_tokens": 8}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer = json_of(&body);
+    assert_eq!(answer["object"], "text_completion");
+    assert_eq!(answer["choices"][0]["text"], "Five.");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    let sent = prompts.recv().await.expect("a prompt");
+    let expected = chat_tokenizer()
+        .tokenizer()
+        .encode("2 + 3 =", true)
+        .expect("encodes")
+        .get_ids()
+        .to_vec();
+    assert_eq!(sent, expected, "the prompt's own ids, as vLLM tokenizes it");
+    let (status, _) = post(
+        &proxy,
+        Some(s.key()),
+        "/completions",
+        json!({"prompt": ["a", "b"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

@@ -1276,6 +1276,7 @@ async fn an_agent_s_turns_are_sampled_by_the_engine_and_trained_exactly() {
         assert_trained_tokens_are_the_sampled_ones(&generator, sample);
         assert_eq!(metric(sample, "turns"), 3.0);
         assert_eq!(metric(sample, "forked_turns"), 0.0);
+        assert_eq!(metric(sample, "capture_forks"), 0.0);
         // The agent's transcript is the sample's.
         assert_eq!(sample.prompt, vec![Message::user("Hi")]);
         let reward = sample.rewards["answer"].as_f64();

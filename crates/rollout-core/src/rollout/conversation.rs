@@ -480,7 +480,11 @@ async fn drive_agent<G: Generator>(
     finished.verdict = outcome.verdict;
     finished.tool_calls = outcome.tool_calls;
     finished.metrics = outcome.metrics;
-    Ok(finish_rows(shared, finished, reconciler))
+    let mut finished = finish_rows(shared, finished, reconciler);
+    // Where the agent's history could not be continued from what was sampled.
+    let forks = finished.tally.fork as f64;
+    finished.metrics.insert("capture_forks".to_owned(), forks);
+    Ok(finished)
 }
 
 /// Samples the turn an agent asked for, or refuses it past a limit (the stop recorded).
