@@ -9,6 +9,8 @@ use std::{
     process::Stdio,
 };
 
+use rollout_core::TrainingSample;
+
 use super::{
     cache::cache_dir,
     reliability::{MARKER, kill_all, survivors},
@@ -47,11 +49,16 @@ fn agent_case(name: &str, mode: &str) -> Case {
     case
 }
 
-fn run_agents(mode: &str) {
-    let marker = format!("agent-{mode}-{}", std::process::id());
-    let case = agent_case(&format!("agent-{mode}"), mode);
-    let runtime = runtime();
-    let sim = simulator(&runtime, 1, "calculator");
+/// Runs the case against `sim` with every process marked; the run must succeed and leave no
+/// process behind. Returns its rows, each checked to hold exactly what `sim` sampled, one
+/// row per rollout of `turns` sampled answers.
+fn run_exact(
+    case: &Case,
+    sim: &vllm_sim::Simulator,
+    name: &str,
+    turns: usize,
+) -> Vec<TrainingSample> {
+    let marker = format!("{name}-{}", std::process::id());
     let output = case
         .command(&["--server", &sim.url()])
         .env(MARKER, &marker)
@@ -67,20 +74,31 @@ fn run_agents(mode: &str) {
         "agent processes outlived the run: {left:?}"
     );
     let rows = case.rows();
-    assert_eq!(rows.len(), 6, "one row per rollout: {stderr}");
     let runs = assert_rows_are_what_was_sampled(&rows, &sim.transcript());
     assert!(
-        runs.iter().all(|&n| n == 2),
-        "a tool-call turn and an answer, in one row: {runs:?}"
+        runs.iter().all(|&n| n == turns),
+        "{turns} answers per rollout, in one row: {runs:?}"
     );
     for row in &rows {
         let metric = |name: &str| row.metrics[name].as_f64().unwrap_or(f64::NAN);
         assert_eq!(metric("forked_turns"), 0.0, "{row:?}");
+        assert_eq!(metric("capture_forks"), 0.0, "{row:?}");
         assert_eq!(
             metric("capture_reused_turns"),
-            1.0,
-            "the agent's re-serialized answer was replaced by the sampled ids"
+            (turns - 1) as f64,
+            "the agent's re-serialized answers were replaced by the sampled ids: {row:?}"
         );
+    }
+    rows
+}
+
+fn run_agents(mode: &str) {
+    let case = agent_case(&format!("agent-{mode}"), mode);
+    let runtime = runtime();
+    let sim = simulator(&runtime, 1, "calculator");
+    let rows = run_exact(&case, &sim, &format!("agent-{mode}"), 2);
+    assert_eq!(rows.len(), 6, "one row per rollout");
+    for row in &rows {
         // The agent's own prompt, then its transcript with the proxy's answers.
         assert_eq!(row.prompt[0]["role"], "system");
         assert_eq!(row.prompt[1]["role"], "user");
@@ -138,7 +156,8 @@ fn example(name: &str) -> String {
 
 #[test]
 fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
-    let marker = format!("opencode-{}", std::process::id());
+    // The example's script finds opencode where the fixtures put it.
+    opencode();
     let case = Case::new("opencode");
     case.write_dataset(2);
     case.write_config(&format!(
@@ -170,32 +189,9 @@ fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
             "127.0.0.1:0".parse().expect("an address"),
         ))
         .expect("the simulator starts");
-    let output = case
-        .command(&["--server", &sim.url()])
-        .env(MARKER, &marker)
-        .env("OPENCODE", opencode())
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(
-        left.is_empty(),
-        "opencode processes outlived the run: {left:?}"
-    );
-    let rows = case.rows();
-    assert_eq!(rows.len(), 4, "one row per rollout: {stderr}");
-    let runs = assert_rows_are_what_was_sampled(&rows, &sim.transcript());
-    assert!(
-        runs.iter().all(|&n| n == 2),
-        "the write call and the answer, in one row: {runs:?}"
-    );
+    let rows = run_exact(&case, &sim, "opencode", 2);
+    assert_eq!(rows.len(), 4, "one row per rollout");
     for row in &rows {
-        let metric = |name: &str| row.metrics[name].as_f64().unwrap_or(f64::NAN);
-        assert_eq!(metric("forked_turns"), 0.0, "{row:?}");
-        assert_eq!(metric("capture_reused_turns"), 1.0, "{row:?}");
         let call = &row.completion[0]["tool_calls"][0]["function"];
         assert_eq!(call["name"], "write", "{row:?}");
         assert_eq!(row.completion[1]["role"], "tool");

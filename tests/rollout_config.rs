@@ -434,7 +434,7 @@ fn a_bad_environment_table_says_what_is_wrong_and_where() {
         (
             "command = [\"sh\", \"server.sh\"]",
             "command = []",
-            "command is empty",
+            "environment.command: empty; expected the program and its arguments",
         ),
         (
             "command = [\"sh\", \"server.sh\"]",
@@ -455,6 +455,78 @@ fn a_bad_environment_table_says_what_is_wrong_and_where() {
     ];
     for (from, to, expected) in cases {
         let config = ENVIRONMENT.replace(from, to);
+        std::fs::write(dir.join("run.toml"), &config).expect("write");
+        let stderr = rollout(&dir, &["--config", "run.toml"]);
+        assert!(
+            stderr.contains(expected),
+            "{to}: expected {expected:?} in {stderr}"
+        );
+        assert!(stderr.contains("run.toml"), "{to}: the file in {stderr}");
+    }
+}
+
+const AGENT: &str = r#"
+dataset = "data/rows.jsonl"
+tokenizer = "data/tok"
+
+[agent]
+command = ["sh", "agent.sh", "{prompt}"]
+verify = ["sh", "verify.sh"]
+timeout = "5s"
+"#;
+
+#[test]
+fn an_agent_resolves_its_scripts_beside_the_config_and_its_verify_is_the_reward() {
+    let dir = workspace("agent");
+    for script in ["agent.sh", "verify.sh"] {
+        std::fs::write(dir.join(script), "exit 0\n").expect("write");
+    }
+    std::fs::write(dir.join("run.toml"), AGENT).expect("write");
+    let printed = rollout(&dir, &["--config", "run.toml"]);
+    let settings = resolved(&printed);
+    let agent = settings["agent"].as_table().expect("an agent table");
+    assert_eq!(
+        agent["command"].to_string(),
+        format!(
+            "[\"sh\", {}, \"{{prompt}}\"]",
+            quoted(&dir.join("agent.sh"))
+        )
+    );
+    assert_eq!(agent["timeout"].to_string(), "\"5s\"");
+}
+
+#[test]
+fn a_bad_agent_table_says_what_is_wrong_and_where() {
+    let dir = workspace("bad-agent");
+    let cases = [
+        (
+            "command = [\"sh\", \"agent.sh\", \"{prompt}\"]",
+            "command = []",
+            "agent.command: empty",
+        ),
+        (
+            "timeout = \"5s\"",
+            "timeout = \"0s\"",
+            "must be longer than zero",
+        ),
+        (
+            "timeout = \"5s\"",
+            "tmeout = \"5s\"",
+            "unknown field `tmeout`",
+        ),
+        (
+            "verify = [\"sh\", \"verify.sh\"]\n",
+            "",
+            "no reward function",
+        ),
+        (
+            "[agent]",
+            "[[tools]]\nname = \"calculator\"\nkind = \"calculator\"\n\n[agent]",
+            "[agent] with [[tools]] or [environment] in",
+        ),
+    ];
+    for (from, to, expected) in cases {
+        let config = AGENT.replace(from, to);
         std::fs::write(dir.join("run.toml"), &config).expect("write");
         let stderr = rollout(&dir, &["--config", "run.toml"]);
         assert!(

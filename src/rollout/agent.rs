@@ -83,18 +83,8 @@ impl AgentSettings {
             ("setup", self.setup.as_mut()),
             ("verify", self.verify.as_mut()),
         ] {
-            let Some(argv) = argv else { continue };
-            let Some((program, args)) = argv.split_first_mut() else {
-                bail!("{place}.{key}: empty; expected the program and its arguments");
-            };
-            *program = super::config::program_path(base, program);
-            super::config::check_program(program)
-                .map_err(|e| anyhow::anyhow!("{place}.{key}: {e}"))?;
-            for arg in args {
-                let beside = base.join(&*arg);
-                if Path::new(arg.as_str()).is_relative() && !arg.contains('{') && beside.is_file() {
-                    *arg = beside.display().to_string();
-                }
+            if let Some(argv) = argv {
+                super::config::resolve_command(base, argv, &format!("{place}.{key}"))?;
             }
         }
         if self.timeout.is_zero() || self.command_timeout.is_zero() {

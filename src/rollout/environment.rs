@@ -87,18 +87,7 @@ impl EnvironmentSettings {
                  url = \"http://127.0.0.1:9000/mcp\" (streamable HTTP)"
             ),
             (Some(argv), None) => {
-                let Some((program, args)) = argv.split_first_mut() else {
-                    bail!("{place}: command is empty; expected the program and its arguments");
-                };
-                *program = super::config::program_path(base, program);
-                super::config::check_program(program)
-                    .map_err(|e| anyhow::anyhow!("{place}.command: {e}"))?;
-                for arg in args {
-                    let beside = base.join(&*arg);
-                    if Path::new(arg.as_str()).is_relative() && beside.is_file() {
-                        *arg = beside.display().to_string();
-                    }
-                }
+                super::config::resolve_command(base, argv, &format!("{place}.command"))?;
             }
             (None, Some(url)) => {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {

@@ -108,7 +108,7 @@ impl ProgramAgent {
     async fn attempt(&self, run: AgentRun) -> Result<AgentOutcome, AgentError> {
         let config = &self.config;
         let workdir = make_workdir(&config.workdir_root, &run.episode_id)?;
-        let task = task_json(&run.row);
+        let task = Value::Object(run.row.to_json()).to_string();
         let prompt = task_text(&run.row);
         let session = self.proxy.session(run.sampler);
         let mut env = config.env.clone();
@@ -278,24 +278,6 @@ fn make_workdir(root: &Path, episode: &str) -> Result<Workdir, AgentError> {
         }
     }
     Err(AgentError("no free directory name".to_owned()))
-}
-
-/// The row as JSON: `prompt` and every other column.
-fn task_json(row: &DatasetRow) -> String {
-    let mut task = serde_json::Map::new();
-    task.insert(
-        "prompt".into(),
-        Value::Array(
-            row.prompt
-                .iter()
-                .map(|m| Value::Object(m.as_map().clone()))
-                .collect(),
-        ),
-    );
-    for (key, value) in &row.columns {
-        task.insert(key.clone(), value.clone());
-    }
-    Value::Object(task).to_string()
 }
 
 /// The task's text: the row's last user message.

@@ -33,6 +33,24 @@ pub struct DatasetRow {
     pub columns: Map<String, Value>,
 }
 
+impl DatasetRow {
+    /// The row as the JSON object it was read from: `prompt` (as messages) and every other
+    /// column (what an environment's task or an agent's `{task_json}` is).
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut task = Map::new();
+        let prompt = self
+            .prompt
+            .iter()
+            .map(|m| Value::Object(m.as_map().clone()))
+            .collect();
+        task.insert("prompt".to_owned(), Value::Array(prompt));
+        for (key, value) in &self.columns {
+            task.insert(key.clone(), value.clone());
+        }
+        task
+    }
+}
+
 /// Why a dataset could not be read, with where.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {

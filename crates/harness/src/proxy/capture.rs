@@ -30,19 +30,13 @@ pub(crate) struct Model {
     pub(crate) tokenizer: ChatTokenizer,
     pub(crate) options: RenderOptions,
     pub(crate) parser: Box<dyn ToolCallParser>,
-    pub(crate) eos: Option<u32>,
 }
 
 impl Model {
     /// Sampled ids as text, a final end-of-answer id left out.
     pub(crate) fn decode(&self, ids: &[u32]) -> Result<String, ApiError> {
-        let ids = match (ids.split_last(), self.eos) {
-            (Some((last, rest)), Some(eos)) if *last == eos => rest,
-            _ => ids,
-        };
         self.tokenizer
-            .tokenizer()
-            .decode(ids, false)
+            .decode_answer(ids)
             .map_err(|e| ApiError::server(format!("cannot decode the sampled ids: {e}")))
     }
 

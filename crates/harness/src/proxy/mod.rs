@@ -118,7 +118,6 @@ impl Proxy {
         let parser = detect_parser(template.source()).unwrap_or_else(|| Box::new(HermesParser));
         let model = Model {
             name: config.model,
-            eos: tokenizer.eos_token_id(),
             tokenizer,
             options: config.options,
             parser,

@@ -369,6 +369,18 @@ impl ChatTokenizer {
             .flatten()
     }
 
+    /// The text of sampled ids as a tool-call parser reads it: special tokens kept (tool-call
+    /// markers are often special), a final end-of-answer token left out.
+    pub fn decode_answer(&self, ids: &[u32]) -> Result<String, RenderError> {
+        let ids = match (ids.split_last(), self.eos_token_id()) {
+            (Some((last, rest)), Some(eos)) if *last == eos => rest,
+            _ => ids,
+        };
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(RenderError::tokenize)
+    }
+
     /// A conversation rendered incrementally with this tokenizer's template.
     pub fn incremental(
         &self,

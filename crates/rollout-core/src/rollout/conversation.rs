@@ -340,7 +340,10 @@ impl<G: Generator> Conversation<'_, G> {
     /// the rendering and the calls.
     fn answer(&mut self, answer: &[u32]) -> Result<(usize, Vec<ParsedCall>), Failure> {
         let shared = self.shared;
-        let text = shared.decode(answer).map_err(render_error)?;
+        let text = shared
+            .tokenizer
+            .decode_answer(answer)
+            .map_err(render_error)?;
         // Append mode never renders the answer into the next prompt, so its reasoning can go
         // to a field of its own; rerender mode keeps the text as the template will read it.
         let (reasoning, text) = if shared.config.prompt_mode == PromptMode::Append {

@@ -41,21 +41,8 @@ pub struct EpisodeRequest {
 impl EpisodeRequest {
     /// The request for `row`, with `seed` and `episode_id`.
     pub fn new(row: &DatasetRow, seed: u64, episode_id: impl Into<String>) -> EpisodeRequest {
-        let mut task = Map::new();
-        task.insert(
-            "prompt".to_owned(),
-            Value::Array(
-                row.prompt
-                    .iter()
-                    .map(|m| Value::Object(m.as_map().clone()))
-                    .collect(),
-            ),
-        );
-        for (key, value) in &row.columns {
-            task.insert(key.clone(), value.clone());
-        }
         EpisodeRequest {
-            task,
+            task: row.to_json(),
             seed,
             episode_id: episode_id.into(),
         }

@@ -393,7 +393,6 @@ pub(crate) struct Shared<G> {
     pub(crate) cancel: CancellationToken,
     /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
     cancelled_in_flight: AtomicU64,
-    eos: Option<u32>,
     /// The chat template's name, for messages about it.
     template_name: String,
     /// Why append mode fell back to re-rendering, by reason: each is warned about once.
@@ -517,19 +516,6 @@ impl<G> Shared<G> {
             );
         }
     }
-
-    /// The text of sampled ids as the parser reads it: special tokens kept (tool-call
-    /// markers are often special), a final end-of-answer token left out.
-    pub(crate) fn decode(&self, ids: &[u32]) -> Result<String, RenderError> {
-        let ids = match (ids.split_last(), self.eos) {
-            (Some((last, rest)), Some(eos)) if *last == eos => rest,
-            _ => ids,
-        };
-        self.tokenizer
-            .tokenizer()
-            .decode(ids, false)
-            .map_err(RenderError::tokenize)
-    }
 }
 
 /// Builds an [`Engine`]; see [`Engine::builder`].
@@ -648,7 +634,6 @@ impl<G: Generator> EngineBuilder<G> {
         let groups_in_flight = config.max_inflight.div_ceil(config.num_generations) + 1;
         let (output, groups) = mpsc::channel(groups_in_flight + config.output_buffer.max(1));
         let shared = Arc::new(Shared {
-            eos: self.tokenizer.eos_token_id(),
             template_name,
             fallbacks_warned: Mutex::new(Vec::new()),
             generator: self.generator,
