@@ -1,6 +1,6 @@
 //! [`ProgramAgent`]: a loop-owning agent program (a coding agent such as opencode) run once
 //! per rollout attempt against the recording [`Proxy`], as the loop's
-//! [`Agent`](rollout_core::rollout::Agent).
+//! [`rollout_core::rollout::Agent`].
 //!
 //! Each attempt gets a directory of its own (removed at the end), a proxy key of its own
 //! (`OPENAI_BASE_URL`, `OPENAI_API_KEY` in the agent's environment), its `setup` commands run

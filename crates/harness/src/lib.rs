@@ -16,6 +16,12 @@
 //! messages as any tool), `done` ends the episode, `verify` runs once at the end and its
 //! reward is the `env` reward column, and every session is closed exactly once, on every path.
 //!
+//! [`proxy`] (feature `proxy`, on by default): for agents that own their loop, a recording
+//! OpenAI-compatible server; every request is rendered with the model's template and sampled
+//! token-in/token-out as a turn of the rollout, so the rows stay exact whatever the agent
+//! does with the text. [`agent`] (feature `agent`, on by default): an agent program run per
+//! rollout behind it, as the loop's [`Agent`](rollout_core::rollout::Agent).
+//!
 //! [`mcp`] (feature `mcp`, on by default): any MCP server (a process speaking stdio, or a streamable-HTTP endpoint) is an
 //! environment, through the official Rust SDK `rmcp`, so an environment needs no Rust.
 //!

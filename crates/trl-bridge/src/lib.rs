@@ -2,13 +2,13 @@
 //! package `async_grpo` (`python/async_grpo/`), which implements TRL's rollout worker
 //! protocol on top of it.
 //!
-//! - [`engine`]: `Engine`, the rollout loop on a tokio runtime of its own; the worker's pump
+//! - `engine`: `Engine`, the rollout loop on a tokio runtime of its own; the worker's pump
 //!   thread reads scored groups from it without holding the GIL.
-//! - [`callables`]: Python tools and reward functions as tool-dispatch tools and scoring
+//! - `callables`: Python tools and reward functions as tool-dispatch tools and scoring
 //!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
-//! - [`environment`]: a Python object of OpenEnv's session-factory shape as the harness's
+//! - `environment`: a Python object of OpenEnv's session-factory shape as the harness's
 //!   blocking session factory (`environment=`), its calls on the engine's tool pool.
-//! - [`simulator`]: `Simulator`, the vLLM-compatible simulator served from Python.
+//! - `simulator`: `Simulator`, the vLLM-compatible simulator served from Python.
 //!
 //! Built by maturin (`pip install ./crates/trl-bridge`): PyO3 with the stable ABI of Python
 //! 3.10 and later.

@@ -13,7 +13,7 @@
 //! model's own chat template (rollout-core's renderer), the ids are sampled through the
 //! rollout's [`Sampler`] (the engine: limits, model versions, the reconciler), the answer is
 //! decoded, its tool calls parsed with the engine's parser, and answered in OpenAI's shape.
-//! How a request's history maps onto what was sampled is the [`capture`] module's job. A turn
+//! How a request's history maps onto what was sampled is the `capture` module's job. A turn
 //! past a rollout limit (`max_turns`, `max_total_tokens`, the context) is answered as an
 //! OpenAI server that hit one: no content, `finish_reason: "length"`.
 //!

@@ -85,7 +85,7 @@ pub trait Environment: Send + Sync + 'static {
     fn open(&self, request: EpisodeRequest) -> BoxFuture<'_, Result<Box<dyn Episode>, OpenError>>;
 }
 
-/// One rollout's episode; see the [module docs](self).
+/// One rollout's episode: how the loop uses it is told at [`EngineBuilder::environment`](super::EngineBuilder::environment).
 pub trait Episode: Send + 'static {
     /// Messages that start the conversation, before the dataset row's prompt.
     fn initial_messages(&self) -> Vec<Message>;
