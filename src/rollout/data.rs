@@ -58,7 +58,7 @@ fn open_parquet(path: &Path) -> anyhow::Result<Rows> {
 /// Why a `.parquet` path cannot be used by a build without the `parquet` feature.
 #[cfg(not(feature = "parquet"))]
 pub(crate) const NO_PARQUET: &str = "a Parquet file, and this build reads and writes no Parquet \
-     (async-grpo's `parquet` feature): convert it to JSON Lines, or build with `--features parquet`";
+     (async-grpo's `parquet` feature): use JSON Lines instead, or build with `--features parquet`";
 
 /// The run's passes over the dataset.
 #[derive(Debug, Clone)]

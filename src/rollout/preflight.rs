@@ -51,6 +51,10 @@ pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
 /// or continues them (`--resume`); a Parquet output's journal, left by a run that did not
 /// finish, likewise.
 fn check_output(settings: &Settings) -> anyhow::Result<()> {
+    #[cfg(not(feature = "parquet"))]
+    if Format::of(&settings.out) == Format::Parquet {
+        bail!("--out {}: {}", settings.out.display(), data::NO_PARQUET);
+    }
     if settings.writes_stdout() || settings.resume || settings.overwrite {
         return Ok(());
     }
