@@ -123,3 +123,37 @@ fn without_the_simulator_there_is_no_simulate_command() {
     let (_, help) = async_grpo(&["--help"]);
     assert!(!help.contains("simulate"), "{help}");
 }
+
+#[test]
+#[cfg(not(feature = "parquet"))]
+fn without_parquet_a_parquet_output_or_dataset_is_refused_in_the_checks_with_the_feature_named() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/quickstart.toml");
+    let dir = std::env::temp_dir().join(format!("async-grpo-cli-parquet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let dataset = dir.join("train.parquet");
+    std::fs::write(&dataset, b"").expect("a dataset file");
+    let out = dir.join("rows.parquet");
+    let dataset = dataset.to_str().expect("utf-8");
+    let out = out.to_str().expect("utf-8");
+    for args in [["--out", out], ["--dataset", dataset]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+            .args([
+                "rollout",
+                "--config",
+                config,
+                "--server",
+                "http://127.0.0.1:1",
+                "--check",
+            ])
+            .args(args)
+            .output()
+            .expect("the binary runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("`parquet` feature") && stderr.contains("--features parquet"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

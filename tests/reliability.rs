@@ -211,7 +211,7 @@ fn a_run_that_writes_no_row_is_not_a_success() {
 }
 
 /// A free port on 127.0.0.1.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
@@ -219,7 +219,7 @@ fn free_port() -> u16 {
 }
 
 /// `async-grpo simulate` on `port`, as a process of its own (so that it can be killed).
-fn simulator_process(port: u16, latency_ms: u32) -> Child {
+pub(crate) fn simulator_process(port: u16, latency_ms: u32) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["simulate", "--port", &port.to_string()])
         .args(["--latency", &format!("{latency_ms}ms")])

@@ -9,6 +9,8 @@ mod cli;
 #[cfg(feature = "sim")]
 mod environment;
 #[cfg(feature = "sim")]
+mod operate;
+#[cfg(feature = "sim")]
 mod quickstart;
 #[cfg(feature = "sim")]
 mod reliability;

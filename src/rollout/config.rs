@@ -87,6 +87,56 @@ pub(crate) enum Progress {
     Off,
 }
 
+/// One shard of the dataset: `index` of `count` (`I/N`, I from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shard {
+    /// Which shard, from 0.
+    pub(crate) index: u64,
+    /// How many shards.
+    pub(crate) count: u64,
+}
+
+impl Shard {
+    /// Whether the dataset row at `row` (its index among the rows, from 0) is this shard's.
+    pub(crate) fn holds(self, row: u64) -> bool {
+        row % self.count == self.index
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Shard, String> {
+        let expected = || format!("expected I/N with 0 <= I < N, such as 0/4; got '{text}'");
+        let (index, count) = text.split_once('/').ok_or_else(expected)?;
+        let index: u64 = index.trim().parse().map_err(|_| expected())?;
+        let count: u64 = count.trim().parse().map_err(|_| expected())?;
+        if count == 0 || index >= count {
+            return Err(expected());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Serialize for Shard {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Shard {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Shard, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The binary's own settings; `engine` holds the rollout loop's. Each field is a key of the
 /// file and, but for the tables, a flag (its doc comment is the flag's help).
 #[derive(Debug, Clone, Args, Deserialize, Serialize)]
@@ -113,16 +163,50 @@ pub(crate) struct Settings {
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tool_parser: Option<String>,
-    /// The prompts: JSON Lines of {"prompt": text or messages, ...columns} (required)
-    #[arg(long, value_name = "FILE.jsonl")]
+    /// The prompts: JSON Lines (.jsonl) or Parquet (.parquet, as Hugging Face datasets writes
+    /// it) of {"prompt": text or messages, ...columns} (required)
+    #[arg(long, value_name = "FILE")]
     pub(crate) dataset: PathBuf,
-    /// Where the training rows go (JSON Lines)
-    #[arg(long, value_name = "FILE.jsonl")]
+    /// How many passes over the dataset (each shuffled anew with --shuffle)
+    #[arg(long, value_name = "N")]
+    pub(crate) epochs: u64,
+    /// Roll the rows out in an order shuffled with --seed (0 without one), the same for
+    /// every run, resume and shard of those settings
+    #[arg(long)]
+    pub(crate) shuffle: bool,
+    /// Roll out only shard I of N (I from 0): the rows whose index modulo N is I, so that N
+    /// workers share a dataset without overlap; group ids stay those of the whole dataset
+    #[arg(long, value_name = "I/N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) shard: Option<Shard>,
+    /// Where the training rows go: JSON Lines (.jsonl), Parquet (.parquet, written when the
+    /// run ends), or - for JSON Lines on stdout
+    #[arg(long, value_name = "FILE")]
     pub(crate) out: PathBuf,
     /// Replace the output file when it exists (else a run refuses to start rather than lose
     /// rows written before)
     #[arg(long)]
     pub(crate) overwrite: bool,
+    /// Continue a run that was stopped or killed: the groups already in --out are kept and
+    /// their rows not rolled out again, a group cut mid-write is dropped (and said), and new
+    /// groups are appended
+    #[arg(long)]
+    pub(crate) resume: bool,
+    /// Serve the control endpoint on this address (PORT or HOST:PORT; 127.0.0.1 when no
+    /// host is given): /health, /metrics (Prometheus), POST /model_version, /pause, /resume
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) listen: Option<String>,
+    /// A bearer token every control request but /health must carry (Authorization: Bearer
+    /// TOKEN); also read from ASYNC_GRPO_LISTEN_TOKEN
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "ASYNC_GRPO_LISTEN_TOKEN",
+        hide_env_values = true
+    )]
+    #[serde(skip_serializing)]
+    pub(crate) listen_token: Option<String>,
     /// A reward function: numeric:COLUMN, exact:COLUMN, regex:PATTERN, command:PROGRAM or
     /// length:MAX, each with an optional @WEIGHT (repeat for several; at least one)
     #[arg(long = "reward", value_name = "SPEC", value_parser = RewardTable::from_flag)]
@@ -181,8 +265,14 @@ impl Default for Settings {
             chat_template: None,
             tool_parser: None,
             dataset: PathBuf::new(),
+            epochs: 1,
+            shuffle: false,
+            shard: None,
             out: PathBuf::from("rollouts.jsonl"),
             overwrite: false,
+            resume: false,
+            listen: None,
+            listen_token: None,
             rewards: Vec::new(),
             estimator: "trl".to_owned(),
             tool_threads: 64,
@@ -307,7 +397,25 @@ fn settings_table(settings: &Settings) -> Result<toml::Table, toml::ser::Error> 
     Ok(table)
 }
 
+/// The control endpoint's address: `PORT` (on 127.0.0.1) or `HOST:PORT`.
+pub(crate) fn listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| {
+        format!(
+            "'{text}' is not an address to listen on: expected PORT (on 127.0.0.1) or HOST:PORT \
+             with HOST an IP address, such as 9090 or 0.0.0.0:9090"
+        )
+    })
+}
+
 impl Settings {
+    /// Whether the rows go to stdout (`--out -`).
+    pub(crate) fn writes_stdout(&self) -> bool {
+        self.out.as_os_str() == "-"
+    }
+
     /// Lays the file `--config` names and the flags given over the defaults, makes paths
     /// absolute, checks every value and builds the rewards and tools once to prove them.
     pub(crate) fn resolve(args: RolloutArgs) -> anyhow::Result<Resolved> {
@@ -351,6 +459,27 @@ impl Settings {
             .engine
             .validate()
             .map_err(|e| anyhow::anyhow!("{}", places.problem(&e)))?;
+        if settings.epochs == 0 {
+            bail!("{}: epochs must be at least 1", places.of("epochs"));
+        }
+        if settings.resume && settings.overwrite {
+            bail!(
+                "{} and {} together: --resume keeps the rows of --out, --overwrite replaces \
+                 them; give one",
+                places.of("resume"),
+                places.of("overwrite")
+            );
+        }
+        if settings.resume && settings.writes_stdout() {
+            bail!(
+                "{}: --resume reads back what --out holds, and --out - (stdout) holds nothing \
+                 to read",
+                places.of("resume")
+            );
+        }
+        if let Some(listen) = &settings.listen {
+            listen_address(listen).map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
+        }
         if settings.tool_threads == 0 {
             bail!(
                 "{}: tool_threads must be at least 1",
@@ -423,7 +552,9 @@ impl Settings {
         };
         absolute(&mut self.tokenizer, "tokenizer");
         absolute(&mut self.dataset, "dataset");
-        absolute(&mut self.out, "out");
+        if !self.writes_stdout() {
+            absolute(&mut self.out, "out");
+        }
         if let Some(path) = &mut self.chat_template {
             absolute(path, "chat_template");
         }

@@ -5,9 +5,13 @@
 use std::{collections::BTreeSet, time::Instant};
 
 use anyhow::bail;
-use rollout_core::{ChatTokenizer, DatasetReader, RenderOptions};
+use rollout_core::{ChatTokenizer, DatasetError, RenderOptions};
 
-use super::config::{Resolved, Settings};
+use super::{
+    config::{Resolved, Settings},
+    data::{self, Format},
+    output,
+};
 
 /// Why a run without servers cannot go on in a build without the simulator.
 pub(crate) const NO_SIMULATOR: &str = "no --server given (`servers` in the config file), and this build has no built-in simulator to stand in for one (async-grpo's `sim` feature): pass --server URL, or build with `--features sim`";
@@ -31,13 +35,7 @@ pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
     }
     let tokenizer = load_tokenizer(settings)?;
     let (rows, bad_rows) = scan_dataset(resolved)?;
-    let holds_rows = std::fs::metadata(&settings.out).is_ok_and(|m| m.len() > 0);
-    if holds_rows && !settings.overwrite {
-        bail!(
-            "{} exists and holds rows; pass --overwrite (or `overwrite = true`) to replace it, or --out to write elsewhere",
-            settings.out.display()
-        );
-    }
+    check_output(settings)?;
     Ok(Checked {
         tokenizer,
         rows,
@@ -56,21 +54,57 @@ pub(crate) fn load_tokenizer(settings: &Settings) -> anyhow::Result<ChatTokenize
     Ok(tokenizer)
 }
 
+/// The output may be written: it holds no rows unless the run replaces them (`--overwrite`)
+/// or continues them (`--resume`); a Parquet output's journal, left by a run that did not
+/// finish, likewise.
+fn check_output(settings: &Settings) -> anyhow::Result<()> {
+    #[cfg(not(feature = "parquet"))]
+    if Format::of(&settings.out) == Format::Parquet {
+        bail!("--out {}: {}", settings.out.display(), data::NO_PARQUET);
+    }
+    if settings.writes_stdout() || settings.resume || settings.overwrite {
+        return Ok(());
+    }
+    let holds_rows = |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    if holds_rows(&settings.out) {
+        bail!(
+            "{} exists and holds rows; pass --resume to continue the run that wrote it, \
+             --overwrite (or `overwrite = true`) to replace it, or --out to write elsewhere",
+            settings.out.display()
+        );
+    }
+    let journal = output::journal_path(&settings.out);
+    if Format::of(&settings.out) == Format::Parquet && holds_rows(&journal) {
+        bail!(
+            "{} holds the rows of a run that did not finish; pass --resume to continue it, or \
+             --overwrite to start again",
+            journal.display()
+        );
+    }
+    Ok(())
+}
+
 /// Reads every row once: each must parse (or, with `--skip-bad-rows`, is counted), there must
 /// be at least one, and each column a reward reads must be in some row. Returns the rows and
 /// the bad rows.
 fn scan_dataset(resolved: &Resolved) -> anyhow::Result<(u64, u64)> {
     let settings = &resolved.settings;
     let path = &settings.dataset;
-    let mut reader = DatasetReader::open(path)?.skip_bad_rows(settings.engine.skip_bad_rows);
+    let reader = data::open(path)?;
     let started = Instant::now();
     let mut said = started;
     let mut rows = 0u64;
+    let mut bad_rows = 0u64;
     let mut columns = BTreeSet::new();
-    for row in reader.by_ref() {
-        let row = row.map_err(|e| {
-            anyhow::anyhow!("{e} (--skip-bad-rows sets bad rows aside and goes on)")
-        })?;
+    for row in reader {
+        let row = match row {
+            Ok(row) => row,
+            Err(DatasetError::Row { .. }) if settings.engine.skip_bad_rows => {
+                bad_rows += 1;
+                continue;
+            }
+            Err(error) => bail!("{error} (--skip-bad-rows sets bad rows aside and goes on)"),
+        };
         rows += 1;
         for column in row.columns.keys() {
             if !columns.contains(column) {
@@ -82,7 +116,6 @@ fn scan_dataset(resolved: &Resolved) -> anyhow::Result<(u64, u64)> {
             tracing::info!(rows, elapsed = ?started.elapsed(), "checking the dataset");
         }
     }
-    let bad_rows = reader.skipped().len() as u64;
     if rows == 0 {
         bail!(
             "dataset {}: no row to roll out{}",

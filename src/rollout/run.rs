@@ -2,7 +2,6 @@
 //! rewards and the loop; a writer thread for the JSONL file; progress; Ctrl-C and SIGTERM.
 
 use std::{
-    path::Path,
     process::ExitCode,
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
@@ -11,7 +10,7 @@ use std::{
 use anyhow::{Context, bail};
 use harness::proxy::{Proxy, ProxyConfig};
 use rollout_core::{
-    ChatTokenizer, DatasetReader, JsonlSink,
+    ChatTokenizer,
     parse::parser_by_name,
     rollout::{DrainReport, Engine, EngineBuilder, Groups},
 };
@@ -22,7 +21,10 @@ use vllm_client::{Client, ClientConfig};
 use vllm_sim::{SimConfig, Simulator};
 
 use super::{
-    config::{Resolved, Settings},
+    config::{Resolved, Settings, listen_address},
+    control::Listener,
+    data::Plan,
+    output::{self, Output, Resumed},
     preflight::{self, Checked},
     progress::{Progress, Totals},
 };
@@ -53,13 +55,37 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let settings = &resolved.settings;
     // Listening from the start: a signal before the loop runs ends the start-up.
     let mut signals = Signals::new()?;
+    let listener = match &settings.listen {
+        Some(address) => Some(
+            Listener::bind(listen_address(address).map_err(|e| anyhow::anyhow!("--listen: {e}"))?)
+                .await?,
+        ),
+        None => None,
+    };
     let tokenizer = checked.tokenizer;
+    let resumed = if settings.resume {
+        output::resume(settings)?
+    } else {
+        Resumed::default()
+    };
+    say_resumed(settings, &resumed);
+    let plan = Plan::new(settings, checked.rows, resumed.done.clone());
+    let groups_planned = plan.groups();
     let total = Some(
         settings
             .engine
             .max_groups
-            .map_or(checked.rows, |g| g.min(checked.rows)),
+            .map_or(groups_planned, |g| g.min(groups_planned)),
     );
+    if groups_planned == 0 {
+        // Opened all the same: what was dropped is cut off, and a Parquet output is written.
+        Output::open(settings, &resumed)?.finish()?;
+        eprintln!(
+            "async-grpo: every group of this run is already in {}: nothing left to roll out",
+            settings.out.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
 
     let simulator = if settings.servers.is_empty() {
         Some(start_simulator(settings, &tokenizer).await?)
@@ -77,21 +103,35 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     // as one answers.
     let health_checks = client.spawn_health_checks(Duration::from_secs(2));
     // Only now is the output touched: every check that could fail has passed.
-    let sink = create_output(&settings.out)?;
-    let reader = DatasetReader::open(&settings.dataset)?;
+    let sink = Output::open(settings, &resumed)?;
+    let items = plan.items(&settings.dataset)?;
     let proxy = match &settings.agent {
         Some(_) => Some(start_proxy(settings).await?),
         None => None,
     };
     let (builder, tool_count) = engine_builder(&resolved, client, tokenizer, proxy)?;
-    let (engine, groups) = builder.start(reader)?;
+    let (engine, groups) = builder.start_with_ids(items)?;
     let engine = Arc::new(engine);
+    let totals = Arc::new(Totals::default());
+    let control = match listener {
+        Some(listener) => {
+            tracing::info!(address = %listener.address()?, "control endpoint listening");
+            Some(listener.serve(
+                Arc::clone(&engine),
+                Arc::clone(&totals),
+                settings.listen_token.clone(),
+            ))
+        }
+        None => None,
+    };
     tracing::info!(
         config = ?resolved.config_file,
         dataset = %settings.dataset.display(),
         estimator = %settings.estimator,
         out = %settings.out.display(),
         groups = ?total,
+        epochs = settings.epochs,
+        shard = ?settings.shard.map(|s| s.to_string()),
         num_generations = settings.engine.num_generations,
         max_inflight = settings.engine.max_inflight,
         tools = tool_count,
@@ -99,7 +139,6 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         "rolling out"
     );
 
-    let totals = Arc::new(Totals::default());
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let writer = {
         let totals = Arc::clone(&totals);
@@ -133,6 +172,9 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
     progress.finish(&engine.health(), total).await;
     health_checks.abort();
+    if let Some(control) = control {
+        control.abort();
+    }
     if let Some(simulator) = simulator {
         simulator.stop().await;
     }
@@ -323,23 +365,30 @@ impl NoSimulator {
     }
 }
 
-/// The output file, created or emptied ([`preflight::check`] has refused to replace one that
-/// holds rows unless told to).
-fn create_output(path: &Path) -> anyhow::Result<JsonlSink<std::fs::File>> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
+/// Says what a resumed output already held and what was dropped of it.
+fn say_resumed(settings: &Settings, resumed: &Resumed) {
+    if !settings.resume {
+        return;
     }
-    JsonlSink::create(path).with_context(|| format!("cannot create {}", path.display()))
+    eprintln!(
+        "async-grpo: resuming {}: {} groups ({} rows) already written are kept",
+        settings.out.display(),
+        resumed.done.len(),
+        resumed.samples
+    );
+    for dropped in &resumed.dropped {
+        eprintln!("async-grpo: resuming: dropped {dropped}");
+    }
 }
 
 /// The writer thread: each group in one write and a flush, so a killed run leaves complete
-/// lines only. Returns the groups and samples written.
+/// lines only; then the output closed (a Parquet one written). Returns the groups and
+/// samples written.
 fn write_groups(
     mut groups: Groups,
-    mut sink: JsonlSink<std::fs::File>,
+    mut sink: Output,
     totals: &Totals,
-) -> std::io::Result<(u64, u64)> {
+) -> anyhow::Result<(u64, u64)> {
     while let Some(group) = groups.blocking_recv() {
         sink.write_group(&group.samples)?;
         totals.groups.fetch_add(1, Ordering::Relaxed);
@@ -358,7 +407,7 @@ fn write_groups(
             totals.add_reward(*reward);
         }
     }
-    Ok(sink.written())
+    sink.finish()
 }
 
 /// Ctrl-C and SIGTERM, as one stream, listened for from the start of the run.
@@ -407,13 +456,17 @@ impl Signals {
 fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: Duration) {
     let stats = &report.stats;
     eprintln!(
-        "async-grpo: {} groups scored in {:.1}s ({} dropped: {} too few successes, {} zero variance, {} cancelled by the drain); mean reward {}",
+        "async-grpo: {} groups scored in {:.1}s ({} dropped: {} too few successes, {} zero variance, {} cancelled by a drain or a pause, {} stale); mean reward {}",
         stats.groups_completed,
         elapsed.as_secs_f64(),
-        stats.groups_too_small + stats.groups_zero_variance + stats.groups_cancelled,
+        stats.groups_too_small
+            + stats.groups_zero_variance
+            + stats.groups_cancelled
+            + stats.groups_stale,
         stats.groups_too_small,
         stats.groups_zero_variance,
         stats.groups_cancelled,
+        stats.groups_stale,
         totals
             .mean_reward()
             .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),

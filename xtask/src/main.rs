@@ -33,7 +33,9 @@ tasks:
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
   loom      the loom models of the tool pool, then each model again with its planted bug
-  bench     the benchmarks; results go to target/bench/
+  bench [listen]
+            the benchmarks; results go to target/bench/ (listen: only the control
+            endpoint's cost, the release binary with and without --listen)
   quickstart
             rewrite examples/quickstart's generated files (tokenizer.json, arithmetic.jsonl)
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
@@ -64,7 +66,7 @@ fn main() -> ExitCode {
         Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
         Some("parity") => parity::run(),
-        Some("bench") => bench::run(),
+        Some("bench") => bench::run(std::env::args().nth(2).as_deref()),
         Some("quickstart") => quickstart::run(),
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),

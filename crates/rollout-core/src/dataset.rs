@@ -49,6 +49,25 @@ impl DatasetRow {
         }
         task
     }
+
+    /// Parses one row from its JSON text (`{"prompt": ..., ...columns}`), as a line of a JSON
+    /// Lines file is parsed: a row of another format (a Parquet file's, as JSON) reads the
+    /// same way. `line` is where errors point (a line, or a row number).
+    pub fn parse(source: Arc<str>, line: usize, text: &str) -> Result<DatasetRow, DatasetError> {
+        match parse_row(text) {
+            Ok((prompt, columns)) => Ok(DatasetRow {
+                source,
+                line,
+                prompt,
+                columns,
+            }),
+            Err(reason) => Err(DatasetError::Row {
+                path: source.to_string(),
+                line,
+                reason,
+            }),
+        }
+    }
 }
 
 /// Why a dataset could not be read, with where.

@@ -18,6 +18,10 @@ use crate::{Message, reconcile::RolloutId};
 pub struct TrainingSample {
     /// The group (one dataset row, `num_generations` rollouts) the sample belongs to.
     pub group_id: u64,
+    /// How many samples its group has: the group is whole in a file when that many lines
+    /// carry its `group_id` (a reader resuming a cut file drops a group cut short).
+    #[serde(default)]
+    pub group_samples: u64,
     /// The rollout (conversation) it comes from.
     pub rollout_id: RolloutId,
     /// The prompt messages: the dataset row's, after the initial messages of the rollout's
@@ -145,6 +149,7 @@ mod tests {
     fn sample(group_id: u64, rollout: u64) -> TrainingSample {
         TrainingSample {
             group_id,
+            group_samples: 1,
             rollout_id: RolloutId(rollout),
             prompt: vec![Message::user("What is 6 * 7?")],
             completion: vec![Message::assistant("42")],

@@ -869,7 +869,7 @@ async fn turns_record_the_model_version_they_were_sampled_under() {
     // The second turns are held by the tool before their requests are made (a turn's
     // version is read when its request is sent).
     wait_until("both first turns", || engine.health().stats.turns == 2).await;
-    engine.set_model_version(3);
+    engine.set_model_version(3).expect("versions grow");
     assert_eq!(engine.health().model_version, 3);
     gate.open();
     let out = collect(&mut groups).await;
@@ -902,12 +902,12 @@ async fn a_group_that_falls_more_than_max_staleness_behind_is_cancelled_at_once(
     config.max_staleness = Some(1);
     let (engine, mut groups) = start(&generator, None, config, rows(2));
     wait_until("group 0 to be in flight", || generator.hanging() == 2).await;
-    engine.set_model_version(1);
+    engine.set_model_version(1).expect("versions grow");
     // One version behind is within the bound: the group keeps running.
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(engine.health().stats.groups_stale, 0);
     assert_eq!(generator.hangs_dropped(), 0);
-    engine.set_model_version(2);
+    engine.set_model_version(2).expect("versions grow");
     let out = collect(&mut groups).await;
     let report = engine.shutdown(Duration::from_secs(10)).await;
     assert_eq!(

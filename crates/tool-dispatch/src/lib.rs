@@ -117,7 +117,7 @@ mod tool;
 pub use crate::{
     error::{DispatchError, RegistryError},
     future::ResponseFuture,
-    metrics::{MetricsSnapshot, Percentiles, PoolSnapshot, ToolSnapshot},
+    metrics::{LATENCY_BUCKETS, MetricsSnapshot, Percentiles, PoolSnapshot, ToolSnapshot},
     registry::Registry,
     service::{DispatcherConfig, ShutdownReport, ToolDispatcher},
     tool::{

@@ -13,6 +13,27 @@ use crate::{
 /// Longest latency a histogram resolves (one hour); longer ones are recorded as this.
 const HISTOGRAM_MAX_MICROS: u64 = 3_600_000_000;
 
+/// Upper bounds of the latency histograms' buckets as metrics systems read them
+/// ([`ToolSnapshot::latency_buckets`]; Prometheus's `le`); the last bucket, `+Inf`, is implied.
+pub const LATENCY_BUCKETS: [Duration; 16] = [
+    Duration::from_millis(1),
+    Duration::from_micros(2_500),
+    Duration::from_millis(5),
+    Duration::from_millis(10),
+    Duration::from_millis(25),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_millis(2_500),
+    Duration::from_secs(5),
+    Duration::from_secs(10),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+    Duration::from_secs(300),
+];
+
 /// The live metrics of one tool.
 #[derive(Debug)]
 pub(crate) struct ToolMetrics {
@@ -85,9 +106,21 @@ impl ToolMetrics {
             timed_out: self.count(Outcome::TimedOut),
             cancelled: self.count(Outcome::Cancelled),
             latency: Percentiles::of(&histograms.latency),
+            latency_buckets: buckets(&histograms.latency),
+            latency_sum: Duration::from_micros(
+                (histograms.latency.mean() * histograms.latency.len() as f64) as u64,
+            ),
             queue_wait: Percentiles::of(&histograms.queue_wait),
         }
     }
+}
+
+/// Cumulative counts at each of [`LATENCY_BUCKETS`] (to the histogram's precision).
+fn buckets(histogram: &Histogram<u64>) -> Vec<(Duration, u64)> {
+    LATENCY_BUCKETS
+        .iter()
+        .map(|bound| (*bound, histogram.count_between(0, micros(*bound))))
+        .collect()
 }
 
 fn micros(d: Duration) -> u64 {
@@ -164,6 +197,11 @@ pub struct ToolSnapshot {
     pub cancelled: u64,
     /// From call start to result.
     pub latency: Percentiles,
+    /// The same latencies as cumulative counts: calls at most as long as each of
+    /// [`LATENCY_BUCKETS`] (`latency.count` is the `+Inf` bucket).
+    pub latency_buckets: Vec<(Duration, u64)>,
+    /// Every call's latency added up (to the histogram's precision, two figures).
+    pub latency_sum: Duration,
     /// Wait for a pool thread (sync tools only).
     pub queue_wait: Percentiles,
 }

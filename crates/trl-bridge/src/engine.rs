@@ -362,7 +362,8 @@ impl Engine {
     fn set_model_version(&self, version: u64) {
         self.state.version.fetch_max(version, Ordering::AcqRel);
         if let Some(engine) = self.state.engine() {
-            engine.set_model_version(version);
+            // A lower version is ignored, as TRL expects of a worker.
+            let _ = engine.set_model_version(version);
         }
     }
 
@@ -376,52 +377,16 @@ impl Engine {
         self.state.engine().is_some()
     }
 
-    /// Counters and gauges: the loop's counters, the heartbeat's age and lag, rollouts in
-    /// flight and queued, the client's retries. Empty before the loop runs.
+    /// Counters and gauges, as the loop's [`Metrics::values`](rollout_core::rollout::Metrics)
+    /// names them (the same numbers the binary's Prometheus endpoint serves): the loop's
+    /// counters, failures by cause, the heartbeat's age and lag, rollouts in flight and queued,
+    /// the client's retries, the tools'. Empty before the loop runs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = PyDict::new(py);
-        let Some(engine) = self.state.engine() else {
-            return Ok(stats);
-        };
-        let health = engine.health();
-        if let Ok(Value::Object(counters)) = serde_json::to_value(health.stats) {
-            for (key, value) in counters {
-                if let Some(number) = value.as_f64() {
-                    stats.set_item(key, number)?;
-                }
+        if let Some(engine) = self.state.engine() {
+            for (key, value) in engine.metrics().values() {
+                stats.set_item(key, value)?;
             }
-        }
-        stats.set_item("heartbeat_age_s", health.heartbeat_age.as_secs_f64())?;
-        stats.set_item(
-            "scheduler_lag_p99_s",
-            health.scheduler_lag_p99.as_secs_f64(),
-        )?;
-        stats.set_item(
-            "scheduler_lag_max_s",
-            health.scheduler_lag_max.as_secs_f64(),
-        )?;
-        stats.set_item("in_flight", health.in_flight as f64)?;
-        stats.set_item("queued", health.queued as f64)?;
-        stats.set_item("model_version", health.model_version as f64)?;
-        stats.set_item(
-            "admission_closed",
-            f64::from(u8::from(health.admission_closed)),
-        )?;
-        if let Some(client) = lock(&self.state.client).clone() {
-            let client = client.stats();
-            stats.set_item("vllm_retries", client.retries as f64)?;
-            stats.set_item("vllm_failures", client.failures as f64)?;
-        }
-        if let Some(tools) = engine.tools() {
-            let metrics = tools.metrics();
-            for tool in &metrics.tools {
-                let name = &tool.name;
-                stats.set_item(format!("tools/{name}/calls"), tool.calls as f64)?;
-                stats.set_item(format!("tools/{name}/failed"), tool.failed as f64)?;
-                stats.set_item(format!("tools/{name}/timed_out"), tool.timed_out as f64)?;
-            }
-            stats.set_item("tools/unknown_name", metrics.unknown_tool as f64)?;
-            stats.set_item("tool_threads_stuck", metrics.pool.stuck as f64)?;
         }
         Ok(stats)
     }
@@ -578,7 +543,7 @@ async fn run(
     // Published first, then the version applied: a version set in between reaches the loop
     // either way (versions only grow, so applying one twice is harmless).
     *lock(&state.engine) = Some(Arc::clone(&engine));
-    engine.set_model_version(state.version.load(Ordering::Acquire));
+    let _ = engine.set_model_version(state.version.load(Ordering::Acquire));
     while let Some(group) = groups.recv().await {
         if groups_out.send(group).await.is_err() {
             break;

@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     IncrementalRender, Message, NoExactDelta, ParsedCall, Reconciler, RenderError, RenderState,
-    RolloutId, TurnRecord, parse::split_reasoning,
+    RolloutId, TurnRecord, parse::split_reasoning, sync::lock,
 };
 
 /// Runs a rollout with its retries, its deadline and cancellation.
@@ -41,10 +41,15 @@ pub(crate) async fn run<G: Generator>(
         Counters::add(&shared.counters.rollouts_started, 1);
         // The attempt's episode, if it opens one, is back here however the attempt ends.
         let episode = EpisodeSlot::default();
+        let aborted = lock(&shared.abort).clone();
         let outcome = tokio::select! {
             biased;
             () = shared.cancel.cancelled() => {
                 Err((FailureCause::Cancelled, "cancelled by the drain".to_owned()))
+            }
+            () = aborted.cancelled() => {
+                Counters::add(&shared.counters.rollouts_aborted, 1);
+                Err((FailureCause::Cancelled, "aborted by a pause".to_owned()))
             }
             () = shared.stale(group, config.max_staleness.unwrap_or(0)), if config.max_staleness.is_some() => {
                 Err((FailureCause::Stale, format!(
@@ -642,7 +647,11 @@ async fn sample_answer<G: Generator>(
                 .seed
                 .map(|seed| request_seed(seed, rollout_id, finished.attempts, turn, segment)),
         };
-        let generation = shared.generator.generate(request).await.map_err(|e| {
+        Counters::add(&shared.counters.prompt_tokens, prompt_ids.len() as u64);
+        let sent = std::time::Instant::now();
+        let generation = shared.generator.generate(request).await;
+        shared.generation_latency.record(sent.elapsed());
+        let generation = generation.map_err(|e| {
             let cause = if e.is_prompt_too_long() {
                 FailureCause::PromptTooLong
             } else if e.is_server_unavailable() {

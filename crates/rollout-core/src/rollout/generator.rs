@@ -207,13 +207,44 @@ pub trait Generator: Send + Sync + 'static {
     fn unavailable(&self) -> Option<String> {
         None
     }
+
+    /// Counters of the generator's own (requests retried, servers ejected), for metrics.
+    fn stats(&self) -> GeneratorStats {
+        GeneratorStats::default()
+    }
+}
+
+/// What a [`Generator`] counts of its own, reported with the loop's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct GeneratorStats {
+    /// Requests sent (every attempt).
+    pub attempts: u64,
+    /// Attempts retried after a retryable failure.
+    pub retries: u64,
+    /// Requests that failed in the end.
+    pub failures: u64,
+    /// Servers ejected after a failure.
+    pub ejections: u64,
+}
+
+impl GeneratorStats {
+    /// Stats with every counter given.
+    pub fn new(attempts: u64, retries: u64, failures: u64, ejections: u64) -> GeneratorStats {
+        GeneratorStats {
+            attempts,
+            retries,
+            failures,
+            ejections,
+        }
+    }
 }
 
 #[cfg(feature = "vllm-client")]
 mod vllm {
     use vllm_client::{Client, FinishReason, GenerateParams, SamplingParams};
 
-    use super::{Finish, GenerateError, GenerateRequest, Generation, Generator};
+    use super::{Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats};
     use crate::RolloutId;
 
     fn sticky_key(rollout: RolloutId) -> String {
@@ -274,6 +305,16 @@ mod vllm {
 
         fn unavailable(&self) -> Option<String> {
             Client::unavailable(self)
+        }
+
+        fn stats(&self) -> GeneratorStats {
+            let stats = Client::stats(self);
+            GeneratorStats::new(
+                stats.attempts,
+                stats.retries,
+                stats.failures,
+                stats.ejections,
+            )
         }
     }
 }

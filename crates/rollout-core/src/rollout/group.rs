@@ -144,6 +144,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         for row in done.rows {
             samples.push(TrainingSample {
                 group_id: group.group_id,
+                group_samples: 0,
                 rollout_id: done.rollout_id,
                 prompt: prompt.clone(),
                 completion: done.messages.clone(),
@@ -158,8 +159,12 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             });
         }
     }
+    let group_samples = samples.len() as u64;
+    for sample in &mut samples {
+        sample.group_samples = group_samples;
+    }
     Counters::add(&counters.groups_completed, 1);
-    Counters::add(&counters.samples, samples.len() as u64);
+    Counters::add(&counters.samples, group_samples);
     output.send(ScoredGroup {
         group_id: group.group_id,
         samples,

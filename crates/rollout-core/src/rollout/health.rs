@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use tool_dispatch::LATENCY_BUCKETS;
 
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
@@ -58,6 +59,8 @@ counters! {
         rollouts_cancelled,
         /// Generation calls.
         turns,
+        /// Tokens sent as prompts (every turn's whole prompt).
+        prompt_tokens,
         /// Tokens sampled.
         sampled_tokens,
         /// Tool calls made.
@@ -76,6 +79,74 @@ counters! {
         samples,
         /// Dataset rows skipped as bad.
         bad_rows,
+        /// Rollouts a pause in `abort` mode cancelled (also in `rollouts_cancelled`).
+        rollouts_aborted,
+    }
+}
+
+/// A latency histogram of fixed buckets (tool-dispatch's [`LATENCY_BUCKETS`], so that
+/// generation and tool latencies read alike), recorded with atomics only.
+#[derive(Debug, Default)]
+pub(crate) struct Latency {
+    /// Per bucket, then the `+Inf` bucket (not cumulative).
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+impl Latency {
+    pub(crate) fn record(&self, latency: Duration) {
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|bound| latency <= *bound)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LatencySnapshot {
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len());
+        for (bound, count) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
+            cumulative += count.load(Ordering::Relaxed);
+            buckets.push((*bound, cumulative));
+        }
+        let count = cumulative + self.buckets[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
+        LatencySnapshot {
+            buckets,
+            count,
+            sum: Duration::from_micros(self.sum_micros.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A latency histogram as Prometheus exposes one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LatencySnapshot {
+    /// `(upper bound, observations at most that long)`, cumulative, for each of
+    /// [`LATENCY_BUCKETS`].
+    pub buckets: Vec<(Duration, u64)>,
+    /// Every observation (the `+Inf` bucket).
+    pub count: u64,
+    /// Their sum.
+    pub sum: Duration,
+}
+
+/// Rollouts that failed, by cause: one counter per [`FailureCause`](super::FailureCause).
+#[derive(Debug, Default)]
+pub(crate) struct Failures([AtomicU64; super::FailureCause::ALL.len()]);
+
+impl Failures {
+    pub(crate) fn add(&self, cause: super::FailureCause) {
+        self.0[cause.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<(super::FailureCause, u64)> {
+        super::FailureCause::ALL
+            .iter()
+            .zip(&self.0)
+            .map(|(cause, count)| (*cause, count.load(Ordering::Relaxed)))
+            .collect()
     }
 }
 
@@ -103,6 +174,10 @@ pub struct Health {
     pub model_version: u64,
     /// Whether admission has stopped (dataset done, group limit reached, or a drain).
     pub admission_closed: bool,
+    /// Whether admission is paused ([`Engine::pause`](super::Engine::pause)).
+    pub paused: bool,
+    /// Why no server can take requests, when none can (every one down or ejected).
+    pub servers_unavailable: Option<String>,
     /// Counters.
     pub stats: Stats,
 }
@@ -168,5 +243,38 @@ impl Heartbeat {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_latency_lands_in_the_first_bucket_that_holds_it_and_the_counts_add_up() {
+        let latency = Latency::default();
+        for ms in [0, 1, 2, 3, 400, 1_000_000] {
+            latency.record(Duration::from_millis(ms));
+        }
+        let snapshot = latency.snapshot();
+        assert_eq!(snapshot.count, 6);
+        assert_eq!(snapshot.sum, Duration::from_millis(1_000_406));
+        let at = |bound: Duration| {
+            snapshot
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == bound)
+                .map(|(_, count)| *count)
+        };
+        assert_eq!(at(Duration::from_millis(1)), Some(2), "0 ms and 1 ms");
+        assert_eq!(at(Duration::from_micros(2_500)), Some(3));
+        assert_eq!(at(Duration::from_millis(5)), Some(4));
+        assert_eq!(at(Duration::from_millis(250)), Some(4));
+        assert_eq!(at(Duration::from_millis(500)), Some(5));
+        assert_eq!(
+            snapshot.buckets.last().map(|(_, count)| *count),
+            Some(5),
+            "1000 s is past the last bound: only in the +Inf count"
+        );
     }
 }

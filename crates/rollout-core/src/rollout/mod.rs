@@ -21,8 +21,14 @@
 //!   trainer would drop its samples), so work is not generated only to be thrown away. A
 //!   sample carries its group's first version and, in its metrics,
 //!   the span of its own turns.
-//! - **Health**: a heartbeat task, independent of rollouts, tools and rewards, measures how
-//!   late the runtime wakes it ([`Engine::health`]).
+//!   With `groups_per_version` too, admission holds a group the trainer could not take
+//!   within the bound (AReaL's rule; see [`RolloutConfig::groups_per_version`]).
+//! - **Pause**: [`Engine::pause`] holds admission until [`Engine::resume`], letting the
+//!   rollouts in flight finish ([`PauseMode::Wait`]) or cancelling them
+//!   ([`PauseMode::Abort`]).
+//! - **Health and metrics**: a heartbeat task, independent of rollouts, tools and rewards,
+//!   measures how late the runtime wakes it ([`Engine::health`]); [`Engine::metrics`] is
+//!   everything counted, the one source of every report ([`Metrics`]).
 //! - **Drain**: [`Engine::shutdown`] stops admission, lets in-flight rollouts finish until a
 //!   deadline, cancels the rest (dropping their requests aborts them on the server), scores
 //!   every complete group, closes the output and the tool pool, and reports.
@@ -33,6 +39,7 @@ mod episode;
 mod generator;
 mod group;
 mod health;
+mod metrics;
 mod outcome;
 
 use std::{
@@ -41,7 +48,7 @@ use std::{
 };
 
 use scoring::{AdvantageConfig, Scorer};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
@@ -51,14 +58,17 @@ pub use self::{
         Sampled, Sampler,
     },
     episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
-    generator::{Finish, GenerateError, GenerateRequest, Generation, Generator, Sampling},
+    generator::{
+        Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats, Sampling,
+    },
     group::ScoredGroup,
-    health::{Health, Stats},
+    health::{Health, LatencySnapshot, Stats},
+    metrics::Metrics,
     outcome::{FailureCause, RolloutFailure},
 };
 use self::{
     group::GroupState,
-    health::{Counters, Heartbeat},
+    health::{Counters, Failures, Heartbeat, Latency},
 };
 use crate::{
     ChatTokenizer, DatasetError, DatasetRow, Message, NoExactDelta, ReconcilerConfig, RenderError,
@@ -120,6 +130,17 @@ impl std::str::FromStr for PromptMode {
     }
 }
 
+/// What [`Engine::pause`] does with the rollouts in flight (vLLM's own pause modes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseMode {
+    /// They run to their end.
+    #[default]
+    Wait,
+    /// They are cancelled; their groups are dropped (counted as cancelled).
+    Abort,
+}
+
 /// How the loop runs.
 ///
 /// Its serde form is the settings file's (flat keys, durations as `10m`, `500ms`), and with
@@ -170,12 +191,19 @@ pub struct RolloutConfig {
     #[serde(rename = "groups", skip_serializing_if = "Option::is_none")]
     pub max_groups: Option<u64>,
     /// Cancel a group whose first turn was sampled more than this many model versions before
-    /// the current one (see [`Engine::set_model_version`]); `None` never does. Match the
-    /// trainer's own bound (TRL's `max_staleness`), past which it drops samples anyway. *Not
-    /// a setting*: only a program that sets model versions can use it.
-    #[cfg_attr(feature = "clap", arg(skip))]
-    #[serde(skip)]
+    /// the current one (versions come from the program or the control endpoint's
+    /// /model_version); match the trainer's own bound (TRL's max_staleness), past which it
+    /// drops samples anyway (default: never)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u64>,
+    /// With max_staleness: the groups the trainer takes per model version (its batch, in
+    /// groups). Admission then holds a group that could not be trained on within the
+    /// staleness bound (AReaL's rule: the k-th group admitted, from 0, waits until k <
+    /// (versions since the start + max_staleness + 1) x groups_per_version)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups_per_version: Option<u64>,
     /// Stop the run (drain, exit 1) once more than this fraction of the rollouts that ended
     /// failed, judged from 16 rollouts on and at the end; failures because no server could
     /// be reached do not count (see --server-wait)
@@ -238,6 +266,7 @@ impl Default for RolloutConfig {
             skip_bad_rows: false,
             max_groups: None,
             max_staleness: None,
+            groups_per_version: None,
             max_failure_rate: Some(0.5),
             server_wait: Duration::from_secs(600),
             sampling: Sampling::default(),
@@ -273,6 +302,15 @@ impl RolloutConfig {
                     "({}) is more than num_generations ({}): no group could ever be kept",
                     self.min_group_size, self.num_generations
                 ),
+            ));
+        }
+        if self.groups_per_version == Some(0) {
+            return Err(ConfigError::new("groups_per_version", "must be at least 1"));
+        }
+        if self.groups_per_version.is_some() && self.max_staleness.is_none() {
+            return Err(ConfigError::new(
+                "groups_per_version",
+                "needs max_staleness: it bounds admission by how stale a group may get",
             ));
         }
         for (setting, value) in [
@@ -366,8 +404,8 @@ pub const FAILURE_RATE_MIN_ROLLOUTS: u64 = 16;
 
 /// A dataset row read ahead, its prompt rendered (or refused) on the reader thread.
 type ReadRow = Result<ReadOk, DatasetError>;
-/// A row that parsed, and its prompt rendered or why it could not be.
-type ReadOk = (DatasetRow, Result<RenderState, RenderError>);
+/// A row that parsed with its group id, and its prompt rendered or why it could not be.
+type ReadOk = (u64, DatasetRow, Result<RenderState, RenderError>);
 
 /// State shared by the driver, the rollouts and the heartbeat.
 pub(crate) struct Shared<G> {
@@ -390,7 +428,16 @@ pub(crate) struct Shared<G> {
     /// `n / max_token_bytes` tokens.
     max_token_bytes: usize,
     pub(crate) counters: Counters,
+    /// Rollouts that failed, by cause.
+    failures_by_cause: Failures,
+    /// How long generation requests take.
+    pub(crate) generation_latency: Latency,
     pub(crate) cancel: CancellationToken,
+    /// Whether admission is paused ([`Engine::pause`]).
+    paused: watch::Sender<bool>,
+    /// Cancelled by a pause in [`PauseMode::Abort`] (then replaced): every rollout attempt
+    /// watches the token current when it started.
+    pub(crate) abort: Mutex<CancellationToken>,
     /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
     cancelled_in_flight: AtomicU64,
     /// The chat template's name, for messages about it.
@@ -484,6 +531,21 @@ impl<G> Shared<G> {
 
     pub(crate) fn model_version(&self) -> u64 {
         *self.versions.borrow()
+    }
+
+    /// AReaL's rule: whether the `admitted`-th group may start `versions` versions after the
+    /// start. Always with no bound set.
+    fn fresh_enough(&self, admitted: u64, versions: u64) -> bool {
+        match (self.config.max_staleness, self.config.groups_per_version) {
+            (Some(staleness), Some(per_version)) => {
+                let allowed = versions
+                    .saturating_add(staleness)
+                    .saturating_add(1)
+                    .saturating_mul(per_version);
+                admitted < allowed
+            }
+            _ => true,
+        }
     }
 
     /// Resolves once `group`'s first turn is more than `max_staleness` versions behind.
@@ -599,6 +661,26 @@ impl<G: Generator> EngineBuilder<G> {
         I: IntoIterator<Item = Result<DatasetRow, DatasetError>>,
         I::IntoIter: Send + 'static,
     {
+        let mut next_id = 0u64;
+        self.start_with_ids(rows.into_iter().map(move |row| {
+            let id = next_id;
+            next_id += 1;
+            row.map(|row| (id, row))
+        }))
+    }
+
+    /// As [`EngineBuilder::start`], each row with the id its group takes (its rollouts are
+    /// `id * num_generations + i`, and request seeds derive from those): a program that skips
+    /// rows (a resumed run, one shard of a dataset) keeps every group's id, and seeds, as in a
+    /// run over every row. Ids must be distinct.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (it spawns its tasks there).
+    pub fn start_with_ids<I>(self, rows: I) -> Result<(Engine<G>, Groups), EngineError>
+    where
+        I: IntoIterator<Item = Result<(u64, DatasetRow), DatasetError>>,
+        I::IntoIter: Send + 'static,
+    {
         let config = self.config;
         config.validate()?;
         let mut options = self.options;
@@ -648,7 +730,11 @@ impl<G: Generator> EngineBuilder<G> {
             base,
             max_token_bytes,
             counters: Counters::default(),
+            failures_by_cause: Failures::default(),
+            generation_latency: Latency::default(),
             cancel: CancellationToken::new(),
+            paused: watch::Sender::new(false),
+            abort: Mutex::new(CancellationToken::new()),
             cancelled_in_flight: AtomicU64::new(0),
             versions: watch::Sender::new(0),
             admission: CancellationToken::new(),
@@ -685,7 +771,7 @@ impl<G: Generator> EngineBuilder<G> {
 /// renders each prompt there: tokenizing is CPU work that must not hold a runtime thread.
 fn spawn_reader<I, G>(rows: I, shared: Arc<Shared<G>>) -> std::io::Result<mpsc::Receiver<ReadRow>>
 where
-    I: Iterator<Item = Result<DatasetRow, DatasetError>> + Send + 'static,
+    I: Iterator<Item = Result<(u64, DatasetRow), DatasetError>> + Send + 'static,
     G: Generator,
 {
     let (sender, receiver) = mpsc::channel(64);
@@ -693,7 +779,7 @@ where
         .name("rollout-dataset".to_owned())
         .spawn(move || {
             for row in rows {
-                let read = row.and_then(|row| {
+                let read = row.and_then(|(id, row)| {
                     shared
                         .check_prompt_size(&row)
                         .map_err(|reason| DatasetError::Row {
@@ -702,7 +788,7 @@ where
                             reason,
                         })?;
                     let prompt = shared.render_prompt(&row);
-                    Ok((row, prompt))
+                    Ok((id, row, prompt))
                 });
                 if sender.blocking_send(read).is_err() {
                     break;
@@ -801,15 +887,22 @@ impl<G: Generator> Engine<G> {
     }
 
     /// Turns sampled from now on record `version` (call it when the server's weights
-    /// change). Versions only grow: a lower one than the current is ignored.
-    pub fn set_model_version(&self, version: u64) {
+    /// change); with `max_staleness`, groups left too far behind are cancelled. Versions only
+    /// grow: a lower one than the current is refused with the current one
+    /// (`Err(current)`); the current one again is a no-op.
+    pub fn set_model_version(&self, version: u64) -> Result<(), u64> {
+        let mut refused = None;
         self.shared.versions.send_if_modified(|current| {
+            if version < *current {
+                refused = Some(*current);
+            }
             let newer = version > *current;
             if newer {
                 *current = version;
             }
             newer
         });
+        refused.map_or(Ok(()), Err)
     }
 
     /// The model version turns are sampled under now.
@@ -834,8 +927,44 @@ impl<G: Generator> Engine<G> {
             queued: shared.queued.load(Ordering::Relaxed),
             model_version: shared.model_version(),
             admission_closed: shared.admission_closed.load(Ordering::Acquire),
+            paused: *shared.paused.borrow(),
+            servers_unavailable: shared.generator.unavailable(),
             stats: shared.counters.snapshot(),
         }
+    }
+
+    /// Everything the loop counts, at this moment: what metrics and reports read.
+    pub fn metrics(&self) -> Metrics {
+        let shared = &self.shared;
+        Metrics {
+            health: self.health(),
+            failures: shared.failures_by_cause.snapshot(),
+            generation_latency: shared.generation_latency.snapshot(),
+            generator: shared.generator.stats(),
+            tools: shared.tools.as_ref().map(ToolDispatcher::metrics),
+        }
+    }
+
+    /// Pauses admission: no group is admitted and no admitted group starts until
+    /// [`Engine::resume`]. With [`PauseMode::Wait`] the rollouts in flight run to their end;
+    /// with [`PauseMode::Abort`] they are cancelled (their groups dropped, counted as
+    /// cancelled). Returns once no rollout is in flight. Pausing a paused loop is harmless.
+    pub async fn pause(&self, mode: PauseMode) {
+        let shared = &self.shared;
+        shared.paused.send_replace(true);
+        if mode == PauseMode::Abort {
+            let mut abort = lock(&shared.abort);
+            abort.cancel();
+            *abort = CancellationToken::new();
+        }
+        while shared.in_flight.available_permits() < shared.config.max_inflight {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Resumes admission after [`Engine::pause`].
+    pub fn resume(&self) {
+        self.shared.paused.send_replace(false);
     }
 
     /// The tool dispatcher, for its metrics.
@@ -931,9 +1060,13 @@ async fn admit<G: Generator>(
 ) {
     let config = &shared.config;
     let n = config.num_generations;
-    let mut group_id = 0u64;
+    let first_version = shared.model_version();
+    let mut admitted = 0u64;
     loop {
-        if config.max_groups.is_some_and(|max| group_id >= max) {
+        if config.max_groups.is_some_and(|max| admitted >= max) {
+            break;
+        }
+        if !admission_open(&shared, admitted, first_version).await {
             break;
         }
         if !wait_for_generator(&shared).await {
@@ -948,7 +1081,7 @@ async fn admit<G: Generator>(
                 Err(_) => break,
             },
         };
-        let Some((row, first)) = next_row(&shared, &mut rows).await else {
+        let Some((group_id, row, first)) = next_row(&shared, &mut rows).await else {
             break;
         };
         Counters::add(&shared.counters.groups_admitted, 1);
@@ -956,9 +1089,53 @@ async fn admit<G: Generator>(
         if !start_group(&shared, group).await {
             break;
         }
-        group_id += 1;
+        admitted += 1;
     }
     shared.admission_closed.store(true, Ordering::Release);
+}
+
+/// Waits until a group may be admitted: admission not paused, and with `max_staleness` and
+/// `groups_per_version`, AReaL's rule (the `admitted`-th group, from 0, could still be
+/// trained on within the staleness bound: `admitted < (versions since the start +
+/// max_staleness + 1) * groups_per_version`). False when admission closes meanwhile.
+async fn admission_open<G>(shared: &Shared<G>, admitted: u64, first_version: u64) -> bool {
+    let mut paused = shared.paused.subscribe();
+    let mut versions = shared.versions.subscribe();
+    loop {
+        let held = *paused.borrow_and_update();
+        let version = *versions.borrow_and_update();
+        if !held && shared.fresh_enough(admitted, version.saturating_sub(first_version)) {
+            return true;
+        }
+        // The senders live in `shared`: neither channel closes while this runs.
+        tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return false,
+            _ = paused.changed() => {}
+            _ = versions.changed() => {}
+        }
+    }
+}
+
+/// `permits` in-flight slots, once admission is not paused; `None` when admission closes.
+/// A pause that comes while it waits holds it again.
+async fn acquire<G>(shared: &Shared<G>, permits: u32) -> Option<OwnedSemaphorePermit> {
+    let mut paused = shared.paused.subscribe();
+    loop {
+        if *paused.borrow_and_update() {
+            tokio::select! {
+                biased;
+                () = shared.admission.cancelled() => return None,
+                _ = paused.changed() => continue,
+            }
+        }
+        tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return None,
+            _ = paused.changed() => {}
+            acquired = Arc::clone(&shared.in_flight).acquire_many_owned(permits) => return acquired.ok(),
+        }
+    }
 }
 
 /// The next dataset row to admit, its prompt rendered; bad rows skipped with
@@ -1006,21 +1183,13 @@ async fn start_group<G: Generator>(shared: &Arc<Shared<G>>, group: Arc<GroupStat
     if let Ok(count) = u32::try_from(n)
         && n <= shared.config.max_inflight
     {
-        whole = tokio::select! {
-            biased;
-            () = shared.admission.cancelled() => None,
-            permits = Arc::clone(&shared.in_flight).acquire_many_owned(count) => permits.ok(),
-        };
+        whole = acquire(shared, count).await;
     }
     for index in 0..n {
         let permit = match whole.as_mut() {
             Some(permits) if index + 1 < n => permits.split(1),
             Some(_) => whole.take(),
-            None => tokio::select! {
-                biased;
-                () = shared.admission.cancelled() => None,
-                permit = Arc::clone(&shared.in_flight).acquire_owned() => permit.ok(),
-            },
+            None => acquire(shared, 1).await,
         };
         let Some(permit) = permit else {
             shared.queued.fetch_sub(n - index, Ordering::Relaxed);
@@ -1061,6 +1230,7 @@ impl<G> Shared<G> {
             }
             Err(failure) => {
                 Counters::add(&self.counters.rollouts_failed, 1);
+                self.failures_by_cause.add(failure.cause);
                 if failure.cause == FailureCause::Unavailable {
                     Counters::add(&self.counters.rollouts_unavailable, 1);
                 }

@@ -124,6 +124,29 @@ pub enum FailureCause {
 }
 
 impl FailureCause {
+    /// Every cause, in declaration order.
+    pub const ALL: [FailureCause; 11] = [
+        FailureCause::Generation,
+        FailureCause::Unavailable,
+        FailureCause::PromptTooLong,
+        FailureCause::Render,
+        FailureCause::Reconcile,
+        FailureCause::Deadline,
+        FailureCause::Cancelled,
+        FailureCause::Panic,
+        FailureCause::Stale,
+        FailureCause::SessionCreate,
+        FailureCause::Environment,
+    ];
+
+    /// The cause's place in [`FailureCause::ALL`].
+    pub(crate) fn index(self) -> usize {
+        FailureCause::ALL
+            .iter()
+            .position(|cause| *cause == self)
+            .unwrap_or(0)
+    }
+
     /// The cause's name: `generation`, `prompt_too_long`, ...
     pub fn as_str(self) -> &'static str {
         match self {

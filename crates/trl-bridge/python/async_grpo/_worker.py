@@ -47,7 +47,7 @@ _COUNTERS = {
     "tool_calls": "tools/call_total",
     "tool_errors": "tools/failure_total",
     "parse_failures": "tools/parse_failure_total",
-    "vllm_retries": "rollout/vllm_retry_total",
+    "server_retries": "rollout/vllm_retry_total",
     "tools/unknown_name": "tools/unknown_name_total",
 }
 

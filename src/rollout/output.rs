@@ -1,0 +1,289 @@
+//! Where the training rows go: a JSON Lines file, stdout (`--out -`), or a Parquet file; and
+//! `--resume`, which reads back what an earlier run of the same output wrote.
+//!
+//! A JSON Lines output gets each group in one write and a flush. A Parquet file is readable
+//! only once its footer, written last, is there, so a Parquet output is written when the run
+//! ends, from a JSON Lines journal (`OUT.partial.jsonl`) the run appends to group by group,
+//! as it would to a JSON Lines output: a killed run leaves the journal, which `--resume`
+//! continues.
+//!
+//! On `--resume`, a torn last line (a write cut short) is dropped, and so is a group with
+//! fewer rows in the file than its `group_samples`, which only the last group can be: each
+//! is said. The groups left are done; the run rolls out the others and appends.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs::{File, OpenOptions},
+    io::{self, Read},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, bail};
+use rollout_core::{JsonlSink, TrainingSample};
+
+use super::{config::Settings, data::Format};
+
+/// An open output.
+pub(crate) enum Output {
+    /// A JSON Lines file.
+    Jsonl(JsonlSink<File>),
+    /// JSON Lines on stdout.
+    Stdout(JsonlSink<io::Stdout>),
+    /// A Parquet file, written at the end from its journal.
+    Parquet {
+        journal: JsonlSink<File>,
+        journal_path: PathBuf,
+        out: PathBuf,
+        /// A complete Parquet output a resumed run continues, whose rows come first.
+        previous: Option<PathBuf>,
+    },
+}
+
+/// The journal of a Parquet output.
+pub(crate) fn journal_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".partial.jsonl");
+    PathBuf::from(name)
+}
+
+/// What an output held when a run resumed it.
+#[derive(Debug, Default)]
+pub(crate) struct Resumed {
+    /// Groups whole in the output: not rolled out again.
+    pub(crate) done: HashSet<u64>,
+    /// Rows of those groups.
+    pub(crate) samples: u64,
+    /// What was dropped, for the user.
+    pub(crate) dropped: Vec<String>,
+    /// Where the JSON Lines kept end (bytes): the rest is cut off before appending.
+    keep: Option<u64>,
+    /// A complete Parquet output a Parquet run continues.
+    previous: Option<PathBuf>,
+}
+
+impl Output {
+    /// Opens the output of `settings`: created (or emptied), or, resuming, continued.
+    pub(crate) fn open(settings: &Settings, resumed: &Resumed) -> anyhow::Result<Output> {
+        if settings.writes_stdout() {
+            return Ok(Output::Stdout(JsonlSink::new(io::stdout())));
+        }
+        let out = &settings.out;
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        match Format::of(out) {
+            Format::JsonLines => Ok(Output::Jsonl(open_jsonl(out, settings.resume, resumed)?)),
+            Format::Parquet => {
+                check_parquet()?;
+                let journal_path = journal_path(out);
+                Ok(Output::Parquet {
+                    journal: open_jsonl(&journal_path, settings.resume, resumed)?,
+                    journal_path,
+                    out: out.clone(),
+                    previous: resumed.previous.clone(),
+                })
+            }
+        }
+    }
+
+    /// Writes one group (one write and a flush).
+    pub(crate) fn write_group(&mut self, samples: &[TrainingSample]) -> io::Result<()> {
+        match self {
+            Output::Jsonl(sink) => sink.write_group(samples),
+            Output::Stdout(sink) => sink.write_group(samples),
+            Output::Parquet { journal, .. } => journal.write_group(samples),
+        }
+    }
+
+    /// Closes the output (a Parquet one is written now); returns the groups and samples
+    /// this run wrote.
+    pub(crate) fn finish(self) -> anyhow::Result<(u64, u64)> {
+        match self {
+            Output::Jsonl(sink) => Ok(sink.written()),
+            Output::Stdout(sink) => Ok(sink.written()),
+            Output::Parquet {
+                journal,
+                journal_path,
+                out,
+                previous,
+            } => {
+                let written = journal.written();
+                drop(journal);
+                write_parquet(&out, previous.as_deref(), &journal_path)?;
+                std::fs::remove_file(&journal_path)
+                    .with_context(|| format!("cannot remove {}", journal_path.display()))?;
+                Ok(written)
+            }
+        }
+    }
+}
+
+/// A JSON Lines file created, or continued where the resumed scan says it ends.
+fn open_jsonl(path: &Path, resume: bool, resumed: &Resumed) -> anyhow::Result<JsonlSink<File>> {
+    if !resume {
+        return JsonlSink::create(path)
+            .with_context(|| format!("cannot create {}", path.display()));
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if let Some(keep) = resumed.keep {
+        file.set_len(keep)
+            .with_context(|| format!("cannot cut {} back to its whole groups", path.display()))?;
+    }
+    Ok(JsonlSink::new(file))
+}
+
+#[cfg(feature = "parquet")]
+fn check_parquet() -> anyhow::Result<()> {
+    Ok(())
+}
+
+#[cfg(not(feature = "parquet"))]
+fn check_parquet() -> anyhow::Result<()> {
+    bail!("--out: {}", super::data::NO_PARQUET)
+}
+
+#[cfg(feature = "parquet")]
+fn write_parquet(out: &Path, previous: Option<&Path>, journal: &Path) -> anyhow::Result<()> {
+    super::parquet::write(out, previous, journal).map(|_| ())
+}
+
+#[cfg(not(feature = "parquet"))]
+fn write_parquet(_: &Path, _: Option<&Path>, _: &Path) -> anyhow::Result<()> {
+    bail!("--out: {}", super::data::NO_PARQUET)
+}
+
+/// What the output of `settings` already holds, for `--resume` (nothing when it does not
+/// exist yet).
+pub(crate) fn resume(settings: &Settings) -> anyhow::Result<Resumed> {
+    let out = &settings.out;
+    match Format::of(out) {
+        Format::JsonLines if out.exists() => scan_jsonl(out),
+        Format::JsonLines => Ok(Resumed::default()),
+        Format::Parquet => {
+            check_parquet()?;
+            let journal = journal_path(out);
+            let mut resumed = if journal.exists() {
+                scan_jsonl(&journal)?
+            } else {
+                Resumed::default()
+            };
+            if out.exists() {
+                let done = parquet_groups(out)?;
+                resumed.samples += done.values().sum::<u64>();
+                resumed.done.extend(done.keys());
+                resumed.previous = Some(out.clone());
+            }
+            Ok(resumed)
+        }
+    }
+}
+
+#[cfg(feature = "parquet")]
+fn parquet_groups(path: &Path) -> anyhow::Result<HashMap<u64, u64>> {
+    let mut groups = HashMap::new();
+    for (group, _) in super::parquet::groups(path)? {
+        *groups.entry(group).or_insert(0) += 1;
+    }
+    Ok(groups)
+}
+
+#[cfg(not(feature = "parquet"))]
+fn parquet_groups(_: &Path) -> anyhow::Result<HashMap<u64, u64>> {
+    bail!("--out: {}", super::data::NO_PARQUET)
+}
+
+/// A group as a resumed scan finds it.
+struct Seen {
+    /// Rows of it in the file.
+    rows: u64,
+    /// Rows it has (`group_samples`).
+    expected: u64,
+    /// Where its first row starts.
+    start: u64,
+    /// The line of its first row.
+    line: usize,
+}
+
+/// Reads back a JSON Lines output: its whole groups, and where what follows them starts.
+fn scan_jsonl(path: &Path) -> anyhow::Result<Resumed> {
+    let mut file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let mut resumed = Resumed::default();
+    let complete = bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |at| at + 1);
+    let mut keep = complete as u64;
+    if complete < bytes.len() {
+        resumed.dropped.push(format!(
+            "a torn last line ({} bytes, a write cut short)",
+            bytes.len() - complete
+        ));
+    }
+    let mut groups: Vec<(u64, Seen)> = Vec::new();
+    let mut offset = 0u64;
+    let lines: Vec<&[u8]> = bytes[..complete].split_inclusive(|&b| b == b'\n').collect();
+    for (index, line) in lines.iter().enumerate() {
+        let start = offset;
+        offset += line.len() as u64;
+        let sample: TrainingSample = match serde_json::from_slice(line) {
+            Ok(sample) => sample,
+            Err(_) if index + 1 == lines.len() => {
+                resumed.dropped.push(format!(
+                    "a last line that is not a whole training row ({} bytes)",
+                    line.len()
+                ));
+                keep = start;
+                break;
+            }
+            Err(error) => bail!(
+                "{}:{}: not a training row ({error}); --resume continues only an output this \
+                 program wrote",
+                path.display(),
+                index + 1
+            ),
+        };
+        match groups.last_mut() {
+            Some((id, seen)) if *id == sample.group_id => seen.rows += 1,
+            _ => groups.push((
+                sample.group_id,
+                Seen {
+                    rows: 1,
+                    expected: sample.group_samples,
+                    start,
+                    line: index + 1,
+                },
+            )),
+        }
+    }
+    let last = groups.len().saturating_sub(1);
+    for (index, (id, seen)) in groups.iter().enumerate() {
+        if seen.rows >= seen.expected && !resumed.done.contains(id) {
+            resumed.done.insert(*id);
+            resumed.samples += seen.rows;
+        } else if index == last && seen.rows < seen.expected {
+            resumed.dropped.push(format!(
+                "group {id}, cut mid-write ({} of its {} rows, from line {})",
+                seen.rows, seen.expected, seen.line
+            ));
+            keep = seen.start;
+        } else {
+            bail!(
+                "{}:{}: group {id} is not whole or not in one piece ({} rows there, {} \
+                 expected); --resume continues only an output this program wrote",
+                path.display(),
+                seen.line,
+                seen.rows,
+                seen.expected
+            );
+        }
+    }
+    resumed.keep = Some(keep);
+    Ok(resumed)
+}

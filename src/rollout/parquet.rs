@@ -1,0 +1,241 @@
+//! Parquet datasets and outputs (feature `parquet`).
+//!
+//! A dataset row is read as the JSON object arrow's JSON writer makes of it, then parsed as a
+//! JSON Lines row is: a Hugging Face datasets file reads as it is (`prompt` a string or a
+//! list of `{role, content, ...}` structs, other columns of any type). Training rows are
+//! written one per Parquet row: ids, mask and logprobs as lists, messages, rewards and
+//! metrics as JSON text (messages carry keys no fixed schema holds).
+
+use std::{
+    collections::VecDeque,
+    fs::File,
+    io::{BufRead, BufReader},
+    path::Path,
+    sync::Arc,
+};
+
+use anyhow::Context;
+use arrow_array::{
+    Array, ArrayRef, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array,
+    types::{Float32Type, UInt8Type, UInt32Type},
+};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use parquet::{
+    arrow::{ArrowWriter, arrow_reader::ParquetRecordBatchReaderBuilder},
+    basic::Compression,
+    file::properties::WriterProperties,
+};
+use rollout_core::{DatasetError, DatasetRow, TrainingSample};
+
+/// Dataset rows of a Parquet file, batch by batch.
+pub(crate) struct ParquetRows {
+    batches: Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send>,
+    source: Arc<str>,
+    /// The rows of the batch being read, as JSON text.
+    pending: VecDeque<String>,
+    /// Rows read so far (a row's number, from 1, is where its errors point).
+    row: usize,
+    failed: bool,
+}
+
+/// The rows of the Parquet file at `path`.
+pub(crate) fn rows(path: &Path) -> Result<ParquetRows, DatasetError> {
+    let source: Arc<str> = Arc::from(path.display().to_string());
+    let open = |error: String| DatasetError::Open {
+        path: source.to_string(),
+        source: std::io::Error::other(error),
+    };
+    let file = File::open(path).map_err(|e| open(e.to_string()))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|builder| builder.build())
+        .map_err(|e| open(format!("not a readable Parquet file: {e}")))?;
+    Ok(ParquetRows {
+        batches: Box::new(reader),
+        source,
+        pending: VecDeque::new(),
+        row: 0,
+        failed: false,
+    })
+}
+
+/// A batch's rows as JSON objects, one text each.
+fn json_rows(batch: &RecordBatch) -> Result<VecDeque<String>, ArrowError> {
+    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+    writer.write(batch)?;
+    writer.finish()?;
+    let text = String::from_utf8(writer.into_inner())
+        .map_err(|e| ArrowError::JsonError(format!("not UTF-8: {e}")))?;
+    Ok(text.lines().map(str::to_owned).collect())
+}
+
+impl Iterator for ParquetRows {
+    type Item = Result<DatasetRow, DatasetError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.pending.is_empty() {
+            if self.failed {
+                return None;
+            }
+            let batch = match self.batches.next()? {
+                Ok(batch) => json_rows(&batch),
+                Err(error) => Err(error),
+            };
+            match batch {
+                Ok(rows) => self.pending = rows,
+                Err(error) => {
+                    self.failed = true;
+                    return Some(Err(DatasetError::Read {
+                        path: self.source.to_string(),
+                        line: self.row + 1,
+                        source: std::io::Error::other(error),
+                    }));
+                }
+            }
+        }
+        let text = self.pending.pop_front()?;
+        self.row += 1;
+        Some(DatasetRow::parse(Arc::clone(&self.source), self.row, &text))
+    }
+}
+
+/// The schema training rows are written with.
+fn schema() -> SchemaRef {
+    let list = |item: DataType| DataType::List(Arc::new(Field::new_list_field(item, true)));
+    Arc::new(Schema::new(vec![
+        Field::new("group_id", DataType::UInt64, false),
+        Field::new("group_samples", DataType::UInt64, false),
+        Field::new("rollout_id", DataType::UInt64, false),
+        Field::new("prompt", DataType::Utf8, false),
+        Field::new("completion", DataType::Utf8, false),
+        Field::new("input_ids", list(DataType::UInt32), false),
+        Field::new("completion_mask", list(DataType::UInt8), false),
+        Field::new("old_log_probs", list(DataType::Float32), false),
+        Field::new("advantage", DataType::Float64, false),
+        Field::new("reward", DataType::Float64, true),
+        Field::new("rewards", DataType::Utf8, false),
+        Field::new("model_version", DataType::UInt64, false),
+        Field::new("metrics", DataType::Utf8, false),
+    ]))
+}
+
+/// Samples as one record batch of [`schema`].
+fn batch(samples: &[TrainingSample]) -> anyhow::Result<RecordBatch> {
+    let u64s = |f: fn(&TrainingSample) -> u64| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter_values(samples.iter().map(f)))
+    };
+    let json = |f: fn(&TrainingSample) -> serde_json::Result<String>| -> anyhow::Result<ArrayRef> {
+        let texts = samples.iter().map(f).collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(StringArray::from(texts)))
+    };
+    let columns: Vec<ArrayRef> = vec![
+        u64s(|s| s.group_id),
+        u64s(|s| s.group_samples),
+        u64s(|s| s.rollout_id.0),
+        json(|s| serde_json::to_string(&s.prompt))?,
+        json(|s| serde_json::to_string(&s.completion))?,
+        Arc::new(ListArray::from_iter_primitive::<UInt32Type, _, _>(
+            samples
+                .iter()
+                .map(|s| Some(s.input_ids.iter().map(|&id| Some(id)))),
+        )),
+        Arc::new(ListArray::from_iter_primitive::<UInt8Type, _, _>(
+            samples
+                .iter()
+                .map(|s| Some(s.completion_mask.iter().map(|&m| Some(m)))),
+        )),
+        Arc::new(ListArray::from_iter_primitive::<Float32Type, _, _>(
+            samples
+                .iter()
+                .map(|s| Some(s.old_log_probs.iter().map(|&l| Some(l)))),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            samples.iter().map(|s| s.advantage),
+        )),
+        Arc::new(samples.iter().map(|s| s.reward).collect::<Float64Array>()),
+        json(|s| serde_json::to_string(&s.rewards))?,
+        u64s(|s| s.model_version),
+        json(|s| serde_json::to_string(&s.metrics))?,
+    ];
+    Ok(RecordBatch::try_new(schema(), columns)?)
+}
+
+/// Samples written to the Parquet file per row group.
+const ROW_GROUP: usize = 1024;
+
+/// Writes the Parquet file `out` from the rows of `previous` (an earlier Parquet output a
+/// resumed run continues) and the JSON Lines `journal`, through a temporary file renamed
+/// over `out` once complete. Returns the groups and samples of the journal.
+pub(crate) fn write(
+    out: &Path,
+    previous: Option<&Path>,
+    journal: &Path,
+) -> anyhow::Result<(u64, u64)> {
+    let partial = out.with_extension("parquet.tmp");
+    let file =
+        File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let properties = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(ROW_GROUP))
+        .build();
+    let mut writer = ArrowWriter::try_new(file, schema(), Some(properties))?;
+    if let Some(previous) = previous {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(previous)?)?.build()?;
+        for batch in reader {
+            writer.write(&batch?)?;
+        }
+    }
+    let lines = BufReader::new(
+        File::open(journal).with_context(|| format!("cannot read {}", journal.display()))?,
+    );
+    let mut samples = Vec::with_capacity(ROW_GROUP);
+    let (mut groups, mut written) = (std::collections::HashSet::new(), 0u64);
+    for (index, line) in lines.lines().enumerate() {
+        let line = line?;
+        let sample: TrainingSample = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: not a training row", journal.display(), index + 1))?;
+        groups.insert(sample.group_id);
+        samples.push(sample);
+        if samples.len() == ROW_GROUP {
+            writer.write(&batch(&samples)?)?;
+            written += samples.len() as u64;
+            samples.clear();
+        }
+    }
+    if !samples.is_empty() {
+        writer.write(&batch(&samples)?)?;
+        written += samples.len() as u64;
+    }
+    writer.close()?;
+    std::fs::rename(&partial, out)
+        .with_context(|| format!("cannot move {} to {}", partial.display(), out.display()))?;
+    Ok((groups.len() as u64, written))
+}
+
+/// The `(group_id, group_samples)` of every row of a Parquet output this program wrote.
+pub(crate) fn groups(path: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(
+        File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
+    )
+    .and_then(|builder| builder.build())
+    .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+                .cloned()
+                .with_context(|| {
+                    format!(
+                        "{}: no u64 column `{name}`: not a file of training rows this program \
+                         wrote",
+                        path.display()
+                    )
+                })
+        };
+        let (ids, sizes) = (column("group_id")?, column("group_samples")?);
+        rows.extend((0..ids.len()).map(|i| (ids.value(i), sizes.value(i))));
+    }
+    Ok(rows)
+}
