@@ -453,10 +453,16 @@ fn a_bad_environment_table_says_what_is_wrong_and_where() {
             "[[tools]] and [environment] together in",
         ),
     ];
+    assert_each_refused(&dir, ENVIRONMENT, &cases);
+}
+
+/// Each `(from, to, expected)`: `config` with `from` replaced by `to` is refused with a
+/// message holding `expected` and naming the file.
+fn assert_each_refused(dir: &Path, config: &str, cases: &[(&str, &str, &str)]) {
     for (from, to, expected) in cases {
-        let config = ENVIRONMENT.replace(from, to);
+        let config = config.replace(from, to);
         std::fs::write(dir.join("run.toml"), &config).expect("write");
-        let stderr = rollout(&dir, &["--config", "run.toml"]);
+        let stderr = rollout(dir, &["--config", "run.toml"]);
         assert!(
             stderr.contains(expected),
             "{to}: expected {expected:?} in {stderr}"
@@ -525,14 +531,5 @@ fn a_bad_agent_table_says_what_is_wrong_and_where() {
             "[agent] with [[tools]] or [environment] in",
         ),
     ];
-    for (from, to, expected) in cases {
-        let config = AGENT.replace(from, to);
-        std::fs::write(dir.join("run.toml"), &config).expect("write");
-        let stderr = rollout(&dir, &["--config", "run.toml"]);
-        assert!(
-            stderr.contains(expected),
-            "{to}: expected {expected:?} in {stderr}"
-        );
-        assert!(stderr.contains("run.toml"), "{to}: the file in {stderr}");
-    }
+    assert_each_refused(&dir, AGENT, &cases);
 }
