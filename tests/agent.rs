@@ -254,3 +254,47 @@ fn an_agent_past_its_timeout_is_killed_with_its_children_and_its_turns_still_cou
         assert_eq!(row.metrics["turns"].as_f64(), Some(1.0));
     }
 }
+
+#[test]
+fn an_environment_s_verify_judges_an_agent_s_transcript() {
+    let case = Case::new("agent-environment");
+    case.write_dataset(2);
+    let python = toml_path(&agent_python());
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 4\n\n\
+         [agent]\ncommand = [{python}, {agent}, \"plain\", \"{{prompt}}\"]\ntimeout = \"60s\"\n\n\
+         [environment]\nkind = \"mcp\"\ncommand = [{mcp}, {server}]\ntimeout = \"60s\"\n",
+        agent = toml_path(&fixture("openai_agent.py")),
+        mcp = toml_path(&super::environment::mcp_python()),
+        server = toml_path(&super::environment::kv_env()),
+    ));
+    let log = case.dir.join("verify.jsonl");
+    let runtime = runtime();
+    let sim = simulator(&runtime, 1, "calculator");
+    let marker = format!("agent-environment-{}", std::process::id());
+    let output = case
+        .command(&["--server", &sim.url()])
+        .env("KV_ENV_LOG", &log)
+        .env(MARKER, &marker)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the binary starts");
+    let left = survivors(&marker);
+    kill_all(&left);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(left.is_empty(), "processes outlived the run: {left:?}");
+    let rows = case.rows();
+    assert_eq!(rows.len(), 4, "{stderr}");
+    // One session per rollout, reset with its task (the log names its episode), whose
+    // verify gave the row's env reward.
+    let verified = super::environment::verified(&log);
+    assert_eq!(verified.len(), rows.len(), "{verified:?}");
+    for row in &rows {
+        let episode = format!("r{}-a1", row.rollout_id.0);
+        assert_eq!(row.rewards["env"].as_f64(), Some(verified[&episode]));
+        // The agent's own tools, not the environment's.
+        let call = &row.completion[0]["tool_calls"][0]["function"]["name"];
+        assert_eq!(call, "calculator");
+    }
+}

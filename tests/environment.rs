@@ -25,7 +25,7 @@ use super::{
 };
 
 /// The Python with the `mcp` package.
-fn mcp_python() -> PathBuf {
+pub(crate) fn mcp_python() -> PathBuf {
     if let Some(python) = std::env::var_os("ASYNC_GRPO_MCP_PYTHON") {
         return PathBuf::from(python);
     }
@@ -38,12 +38,12 @@ fn mcp_python() -> PathBuf {
     python
 }
 
-fn kv_env() -> PathBuf {
+pub(crate) fn kv_env() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/environment/kv_env.py")
 }
 
 /// What verify returned, by episode id, from the server's log.
-fn verified(log: &Path) -> BTreeMap<String, f64> {
+pub(crate) fn verified(log: &Path) -> BTreeMap<String, f64> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()

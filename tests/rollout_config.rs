@@ -528,7 +528,12 @@ fn a_bad_agent_table_says_what_is_wrong_and_where() {
         (
             "[agent]",
             "[[tools]]\nname = \"calculator\"\nkind = \"calculator\"\n\n[agent]",
-            "[agent] with [[tools]] or [environment] in",
+            "[agent] with [[tools]] in",
+        ),
+        (
+            "[agent]",
+            "[environment]\nkind = \"mcp\"\ncommand = [\"sh\", \"server.sh\"]\n\n[agent]",
+            "[agent] verify with [environment] in",
         ),
     ];
     assert_each_refused(&dir, AGENT, &cases);

@@ -1,5 +1,6 @@
 //! The `[agent]` table of `async-grpo rollout`: every rollout is run by a loop-owning agent
-//! program (a coding agent) against the recording proxy, and judged by a verify command.
+//! program (a coding agent) against the recording proxy, and judged by a verify command (or
+//! by an `[environment]`'s verify, its session opened for each rollout).
 //!
 //! ```toml
 //! [agent]

@@ -514,11 +514,16 @@ impl Settings {
                 .and_then(|s| s.place(&["agent"]))
                 .unwrap_or_else(|| "agent".to_owned());
             agent.check(base, &place)?;
-            if !settings.tools.is_empty() || settings.environment.is_some() {
+            if !settings.tools.is_empty() {
                 bail!(
-                    "[agent] with [[tools]] or [environment]{file_name}: a loop-owning agent \
-                     brings its own tools and runs them itself; drop the [[tools]] and the \
-                     [environment]"
+                    "[agent] with [[tools]]{file_name}: a loop-owning agent brings its own \
+                     tools and runs them itself; drop the [[tools]]"
+                );
+            }
+            if settings.environment.is_some() && agent.verifies() {
+                bail!(
+                    "[agent] verify with [environment]{file_name}: the environment's verify \
+                     judges the agent's transcript; drop one of the two"
                 );
             }
         }

@@ -122,7 +122,7 @@ async fn converse<G: Generator>(
     slot: &EpisodeSlot,
 ) -> Result<Finished, Failure> {
     if let Some(agent) = &shared.agent {
-        return drive_agent(shared, group, agent.as_ref(), rollout_id, attempt).await;
+        return drive_agent(shared, group, agent.as_ref(), rollout_id, attempt, slot).await;
     }
     let lease = open_episode(shared, group, rollout_id, attempt, slot).await?;
     let initial = lease
@@ -443,14 +443,18 @@ fn request_seed(seed: u64, rollout: RolloutId, attempt: u32, turn: usize, segmen
 
 /// One attempt of a loop-owning agent: the agent runs the conversation, and the engine
 /// samples each turn it asks for (limits, model versions, the reconciler) until its run ends.
-/// A generation failure ends the attempt at once (dropping the agent's run stops it).
+/// A generation failure ends the attempt at once (dropping the agent's run stops it). With
+/// an environment, the attempt's episode is opened first (its tools are not the agent's) and
+/// its verify judges the agent's transcript.
 async fn drive_agent<G: Generator>(
     shared: &Shared<G>,
     group: &GroupState,
     agent: &dyn Agent,
     rollout_id: RolloutId,
     attempt: u32,
+    slot: &EpisodeSlot,
 ) -> Result<Finished, Failure> {
+    let mut lease = open_episode(shared, group, rollout_id, attempt, slot).await?;
     let (sampler, mut requests) = Sampler::channel();
     let mut run = agent.run(AgentRun {
         row: group.row.clone(),
@@ -485,7 +489,14 @@ async fn drive_agent<G: Generator>(
     Counters::add(&shared.counters.tool_calls, outcome.tool_calls);
     finished.prompt = outcome.prompt;
     finished.messages = outcome.completion;
-    finished.verdict = outcome.verdict;
+    finished.verdict = match &mut lease {
+        Some(lease) => {
+            let mut transcript = finished.prompt.clone();
+            transcript.extend(finished.messages.iter().cloned());
+            Some(lease.get_mut().verify(transcript).await)
+        }
+        None => outcome.verdict,
+    };
     finished.tool_calls = outcome.tool_calls;
     finished.metrics = outcome.metrics;
     let mut finished = finish_rows(shared, finished, reconciler);

@@ -620,8 +620,10 @@ impl<G: Generator> EngineBuilder<G> {
     }
 
     /// Runs each rollout's conversation with `agent`, a loop-owning agent that samples every
-    /// turn through the engine (see [`Agent`]); the engine's tools and environment are then
-    /// not used by the loop.
+    /// turn through the engine (see [`Agent`]); the engine's tools are then not used by the
+    /// loop. With an [`EngineBuilder::environment`] too, each attempt's episode is opened
+    /// before the agent runs (its tools are not the agent's) and its verify judges the
+    /// agent's transcript.
     #[must_use]
     pub fn agent(mut self, agent: Arc<dyn Agent>) -> Self {
         self.agent = Some(agent);
