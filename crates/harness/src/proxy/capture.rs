@@ -13,14 +13,14 @@
 //! (`forked_turns`).
 
 use rollout_core::{
-    ChatTokenizer, IncrementalRender, Message, ParsedCall, RenderError, RenderOptions, RenderState,
+    ChatTokenizer, IncrementalRender, Message, RenderError, RenderOptions, RenderState,
     ToolCallParser,
     parse::split_reasoning,
     rollout::{Finish, SampleRefused, Sampler},
 };
 use serde_json::Value;
 
-use super::openai::{ApiError, FinishReason, same_answer, same_message};
+use super::openai::{ApiError, FinishReason, Turn, same_answer, same_message};
 
 /// What the proxy renders and parses with: the model's tokenizer and template, its tool-call
 /// parser, its end-of-answer id.
@@ -404,29 +404,4 @@ impl Capture {
 /// Renders the whole conversation with the generation prompt.
 fn whole(render: &mut IncrementalRender<'_>) -> Result<Vec<u32>, ApiError> {
     Ok(render.prompt().map_err(render_error)?.ids.to_vec())
-}
-
-/// One answer, as the wire needs it.
-#[derive(Debug)]
-pub(crate) struct Turn {
-    pub(crate) content: String,
-    pub(crate) reasoning: Option<String>,
-    pub(crate) calls: Vec<ParsedCall>,
-    pub(crate) finish: FinishReason,
-    pub(crate) prompt_tokens: usize,
-    pub(crate) completion_tokens: usize,
-}
-
-impl Turn {
-    /// The answer of an OpenAI server that hit a limit: nothing, cut by length.
-    fn limited(prompt_tokens: usize) -> Turn {
-        Turn {
-            content: String::new(),
-            reasoning: None,
-            calls: Vec::new(),
-            finish: FinishReason::Length,
-            prompt_tokens,
-            completion_tokens: 0,
-        }
-    }
 }

@@ -42,8 +42,8 @@ use tokio::{net::TcpListener, task::JoinHandle};
 
 pub use self::capture::CaptureStats;
 use self::{
-    capture::{Capture, Model, Turn},
-    openai::{Answer, ApiError, ChatRequest, CompletionRequest, check_n},
+    capture::{Capture, Model},
+    openai::{Answer, ApiError, ChatRequest, CompletionRequest, Turn, check_n},
 };
 use crate::sync::{Arc, Mutex, lock};
 
@@ -280,12 +280,7 @@ fn answer(model: &Model, kind: &str, requests: u64, turn: Turn) -> Answer {
         id: format!("{kind}-{requests}"),
         model: model.name.clone(),
         created: created(),
-        content: turn.content,
-        reasoning: turn.reasoning,
-        calls: turn.calls,
-        finish: turn.finish,
-        prompt_tokens: turn.prompt_tokens,
-        completion_tokens: turn.completion_tokens,
+        turn,
     }
 }
 

@@ -247,12 +247,9 @@ impl FinishReason {
     }
 }
 
-/// An answer ready to be sent.
+/// What one answer says: its text, reasoning and calls, why it ended, its token counts.
 #[derive(Debug)]
-pub(crate) struct Answer {
-    pub(crate) id: String,
-    pub(crate) model: String,
-    pub(crate) created: u64,
+pub(crate) struct Turn {
     pub(crate) content: String,
     pub(crate) reasoning: Option<String>,
     pub(crate) calls: Vec<ParsedCall>,
@@ -261,18 +258,42 @@ pub(crate) struct Answer {
     pub(crate) completion_tokens: usize,
 }
 
+impl Turn {
+    /// The answer of an OpenAI server that hit a limit: nothing, cut by length.
+    pub(crate) fn limited(prompt_tokens: usize) -> Turn {
+        Turn {
+            content: String::new(),
+            reasoning: None,
+            calls: Vec::new(),
+            finish: FinishReason::Length,
+            prompt_tokens,
+            completion_tokens: 0,
+        }
+    }
+}
+
+/// An answer ready to be sent: a turn with the response's id, model and time.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) id: String,
+    pub(crate) model: String,
+    pub(crate) created: u64,
+    pub(crate) turn: Turn,
+}
+
 impl Answer {
     fn usage(&self) -> Value {
         json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens": self.turn.prompt_tokens,
+            "completion_tokens": self.turn.completion_tokens,
+            "total_tokens": self.turn.prompt_tokens + self.turn.completion_tokens,
         })
     }
 
     /// Tool calls as OpenAI writes them: arguments as JSON text.
     fn wire_calls(&self) -> Vec<Value> {
-        self.calls
+        self.turn
+            .calls
             .iter()
             .map(|call| {
                 json!({
@@ -286,14 +307,14 @@ impl Answer {
 
     /// `chat.completion`.
     pub(crate) fn chat(&self) -> Response {
-        let mut message = json!({"role": "assistant", "content": self.content});
-        if self.content.is_empty() && !self.calls.is_empty() {
+        let mut message = json!({"role": "assistant", "content": self.turn.content});
+        if self.turn.content.is_empty() && !self.turn.calls.is_empty() {
             message["content"] = Value::Null;
         }
-        if let Some(reasoning) = &self.reasoning {
+        if let Some(reasoning) = &self.turn.reasoning {
             message["reasoning_content"] = json!(reasoning);
         }
-        if !self.calls.is_empty() {
+        if !self.turn.calls.is_empty() {
             message["tool_calls"] = Value::Array(self.wire_calls());
         }
         axum::Json(json!({
@@ -305,7 +326,7 @@ impl Answer {
                 "index": 0,
                 "message": message,
                 "logprobs": null,
-                "finish_reason": self.finish.as_str(),
+                "finish_reason": self.turn.finish.as_str(),
             }],
             "usage": self.usage(),
         }))
@@ -326,11 +347,11 @@ impl Answer {
             })
         };
         let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
-        if let Some(reasoning) = &self.reasoning {
+        if let Some(reasoning) = &self.turn.reasoning {
             events.push(chunk(json!({"reasoning_content": reasoning}), None));
         }
-        if !self.content.is_empty() {
-            events.push(chunk(json!({"content": self.content}), None));
+        if !self.turn.content.is_empty() {
+            events.push(chunk(json!({"content": self.turn.content}), None));
         }
         for (index, call) in self.wire_calls().into_iter().enumerate() {
             let head = json!({
@@ -344,7 +365,7 @@ impl Answer {
                 json!({"index": index, "function": {"arguments": call["function"]["arguments"]}});
             events.push(chunk(json!({"tool_calls": [arguments]}), None));
         }
-        events.push(chunk(json!({}), Some(self.finish.as_str())));
+        events.push(chunk(json!({}), Some(self.turn.finish.as_str())));
         if include_usage {
             let mut usage = chunk(json!({}), None);
             usage["choices"] = json!([]);
@@ -361,7 +382,7 @@ impl Answer {
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "text": self.content, "logprobs": null, "finish_reason": self.finish.as_str()}],
+            "choices": [{"index": 0, "text": self.turn.content, "logprobs": null, "finish_reason": self.turn.finish.as_str()}],
             "usage": self.usage(),
         }))
         .into_response()
@@ -379,8 +400,8 @@ impl Answer {
             })
         };
         let mut events = vec![
-            chunk(&self.content, None),
-            chunk("", Some(self.finish.as_str())),
+            chunk(&self.turn.content, None),
+            chunk("", Some(self.turn.finish.as_str())),
         ];
         if include_usage {
             let mut usage = chunk("", None);
