@@ -4,28 +4,31 @@
 //! sampled, a rollout whose agent only re-serialized its history is one row, verify's number
 //! is the `env` reward, and no process of an agent outlives the run.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-};
+use std::path::{Path, PathBuf};
 
 use rollout_core::TrainingSample;
 
 use super::{
     cache::cache_dir,
-    reliability::{MARKER, kill_all, survivors},
+    reliability::run_marked,
     rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path},
 };
 
 /// The Python with OpenAI's client.
 fn agent_python() -> PathBuf {
-    let python = cache_dir().join("venv-agents").join("bin").join("python");
+    installed("venv-agents/bin/python", "OpenAI's Python client")
+}
+
+/// A file `cargo xtask fixtures` installs into the cache, failing with what to run when
+/// it is missing.
+fn installed(relative: &str, what: &str) -> PathBuf {
+    let path = cache_dir().join(relative);
     assert!(
-        python.is_file(),
-        "{} is missing: run `cargo xtask fixtures` (it installs OpenAI's Python client there)",
-        python.display()
+        path.is_file(),
+        "{} is missing: run `cargo xtask fixtures` (it installs {what} there)",
+        path.display()
     );
-    python
+    path
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -58,15 +61,7 @@ fn run_exact(
     name: &str,
     turns: usize,
 ) -> Vec<TrainingSample> {
-    let marker = format!("{name}-{}", std::process::id());
-    let output = case
-        .command(&["--server", &sim.url()])
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let (output, left) = run_marked(&mut case.command(&["--server", &sim.url()]), name);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(
@@ -137,13 +132,7 @@ fn a_non_streaming_openai_client_agent_gives_one_exact_row_per_rollout() {
 
 /// opencode (`cargo xtask fixtures` installs it) and the example's scripts.
 fn opencode() -> PathBuf {
-    let opencode = cache_dir().join("opencode/node_modules/.bin/opencode");
-    assert!(
-        opencode.is_file(),
-        "{} is missing: run `cargo xtask fixtures` (it installs opencode there)",
-        opencode.display()
-    );
-    opencode
+    installed("opencode/node_modules/.bin/opencode", "opencode")
 }
 
 fn example(name: &str) -> String {
@@ -213,7 +202,6 @@ fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
 
 #[test]
 fn an_agent_past_its_timeout_is_killed_with_its_children_and_its_turns_still_count() {
-    let marker = format!("agent-timeout-{}", std::process::id());
     let case = Case::new("agent-timeout");
     case.write_dataset(1);
     // One turn, then a child that would outlive it, then a hang.
@@ -233,14 +221,10 @@ fn an_agent_past_its_timeout_is_killed_with_its_children_and_its_turns_still_cou
     ));
     let runtime = runtime();
     let sim = simulator(&runtime, 0, "calculator");
-    let output = case
-        .command(&["--server", &sim.url()])
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let (output, left) = run_marked(
+        &mut case.command(&["--server", &sim.url()]),
+        "agent-timeout",
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         left.is_empty(),
@@ -271,16 +255,8 @@ fn an_environment_s_verify_judges_an_agent_s_transcript() {
     let log = case.dir.join("verify.jsonl");
     let runtime = runtime();
     let sim = simulator(&runtime, 1, "calculator");
-    let marker = format!("agent-environment-{}", std::process::id());
-    let output = case
-        .command(&["--server", &sim.url()])
-        .env("KV_ENV_LOG", &log)
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let mut command = case.command(&["--server", &sim.url()]);
+    let (output, left) = run_marked(command.env("KV_ENV_LOG", &log), "agent-environment");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(left.is_empty(), "processes outlived the run: {left:?}");

@@ -20,7 +20,7 @@ use rollout_core::TrainingSample;
 
 use super::{
     cache::cache_dir,
-    reliability::{MARKER, interrupted_while_tools_run, kill_all, survivors},
+    reliability::{MARKER, interrupted_while_tools_run, kill_all, run_marked, survivors},
     rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path},
 };
 
@@ -99,7 +99,6 @@ fn environment_case(name: &str, environment: &str) -> Case {
 
 #[test]
 fn a_stdio_mcp_environment_gives_sampled_rows_and_its_verify_as_the_env_reward() {
-    let marker = format!("mcp-stdio-{}", std::process::id());
     let case = environment_case(
         "mcp-stdio",
         &format!(
@@ -111,15 +110,8 @@ fn a_stdio_mcp_environment_gives_sampled_rows_and_its_verify_as_the_env_reward()
     let log = case.dir.join("verify.jsonl");
     let runtime = runtime();
     let sim = simulator(&runtime, 1, "calculator");
-    let output = case
-        .command(&["--server", &sim.url()])
-        .env("KV_ENV_LOG", &log)
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let mut command = case.command(&["--server", &sim.url()]);
+    let (output, left) = run_marked(command.env("KV_ENV_LOG", &log), "mcp-stdio");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let rows = case.rows();

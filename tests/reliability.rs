@@ -8,7 +8,7 @@ use std::{
     io::Write,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, Output, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -55,6 +55,21 @@ pub(crate) fn survivors(marker: &str) -> Vec<u32> {
     }
 }
 
+/// Runs `command` to the end, its stdin closed and every process it starts marked as
+/// `name`; returns its output and the marked processes still alive after it (killed, so
+/// that one failure does not leak into the machine).
+pub(crate) fn run_marked(command: &mut Command, name: &str) -> (Output, Vec<u32>) {
+    let marker = format!("{name}-{}", std::process::id());
+    let output = command
+        .env(MARKER, &marker)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the binary starts");
+    let left = survivors(&marker);
+    kill_all(&left);
+    (output, left)
+}
+
 /// Kills what a failed test left, so that one failure does not leak into the machine.
 pub(crate) fn kill_all(pids: &[u32]) {
     for pid in pids {
@@ -76,21 +91,13 @@ fn tool_case(name: &str, argv: &str, timeout: &str, rows: usize) -> Case {
 
 #[test]
 fn a_tool_s_background_processes_die_with_its_timeout() {
-    let marker = format!("timeout-{}", std::process::id());
     let case = tool_case(
         "tree-timeout",
         r#"["sh", "-c", "sleep 7777 & sleep 7778"]"#,
         "1s",
         2,
     );
-    let outcome = case
-        .command(&[])
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let (outcome, left) = run_marked(&mut case.command(&[]), "timeout");
     let stderr = String::from_utf8_lossy(&outcome.stderr);
     // Every call ran past its timeout, and each became an error the model read.
     assert!(stderr.contains("4 tool calls (4 errors)"), "{stderr}");

@@ -482,7 +482,7 @@ timeout = "5s"
 "#;
 
 #[test]
-fn an_agent_resolves_its_scripts_beside_the_config_and_its_verify_is_the_reward() {
+fn an_agent_resolves_its_scripts_beside_the_config() {
     let dir = workspace("agent");
     for script in ["agent.sh", "verify.sh"] {
         std::fs::write(dir.join(script), "exit 0\n").expect("write");
