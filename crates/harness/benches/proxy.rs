@@ -82,17 +82,16 @@ fn session(proxy: &Proxy, call: Arc<Vec<u32>>, answer: Arc<Vec<u32>>) -> ProxySe
     proxy.session(sampler)
 }
 
+/// One request, its answer read whole.
+async fn post(client: &reqwest::Client, url: &str, key: &str, body: Value) {
+    let answer = client.post(url).bearer_auth(key).json(&body).send().await;
+    answer.expect("an answer").text().await.expect("a body");
+}
+
 /// One agent conversation: the question, then the tool's result; returns the turns made.
 async fn converse(client: &reqwest::Client, url: &str, key: &str, stream: bool) -> usize {
     let body = json!({"messages": question(), "tools": tools(), "stream": stream});
-    let first = client
-        .post(url)
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .expect("an answer");
-    first.text().await.expect("a body");
+    post(client, url, key, body).await;
     // The agent writes the call back its own way: compact arguments, its own call id.
     let mut messages = question();
     messages.push(json!({"role": "assistant", "content": "", "tool_calls": [{
@@ -101,14 +100,7 @@ async fn converse(client: &reqwest::Client, url: &str, key: &str, stream: bool) 
     }]}));
     messages.push(json!({"role": "tool", "tool_call_id": "call_0", "content": "391"}));
     let body = json!({"messages": messages, "tools": tools(), "stream": stream});
-    let second = client
-        .post(url)
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .expect("an answer");
-    second.text().await.expect("a body");
+    post(client, url, key, body).await;
     2
 }
 

@@ -87,13 +87,6 @@ impl AgentOutcome {
         self.tool_calls = calls;
         self
     }
-
-    /// Adds a metric.
-    #[must_use]
-    pub fn metric(mut self, name: impl Into<String>, value: f64) -> AgentOutcome {
-        self.metrics.insert(name.into(), value);
-        self
-    }
 }
 
 /// An agent's run failed (it could not start, it crashed before answering): the attempt fails
