@@ -162,6 +162,13 @@ impl Endpoint {
         }
     }
 
+    /// The endpoint of a run, once its engine runs (it answers "starting" before).
+    fn running(address: SocketAddr, token: Option<&'static str>) -> Endpoint {
+        let endpoint = Endpoint::new(address, token);
+        endpoint.until("running", |h| h["starting"] == false);
+        endpoint
+    }
+
     fn send(&self, request: reqwest::RequestBuilder) -> (StatusCode, String) {
         let request = match self.token {
             Some(token) => request.bearer_auth(token),
@@ -257,7 +264,7 @@ fn every_endpoint_but_health_wants_the_token_and_model_versions_only_grow() {
     );
     let anonymous = Endpoint::new(address, None);
     let wrong = Endpoint::new(address, Some("guess"));
-    let endpoint = Endpoint::new(address, Some("s3cret"));
+    let endpoint = Endpoint::running(address, Some("s3cret"));
 
     let (status, body) = anonymous.get("/health");
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -346,7 +353,7 @@ fn health_is_503_while_no_server_can_take_requests_and_200_again_when_one_can() 
     let server = format!("http://127.0.0.1:{port}");
     let mut simulator = simulator_process(port, 50);
     let mut run = Running::start(&case, &["--listen", "127.0.0.1:0", "--server", &server]);
-    let endpoint = Endpoint::new(run.address(), None);
+    let endpoint = Endpoint::running(run.address(), None);
     assert_eq!(endpoint.get("/health").0, StatusCode::OK);
     simulator.kill().expect("the simulator is killed");
     simulator.wait().expect("reaped");
@@ -369,12 +376,46 @@ fn health_is_503_while_no_server_can_take_requests_and_200_again_when_one_can() 
 }
 
 #[test]
+fn health_says_the_run_is_starting_while_it_waits_for_its_servers() {
+    use crate::reliability::{free_port, simulator_process};
+    let case = Case::new("control-starting");
+    case.write_dataset(40);
+    case.write_config(&settings("max_inflight = 4", "50ms"));
+    let port = free_port();
+    let server = format!("http://127.0.0.1:{port}");
+    let mut run = Running::start(&case, &["--listen", "127.0.0.1:0", "--server", &server]);
+    let endpoint = Endpoint::new(run.address(), None);
+    let (status, body) = endpoint.get("/health");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let starting: Value = serde_json::from_str(&body).expect("/health is JSON");
+    assert_eq!(starting["starting"], true, "{starting}");
+    assert!(
+        starting["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("waits for its servers")),
+        "{starting}"
+    );
+    // Nothing to steer yet: said, not queued and lost.
+    let (status, body) = endpoint.post("/model_version", Some(serde_json::json!({"version": 3})));
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(endpoint.get("/metrics").0, StatusCode::OK);
+
+    let mut simulator = simulator_process(port, 50);
+    let running = endpoint.until("running", |h| h["starting"] == false);
+    assert_eq!(running["model_version"], 0, "{running}");
+    let (code, stderr) = run.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let _ = simulator.kill();
+    let _ = simulator.wait();
+}
+
+#[test]
 fn a_paused_run_admits_nothing_and_its_metrics_match_the_summary_it_ends_with() {
     let case = Case::new("control-pause-wait");
     case.write_dataset(40);
     case.write_config(&settings("max_inflight = 8", "50ms"));
     let mut run = Running::start(&case, &["--listen", "127.0.0.1:0"]);
-    let endpoint = Endpoint::new(run.address(), None);
+    let endpoint = Endpoint::running(run.address(), None);
     endpoint.until("a group written", |h| {
         h["groups_written"].as_u64() >= Some(1)
     });
@@ -451,7 +492,7 @@ fn a_pause_that_aborts_cancels_the_rollouts_in_flight_and_a_resume_finishes_the_
     case.write_dataset(12);
     case.write_config(&settings("max_inflight = 8", "300ms"));
     let mut run = Running::start(&case, &["--listen", "127.0.0.1:0"]);
-    let endpoint = Endpoint::new(run.address(), None);
+    let endpoint = Endpoint::running(run.address(), None);
     endpoint.until("rollouts in flight", |h| h["in_flight"].as_u64() > Some(0));
     let (status, body) = endpoint.post("/pause?mode=abort", None);
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -482,7 +523,7 @@ fn admission_holds_a_group_that_would_outrun_the_staleness_bound_until_the_versi
         "20ms",
     ));
     let mut run = Running::start(&case, &["--listen", "127.0.0.1:0"]);
-    let endpoint = Endpoint::new(run.address(), None);
+    let endpoint = Endpoint::running(run.address(), None);
     let idle = |groups: u64| {
         move |h: &Value| {
             counter(h, "groups_completed") >= groups && h["in_flight"].as_u64() == Some(0)
@@ -512,7 +553,7 @@ fn a_version_posted_while_groups_run_cancels_those_left_too_far_behind_and_count
     case.write_dataset(8);
     case.write_config(&settings("max_inflight = 8\nmax_staleness = 0", "300ms"));
     let mut run = Running::start(&case, &["--listen", "127.0.0.1:0"]);
-    let endpoint = Endpoint::new(run.address(), None);
+    let endpoint = Endpoint::running(run.address(), None);
     endpoint.until("rollouts in flight", |h| h["in_flight"].as_u64() > Some(0));
     let (status, _) = endpoint.post("/model_version", Some(serde_json::json!({"version": 1})));
     assert_eq!(status, StatusCode::OK);

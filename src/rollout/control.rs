@@ -1,8 +1,9 @@
 //! The control endpoint (`--listen`): an axum server over the running engine.
 //!
 //! - `GET /health`: JSON of the heartbeat's age, rollouts in flight and queued, the counters,
-//!   the model version, whether admission is paused; 200 when healthy, 503 when the
-//!   heartbeat is stale or no server can take requests.
+//!   the model version, whether admission is paused; 200 when healthy, 503 while the run
+//!   starts (it waits for its servers), when the heartbeat is stale or when no server can
+//!   take requests.
 //! - `GET /metrics`: the Prometheus text exposition of [`Engine::metrics`] (the same numbers
 //!   the Python bridge reports), with the rows written, encoded by `prometheus-client`.
 //! - `POST /model_version` `{"version": N}`: versions only grow; a lower one is a 409.
@@ -12,8 +13,19 @@
 //!
 //! With a token (`--listen-token`), every endpoint but `/health` wants `Authorization:
 //! Bearer TOKEN` (401 otherwise).
+//!
+//! The endpoint runs on a thread of its own with a runtime of its own, from the start of
+//! the run to its end: it answers while the run still waits for its servers, and it can say
+//! that the engine's runtime is blocked, which a server on that runtime could not.
 
-use std::{fmt, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    future::IntoFuture,
+    net::SocketAddr,
+    sync::{Arc, OnceLock},
+    thread::JoinHandle,
+    time::Duration,
+};
 
 use anyhow::Context;
 use axum::{
@@ -30,11 +42,11 @@ use prometheus_client::{
     metrics::counter::ConstCounter,
     registry::Registry,
 };
-use rollout_core::rollout::{Engine, PauseMode};
+use rollout_core::rollout::{Engine, Health, PauseMode};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::Ordering;
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::oneshot};
 use vllm_client::Client;
 
 use super::progress::Totals;
@@ -42,56 +54,118 @@ use super::progress::Totals;
 /// A heartbeat older than this makes `/health` answer 503: the runtime's workers are blocked.
 const STALE_HEARTBEAT: Duration = Duration::from_secs(5);
 
+/// What `/health` says while there is no engine yet.
+const STARTING: &str = "the run is starting: it waits for its servers to be ready";
+
+/// The run the endpoint watches, once its engine runs.
+struct Watched {
+    engine: Arc<Engine<Client>>,
+    totals: Arc<Totals>,
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 struct Control {
-    engine: Arc<Engine<Client>>,
-    totals: Arc<Totals>,
+    run: Arc<OnceLock<Watched>>,
     registry: Arc<Registry>,
     token: Option<Arc<str>>,
 }
 
-/// The control endpoint's socket, bound before the run starts (a busy address fails the run
-/// before anything is touched).
-pub(crate) struct Listener(TcpListener);
+/// The 503 of an endpoint that steers the engine while there is none yet.
+fn starting() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"error": STARTING})),
+    )
+        .into_response()
+}
 
-impl Listener {
-    pub(crate) async fn bind(address: SocketAddr) -> anyhow::Result<Listener> {
-        let listener = TcpListener::bind(address)
-            .await
-            .with_context(|| format!("--listen {address}: cannot listen there"))?;
-        Ok(Listener(listener))
-    }
+/// The control endpoint, serving from [`ControlEndpoint::start`] until it is dropped.
+pub(crate) struct ControlEndpoint {
+    address: SocketAddr,
+    run: Arc<OnceLock<Watched>>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
 
-    /// Where it listens.
-    pub(crate) fn address(&self) -> anyhow::Result<SocketAddr> {
-        Ok(self.0.local_addr()?)
-    }
-
-    /// Serves the endpoint over `engine` until the task is aborted.
-    pub(crate) fn serve(
-        self,
-        engine: Arc<Engine<Client>>,
-        totals: Arc<Totals>,
+impl ControlEndpoint {
+    /// Binds `address` (a busy one fails the run before anything is touched) and serves on
+    /// a thread of its own; until [`ControlEndpoint::attach`], `/health` says the run is
+    /// starting.
+    pub(crate) fn start(
+        address: SocketAddr,
         token: Option<String>,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> anyhow::Result<ControlEndpoint> {
+        let listener = std::net::TcpListener::bind(address)
+            .with_context(|| format!("--listen {address}: cannot listen there"))?;
+        listener.set_nonblocking(true)?;
+        let address = listener.local_addr()?;
+        let run = Arc::new(OnceLock::new());
         let mut registry = Registry::default();
         registry.register_collector(Box::new(RunMetrics {
-            engine: Arc::clone(&engine),
-            totals: Arc::clone(&totals),
+            run: Arc::clone(&run),
         }));
         let control = Control {
-            engine,
-            totals,
+            run: Arc::clone(&run),
             registry: Arc::new(registry),
             token: token.map(Arc::from),
         };
-        let app = router(control);
-        tokio::spawn(async move {
-            if let Err(error) = axum::serve(self.0, app).await {
-                tracing::error!(%error, "the control endpoint stopped");
-            }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the control endpoint's runtime")?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("control-endpoint".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(error) => {
+                            tracing::error!(%error, "the control endpoint cannot serve");
+                            return;
+                        }
+                    };
+                    tokio::select! {
+                        result = axum::serve(listener, router(control)).into_future() => {
+                            if let Err(error) = result {
+                                tracing::error!(%error, "the control endpoint stopped");
+                            }
+                        }
+                        _ = stopped => {}
+                    }
+                });
+                // Dropping the runtime here ends the connections still open.
+            })
+            .context("cannot start the control endpoint's thread")?;
+        Ok(ControlEndpoint {
+            address,
+            run,
+            stop: Some(stop),
+            thread: Some(thread),
         })
+    }
+
+    /// Where it listens.
+    pub(crate) fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Serves `engine` from now on.
+    pub(crate) fn attach(&self, engine: Arc<Engine<Client>>, totals: Arc<Totals>) {
+        let _ = self.run.set(Watched { engine, totals });
+    }
+}
+
+impl Drop for ControlEndpoint {
+    /// Stops serving and waits for the thread, which ends at once.
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -135,18 +209,15 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn health(State(control): State<Control>) -> Response {
-    let health = control.engine.health();
-    let problem = if health.heartbeat_age > STALE_HEARTBEAT {
-        Some(format!(
-            "the heartbeat is {:.1}s old: the runtime's workers are blocked",
-            health.heartbeat_age.as_secs_f64()
-        ))
-    } else {
-        health
-            .servers_unavailable
-            .as_ref()
-            .map(|reason| format!("no server can take requests: {reason}"))
+    let Some(watched) = control.run.get() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"healthy": false, "problem": STARTING, "starting": true})),
+        )
+            .into_response();
     };
+    let health = watched.engine.health();
+    let problem = problem(&health);
     let status = if problem.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
@@ -155,6 +226,7 @@ async fn health(State(control): State<Control>) -> Response {
     let body = json!({
         "healthy": problem.is_none(),
         "problem": problem,
+        "starting": false,
         "heartbeat_age_s": health.heartbeat_age.as_secs_f64(),
         "in_flight": health.in_flight,
         "queued": health.queued,
@@ -162,10 +234,24 @@ async fn health(State(control): State<Control>) -> Response {
         "paused": health.paused,
         "admission_closed": health.admission_closed,
         "counters": health.stats,
-        "groups_written": control.totals.groups.load(Ordering::Relaxed),
-        "samples_written": control.totals.samples.load(Ordering::Relaxed),
+        "groups_written": watched.totals.groups.load(Ordering::Relaxed),
+        "samples_written": watched.totals.samples.load(Ordering::Relaxed),
     });
     (status, Json(body)).into_response()
+}
+
+/// Why the run is unhealthy, if it is: a stale heartbeat, or no server to send to.
+fn problem(health: &Health) -> Option<String> {
+    if health.heartbeat_age > STALE_HEARTBEAT {
+        return Some(format!(
+            "the heartbeat is {:.1}s old: the runtime's workers are blocked",
+            health.heartbeat_age.as_secs_f64()
+        ));
+    }
+    health
+        .servers_unavailable
+        .as_ref()
+        .map(|reason| format!("no server can take requests: {reason}"))
 }
 
 async fn metrics(State(control): State<Control>) -> Response {
@@ -193,7 +279,10 @@ struct Version {
 }
 
 async fn model_version(State(control): State<Control>, Json(body): Json<Version>) -> Response {
-    match control.engine.set_model_version(body.version) {
+    let Some(watched) = control.run.get() else {
+        return starting();
+    };
+    match watched.engine.set_model_version(body.version) {
         Ok(()) => (StatusCode::OK, Json(json!({"version": body.version}))).into_response(),
         Err(current) => (
             StatusCode::CONFLICT,
@@ -216,21 +305,27 @@ struct PauseQuery {
 }
 
 async fn pause(State(control): State<Control>, Query(query): Query<PauseQuery>) -> Response {
-    control.engine.pause(query.mode).await;
-    let health = control.engine.health();
+    let Some(watched) = control.run.get() else {
+        return starting();
+    };
+    watched.engine.pause(query.mode).await;
+    let health = watched.engine.health();
     Json(json!({"paused": true, "in_flight": health.in_flight, "queued": health.queued}))
         .into_response()
 }
 
 async fn resume(State(control): State<Control>) -> Response {
-    control.engine.resume();
+    let Some(watched) = control.run.get() else {
+        return starting();
+    };
+    watched.engine.resume();
     Json(json!({"paused": false})).into_response()
 }
 
-/// The run's metrics at each scrape: the engine's, and what the writer has written.
+/// The run's metrics at each scrape: the engine's, and what the writer has written; none
+/// while the run starts.
 struct RunMetrics {
-    engine: Arc<Engine<Client>>,
-    totals: Arc<Totals>,
+    run: Arc<OnceLock<Watched>>,
 }
 
 impl fmt::Debug for RunMetrics {
@@ -241,17 +336,20 @@ impl fmt::Debug for RunMetrics {
 
 impl Collector for RunMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
-        self.engine.metrics().encode(&mut encoder)?;
+        let Some(watched) = self.run.get() else {
+            return Ok(());
+        };
+        watched.engine.metrics().encode(&mut encoder)?;
         for (name, help, value) in [
             (
                 "async_grpo_samples_written",
                 "Training rows written to the output.",
-                &self.totals.samples,
+                &watched.totals.samples,
             ),
             (
                 "async_grpo_groups_written",
                 "Groups written to the output.",
-                &self.totals.groups,
+                &watched.totals.groups,
             ),
         ] {
             let counter = ConstCounter::new(value.load(Ordering::Relaxed));
@@ -259,5 +357,53 @@ impl Collector for RunMetrics {
             counter.encode(metric)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rollout_core::rollout::Stats;
+
+    use super::*;
+
+    fn health(heartbeat_age: Duration, servers_unavailable: Option<&str>) -> Health {
+        Health {
+            heartbeat_age,
+            scheduler_lag_p99: Duration::ZERO,
+            scheduler_lag_max: Duration::ZERO,
+            in_flight: 3,
+            queued: 5,
+            model_version: 1,
+            admission_closed: false,
+            paused: false,
+            servers_unavailable: servers_unavailable.map(str::to_owned),
+            stats: Stats::default(),
+        }
+    }
+
+    #[test]
+    fn a_fresh_heartbeat_with_a_server_to_send_to_is_healthy() {
+        assert_eq!(problem(&health(Duration::from_millis(200), None)), None);
+        assert_eq!(problem(&health(STALE_HEARTBEAT, None)), None);
+    }
+
+    #[test]
+    fn a_heartbeat_older_than_the_bound_says_the_runtime_is_blocked() {
+        let stale = problem(&health(STALE_HEARTBEAT + Duration::from_millis(1500), None));
+        let stale = stale.expect("a stale heartbeat is a problem");
+        assert!(stale.contains("6.5s old"), "{stale}");
+        assert!(stale.contains("workers are blocked"), "{stale}");
+        // Blocked workers say more than a missing server: they are named first.
+        let both = problem(&health(Duration::from_secs(60), Some("all ejected")));
+        assert!(both.is_some_and(|p| p.contains("60.0s old")));
+    }
+
+    #[test]
+    fn no_server_to_send_to_is_a_problem_with_its_reason() {
+        let problem = problem(&health(Duration::ZERO, Some("every server is ejected")));
+        assert_eq!(
+            problem.as_deref(),
+            Some("no server can take requests: every server is ejected")
+        );
     }
 }

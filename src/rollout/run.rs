@@ -22,7 +22,7 @@ use vllm_sim::{SimConfig, Simulator};
 
 use super::{
     config::{Resolved, Settings, listen_address},
-    control::Listener,
+    control::ControlEndpoint,
     data::Plan,
     output::{self, Output, Resumed},
     preflight::{self, Checked},
@@ -55,11 +55,14 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let settings = &resolved.settings;
     // Listening from the start: a signal before the loop runs ends the start-up.
     let mut signals = Signals::new()?;
-    let listener = match &settings.listen {
-        Some(address) => Some(
-            Listener::bind(listen_address(address).map_err(|e| anyhow::anyhow!("--listen: {e}"))?)
-                .await?,
-        ),
+    // Served from now on: `/health` answers while the run waits for its servers.
+    let control = match &settings.listen {
+        Some(address) => {
+            let address = listen_address(address).map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+            let control = ControlEndpoint::start(address, settings.listen_token.clone())?;
+            tracing::info!(address = %control.address(), "control endpoint listening");
+            Some(control)
+        }
         None => None,
     };
     let tokenizer = checked.tokenizer;
@@ -113,17 +116,9 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let (engine, groups) = builder.start_with_ids(items)?;
     let engine = Arc::new(engine);
     let totals = Arc::new(Totals::default());
-    let control = match listener {
-        Some(listener) => {
-            tracing::info!(address = %listener.address()?, "control endpoint listening");
-            Some(listener.serve(
-                Arc::clone(&engine),
-                Arc::clone(&totals),
-                settings.listen_token.clone(),
-            ))
-        }
-        None => None,
-    };
+    if let Some(control) = &control {
+        control.attach(Arc::clone(&engine), Arc::clone(&totals));
+    }
     tracing::info!(
         config = ?resolved.config_file,
         dataset = %settings.dataset.display(),
@@ -172,9 +167,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
     progress.finish(&engine.health(), total).await;
     health_checks.abort();
-    if let Some(control) = control {
-        control.abort();
-    }
+    drop(control);
     if let Some(simulator) = simulator {
         simulator.stop().await;
     }
