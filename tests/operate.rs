@@ -826,7 +826,11 @@ mod parquet_files {
     use std::{io::Cursor, sync::Arc};
 
     use arrow_schema::{DataType, Field, Fields, Schema};
-    use parquet::arrow::{ArrowWriter, arrow_reader::ParquetRecordBatchReaderBuilder};
+    use parquet::{
+        arrow::{ArrowWriter, arrow_reader::ParquetRecordBatchReaderBuilder},
+        basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel},
+        file::properties::WriterProperties,
+    };
 
     use super::*;
     use crate::rollout::dataset_line;
@@ -834,6 +838,11 @@ mod parquet_files {
     /// The dataset as Hugging Face datasets saves one: `prompt` a list of `{content, role}`
     /// structs, `answer` a string, in two row groups. Returns each row's question.
     fn write_hf_dataset(path: &std::path::Path, rows: usize) -> Vec<String> {
+        write_dataset_with(path, rows, Compression::SNAPPY)
+    }
+
+    /// [`write_hf_dataset`]'s file, its pages compressed with `codec`.
+    fn write_dataset_with(path: &std::path::Path, rows: usize, codec: Compression) -> Vec<String> {
         let message = Fields::from(vec![
             Field::new("content", DataType::Utf8, true),
             Field::new("role", DataType::Utf8, true),
@@ -860,7 +869,9 @@ mod parquet_files {
             })
             .collect();
         let file = std::fs::File::create(path).expect("create the dataset");
-        let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).expect("a writer");
+        let properties = WriterProperties::builder().set_compression(codec).build();
+        let mut writer =
+            ArrowWriter::try_new(file, Arc::clone(&schema), Some(properties)).expect("a writer");
         for chunk in lines.chunks(rows.div_ceil(2)) {
             let text = chunk.join("\n");
             let reader = arrow_json::ReaderBuilder::new(Arc::clone(&schema))
@@ -934,6 +945,36 @@ mod parquet_files {
             !crate::operate::journal(&out).exists(),
             "the journal is gone once written"
         );
+    }
+
+    #[test]
+    fn parquet_datasets_read_whichever_codec_wrote_them() {
+        // Snappy is what pyarrow and Hugging Face datasets write, zstd what Polars writes;
+        // the rest are pyarrow's other choices.
+        for (name, codec) in [
+            ("none", Compression::UNCOMPRESSED),
+            ("snappy", Compression::SNAPPY),
+            ("zstd", Compression::ZSTD(ZstdLevel::default())),
+            ("gzip", Compression::GZIP(GzipLevel::default())),
+            ("brotli", Compression::BROTLI(BrotliLevel::default())),
+            ("lz4", Compression::LZ4_RAW),
+        ] {
+            let case = Case::new(&format!("parquet-{name}"));
+            let dataset = case.dir.join("train.parquet");
+            write_dataset_with(&dataset, 5, codec);
+            case.write_config(&settings("", "0ms"));
+            let out = case.dir.join("rows.jsonl");
+            let (code, stderr) = run_to_end(command_out(
+                &case,
+                &out,
+                &["--dataset", dataset.to_str().expect("utf-8"), "--check"],
+            ));
+            assert_eq!(code, Some(0), "{name}: {stderr}");
+            assert!(
+                stderr.contains("5 dataset rows to roll out"),
+                "{name}: {stderr}"
+            );
+        }
     }
 
     #[test]
