@@ -712,6 +712,31 @@ fn resuming_drops_a_torn_last_line_and_a_group_cut_short_and_says_so() {
 }
 
 #[test]
+fn groups_counts_the_groups_of_the_whole_run_when_it_is_resumed() {
+    let case = Case::new("resume-groups");
+    case.write_dataset(12);
+    case.write_config(&settings("max_inflight = 8", "0ms"));
+    let scored = |stderr: &str| summary_numbers(stderr)["groups scored"];
+    let first = case.rollout(&["--groups", "4"]);
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    assert_eq!(scored(&first.stderr), 4, "{}", first.stderr);
+    // Groups dropped (zero variance) are not in the output: the resumed run rolls them out.
+    let kept = groups_of(&first.rows).len() as u64;
+
+    let second = case.rollout(&["--groups", "7", "--resume"]);
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    assert_eq!(scored(&second.stderr), 7 - kept, "{}", second.stderr);
+
+    let third = case.rollout(&["--groups", "3", "--resume"]);
+    assert_eq!(third.code, Some(0), "{}", third.stderr);
+    assert!(
+        third.stderr.contains("nothing left to roll out"),
+        "{}",
+        third.stderr
+    );
+}
+
+#[test]
 fn shards_run_at_once_roll_out_disjoint_parts_whose_union_is_the_whole_run() {
     let case = Case::new("shards");
     case.write_dataset(13);

@@ -72,15 +72,15 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         Resumed::default()
     };
     say_resumed(settings, &resumed);
+    // `--groups N` counts the whole run's groups: those a resumed output holds are of them.
+    let max_groups = settings
+        .engine
+        .max_groups
+        .map(|n| n.saturating_sub(resumed.done.len() as u64));
     let plan = Plan::new(settings, checked.rows, resumed.done.clone());
     let groups_planned = plan.groups();
-    let total = Some(
-        settings
-            .engine
-            .max_groups
-            .map_or(groups_planned, |g| g.min(groups_planned)),
-    );
-    if groups_planned == 0 {
+    let total = Some(max_groups.map_or(groups_planned, |g| g.min(groups_planned)));
+    if total == Some(0) {
         // Opened all the same: what was dropped is cut off, and a Parquet output is written.
         Output::open(settings, &resumed)?.finish()?;
         eprintln!(
@@ -112,7 +112,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         Some(_) => Some(start_proxy(settings).await?),
         None => None,
     };
-    let (builder, tool_count) = engine_builder(&resolved, client, tokenizer, proxy)?;
+    let (builder, tool_count) = engine_builder(&resolved, max_groups, client, tokenizer, proxy)?;
     let (engine, groups) = builder.start_with_ids(items)?;
     let engine = Arc::new(engine);
     let totals = Arc::new(Totals::default());
@@ -259,10 +259,12 @@ async fn connect(settings: &Settings, simulator: Option<&Simulator>) -> anyhow::
     Ok(client)
 }
 
-/// The engine, configured with the run's settings, tools, rewards and parser; and how many
-/// tools it has.
+/// The engine, configured with the run's settings, tools, rewards and parser, admitting at
+/// most `max_groups` groups (what `--groups` leaves after those a resumed output holds);
+/// and how many tools it has.
 fn engine_builder(
     resolved: &Resolved,
+    max_groups: Option<u64>,
     client: Client,
     tokenizer: ChatTokenizer,
     proxy: Option<Arc<Proxy>>,
@@ -274,7 +276,9 @@ fn engine_builder(
     }
     let tool_count = registry.len();
     let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
-    let mut builder = Engine::builder(client, tokenizer, scorer).config(settings.engine.clone());
+    let mut config = settings.engine.clone();
+    config.max_groups = max_groups;
+    let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
     if tool_count > 0 || settings.environment.is_some() {
         let tools = ToolDispatcher::new(registry, DispatcherConfig::new(settings.tool_threads));
         if let Some(environment) = &settings.environment {
