@@ -229,20 +229,12 @@ fn ctrl_c_leaves_no_mcp_server_process_behind() {
 
 /// Runs an environment `command` that goes wrong; returns stderr.
 fn bad_environment(name: &str, command: &str, timeout: &str) -> String {
-    let marker = format!("mcp-bad-{name}-{}", std::process::id());
     let case = Case::new(&format!("mcp-bad-{name}"));
     case.write_dataset(2);
     case.write_config(&format!(
         "num_generations = 2\nmax_inflight = 2\nretries = 0\n\n[environment]\nkind = \"mcp\"\ncommand = {command}\ntimeout = \"{timeout}\"\ncreate_attempts = 1\n\n[simulator]\ntool_rounds = 1\ntool_name = \"calculator\"\n"
     ));
-    let output = case
-        .command(&[])
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let (output, left) = run_marked(&mut case.command(&[]), &format!("mcp-bad-{name}"));
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(
         left,

@@ -159,16 +159,11 @@ fn tool_processes_die_when_the_drain_deadline_cancels_their_calls() {
 
 #[test]
 fn tool_processes_die_when_their_rollout_runs_out_of_time() {
-    let marker = format!("deadline-{}", std::process::id());
     let case = tool_case("tree-deadline", r#"["sleep", "4243"]"#, "60s", 2);
-    let outcome = case
-        .command(&["--rollout-timeout", "2s", "--retries", "0"])
-        .env(MARKER, &marker)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the binary starts");
-    let left = survivors(&marker);
-    kill_all(&left);
+    let (outcome, left) = run_marked(
+        &mut case.command(&["--rollout-timeout", "2s", "--retries", "0"]),
+        "deadline",
+    );
     let stderr = String::from_utf8_lossy(&outcome.stderr);
     assert!(stderr.contains("deadline"), "{stderr}");
     assert_eq!(left, Vec::<u32>::new(), "processes left behind: {stderr}");
