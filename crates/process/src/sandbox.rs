@@ -1,0 +1,382 @@
+//! [`Sandbox`]: what a program may see and use, and the bubblewrap command line that gives it.
+
+use std::{
+    collections::BTreeMap,
+    ffi::OsString,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, sync::OnceLock};
+
+/// Environment variables of the engine that no program it starts ever sees, sandboxed or not:
+/// the control endpoint's token.
+pub const ENGINE_SECRETS: &[&str] = &["ASYNC_GRPO_LISTEN_TOKEN"];
+
+/// What a sandboxed program gets of the engine's environment (besides what its table sets,
+/// `HOME` and `TMPDIR`).
+const PASSED_ENV: &[&str] = &[
+    "PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM",
+];
+
+/// Where credentials usually live under the home directory: hidden from sandboxed programs
+/// although the rest of the file system is readable.
+const HOME_SECRETS: &[&str] = &[
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".gnupg",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+    ".npmrc",
+    ".docker",
+    ".kube",
+    ".config",
+    ".cache/huggingface",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+];
+
+/// How a program is isolated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// In a bubblewrap sandbox: see [`Sandbox`].
+    #[default]
+    Bwrap,
+    /// With the engine's own permissions, file system and network. The environment is the
+    /// engine's less [`ENGINE_SECRETS`]; the process group and the limits still apply.
+    None,
+}
+
+/// Resource limits of one program and everything it starts (`prlimit`, so per process: a
+/// child gets the same limits again). `0` is no limit.
+///
+/// | field | default | limit |
+/// |---|---|---|
+/// | `memory_mib` | 4096 | data segment (heap and private writable mappings: what a program allocates) |
+/// | `cpu_seconds` | 600 | CPU time |
+/// | `processes` | 256 | processes of the user (not enforced for root, which the kernel exempts; the PID namespace still kills them all at the end) |
+/// | `file_size_mib` | 1024 | size of a file it writes |
+/// | `open_files` | 1024 | open file descriptors |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// MiB of data segment.
+    pub memory_mib: u64,
+    /// Seconds of CPU time.
+    pub cpu_seconds: u64,
+    /// Processes of the user.
+    pub processes: u64,
+    /// MiB per written file.
+    pub file_size_mib: u64,
+    /// Open file descriptors.
+    pub open_files: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            memory_mib: 4096,
+            cpu_seconds: 600,
+            processes: 256,
+            file_size_mib: 1024,
+            open_files: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// No limit at all.
+    pub fn none() -> Limits {
+        Limits {
+            memory_mib: 0,
+            cpu_seconds: 0,
+            processes: 0,
+            file_size_mib: 0,
+            open_files: 0,
+        }
+    }
+
+    /// `prlimit` and its options, or nothing when no limit is set.
+    fn prefix(&self) -> Vec<String> {
+        const MIB: u64 = 1024 * 1024;
+        let options: Vec<String> = [
+            ("data", self.memory_mib.saturating_mul(MIB)),
+            ("cpu", self.cpu_seconds),
+            ("nproc", self.processes),
+            ("fsize", self.file_size_mib.saturating_mul(MIB)),
+            ("nofile", self.open_files),
+        ]
+        .into_iter()
+        .filter(|&(_, value)| value > 0)
+        .map(|(name, value)| format!("--{name}={value}"))
+        .collect();
+        if options.is_empty() {
+            return Vec::new();
+        }
+        let mut prefix = vec!["prlimit".to_owned()];
+        prefix.extend(options);
+        prefix.push("--".to_owned());
+        prefix
+    }
+}
+
+/// What a program may see and use.
+///
+/// The default, for everything the policy drives, is bubblewrap with:
+/// - a PID namespace of its own (and IPC, UTS, cgroup and, unless `network`, network
+///   namespaces): every process it starts dies with it, whether it called `setsid` or not,
+///   and it sees no process of the engine or of another rollout;
+/// - no capabilities, a new session (no terminal to write into);
+/// - the file system read-only; a private, empty `/tmp` (and `/var/tmp`, `/dev/shm`, and `/run`
+///   when there is no network); the program's own directory writable;
+/// - hidden (an empty directory or file in their place): credentials under `$HOME`
+///   (`.ssh`, `.aws`, `.config`, `.cache/huggingface`, ...) and whatever the engine adds with
+///   [`Sandbox::hide`] (its output, dataset, configuration, other rollouts' directories);
+/// - the environment cleared to `PATH`, `LANG`/`LC_*`, `TZ`, `TERM`, `HOME` and `TMPDIR` (the
+///   program's directory, else `/tmp`), plus what the program is given;
+/// - no network (its own loopback only) unless `network`;
+/// - [`Limits::default`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Sandbox {
+    /// How the program is isolated.
+    pub isolation: Isolation,
+    /// Whether it shares the host's network (with [`Isolation::None`], it always does).
+    pub network: bool,
+    /// Its resource limits.
+    pub limits: Limits,
+    hidden: Vec<PathBuf>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Sandbox {
+        Sandbox {
+            isolation: Isolation::Bwrap,
+            network: false,
+            limits: Limits::default(),
+            hidden: Vec::new(),
+        }
+    }
+}
+
+impl Sandbox {
+    /// No sandbox and no limits: for programs the engine's user trusts (a reward program, an
+    /// environment's server). The process group, the output caps and the removal of
+    /// [`ENGINE_SECRETS`] from its environment still hold.
+    pub fn none() -> Sandbox {
+        Sandbox {
+            isolation: Isolation::None,
+            network: true,
+            limits: Limits::none(),
+            hidden: Vec::new(),
+        }
+    }
+
+    /// With `isolation`.
+    pub fn isolation(mut self, isolation: Isolation) -> Sandbox {
+        self.isolation = isolation;
+        self
+    }
+
+    /// With the host's network or without.
+    pub fn network(mut self, network: bool) -> Sandbox {
+        self.network = network;
+        self
+    }
+
+    /// With `limits`.
+    pub fn limits(mut self, limits: Limits) -> Sandbox {
+        self.limits = limits;
+        self
+    }
+
+    /// Hides `path` (a file or a directory; nothing when it does not exist) from the program.
+    pub fn hide(mut self, path: impl Into<PathBuf>) -> Sandbox {
+        self.hidden.push(path.into());
+        self
+    }
+
+    /// The paths [`Sandbox::hide`] added.
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.hidden
+    }
+
+    /// Whether this sandbox can be had here: for bubblewrap, that `bwrap` is on `PATH` and can
+    /// make its namespaces, and (with limits) that `prlimit` is there. Checked once per
+    /// process; the error says what is missing and how to get it.
+    pub fn check(&self) -> Result<(), Error> {
+        if !self.limits.prefix().is_empty() {
+            static PRLIMIT: OnceLock<Result<(), String>> = OnceLock::new();
+            PRLIMIT
+                .get_or_init(check_prlimit)
+                .clone()
+                .map_err(Error::SandboxUnavailable)?;
+        }
+        if self.isolation == Isolation::Bwrap {
+            static BWRAP: OnceLock<Result<(), String>> = OnceLock::new();
+            BWRAP
+                .get_or_init(check_bwrap)
+                .clone()
+                .map_err(Error::SandboxUnavailable)?;
+        }
+        Ok(())
+    }
+
+    /// The command line that runs `argv` in this sandbox, with `dir` as its writable working
+    /// directory.
+    pub(crate) fn command_line(&self, argv: &[String], dir: Option<&Path>) -> Vec<OsString> {
+        let mut line: Vec<OsString> = Vec::new();
+        if self.isolation == Isolation::Bwrap {
+            line.extend(self.bwrap_options(dir));
+            line.push("--".into());
+        }
+        line.extend(self.limits.prefix().into_iter().map(OsString::from));
+        line.extend(argv.iter().map(OsString::from));
+        line
+    }
+
+    fn bwrap_options(&self, dir: Option<&Path>) -> Vec<OsString> {
+        let mut options: Vec<OsString> = Vec::new();
+        let mut push = |items: &[&dyn AsRef<std::ffi::OsStr>]| {
+            options.extend(items.iter().map(|item| item.as_ref().to_owned()));
+        };
+        push(&[&"bwrap", &"--unshare-all"]);
+        if self.network {
+            push(&[&"--share-net"]);
+        }
+        push(&[
+            &"--die-with-parent",
+            &"--new-session",
+            &"--cap-drop",
+            &"ALL",
+            &"--ro-bind",
+            &"/",
+            &"/",
+            &"--dev",
+            &"/dev",
+            &"--proc",
+            &"/proc",
+            &"--tmpfs",
+            &"/tmp",
+            &"--tmpfs",
+            &"/dev/shm",
+        ]);
+        let mut private = vec![PathBuf::from("/var/tmp")];
+        if !self.network {
+            private.push(PathBuf::from("/run"));
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let secrets = home
+            .iter()
+            .flat_map(|home| HOME_SECRETS.iter().map(move |name| home.join(name)));
+        for path in private
+            .into_iter()
+            .chain(secrets)
+            .chain(self.hidden.iter().cloned())
+        {
+            if path.starts_with("/tmp") {
+                continue; // already private
+            }
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_dir() => push(&[&"--tmpfs", &path]),
+                Ok(_) => push(&[&"--ro-bind", &"/dev/null", &path]),
+                Err(_) => {}
+            }
+        }
+        match dir {
+            Some(dir) => push(&[&"--bind", &dir, &dir, &"--chdir", &dir]),
+            None => push(&[&"--chdir", &"/tmp"]),
+        }
+        options
+    }
+
+    /// The environment of a program given `own` variables, in `dir`: `None` to inherit the
+    /// engine's (less [`ENGINE_SECRETS`]), or the whole environment to set.
+    pub(crate) fn environment(
+        &self,
+        own: &BTreeMap<String, String>,
+        dir: Option<&Path>,
+    ) -> Option<Vec<(OsString, OsString)>> {
+        if self.isolation == Isolation::None {
+            return None;
+        }
+        let home: OsString = dir.map_or_else(|| "/tmp".into(), |dir| dir.as_os_str().to_owned());
+        let mut env: BTreeMap<OsString, OsString> = PASSED_ENV
+            .iter()
+            .filter_map(|name| std::env::var_os(name).map(|value| ((*name).into(), value)))
+            .collect();
+        env.insert("HOME".into(), home);
+        env.insert("TMPDIR".into(), "/tmp".into());
+        env.extend(own.iter().map(|(k, v)| (k.into(), v.into())));
+        for secret in ENGINE_SECRETS {
+            env.remove(std::ffi::OsStr::new(secret));
+        }
+        Some(env.into_iter().collect())
+    }
+}
+
+fn check_bwrap() -> Result<(), String> {
+    let output = std::process::Command::new("bwrap")
+        .args([
+            "--unshare-all",
+            "--die-with-parent",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--",
+            "true",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output();
+    match output {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(
+            "the sandbox needs bubblewrap (`bwrap`), which is not on PATH: install it \
+             (Debian, Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`; \
+             Arch: `pacman -S bubblewrap`), or set `sandbox = \"none\"` to run the program \
+             unsandboxed, with the engine's permissions"
+                .to_owned(),
+        ),
+        Err(error) => Err(format!(
+            "the sandbox's `bwrap` could not be started: {error}"
+        )),
+        Ok(output) if output.status.success() => Ok(()),
+        Ok(output) => Err(format!(
+            "bubblewrap (`bwrap`) cannot make its namespaces here ({}: {}): user namespaces are \
+             off or forbidden (see `sysctl user.max_user_namespaces` and \
+             `kernel.unprivileged_userns_clone`, or a container's seccomp profile); allow them, \
+             run where they are allowed, or set `sandbox = \"none\"` to run the program \
+             unsandboxed, with the engine's permissions",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+    }
+}
+
+fn check_prlimit() -> Result<(), String> {
+    match std::process::Command::new("prlimit")
+        .args(["--nofile=1024", "--", "true"])
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(output) if output.status.success() => Ok(()),
+        Ok(output) => Err(format!(
+            "`prlimit` cannot set limits here ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+        Err(error) => Err(format!(
+            "resource limits need util-linux's `prlimit`, which could not be run ({error}): \
+             install util-linux, or set every limit to 0"
+        )),
+    }
+}

@@ -1,0 +1,281 @@
+//! The sandbox as a policy would attack it: each test runs a real program in a real
+//! bubblewrap sandbox and checks that the attack's effect is absent. They need `bwrap` and user
+//! namespaces (`cargo xtask ci` installs bubblewrap); where the sandbox cannot be had, the
+//! first test fails with [`Sandbox::check`]'s message, which says what is missing.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use process::{Finished, Limits, Program, Sandbox};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn sandbox() -> Sandbox {
+    let sandbox = Sandbox::default();
+    if let Err(error) = sandbox.check() {
+        panic!("the sandbox cannot be had here: {error}");
+    }
+    sandbox
+}
+
+async fn sh(script: &str, sandbox: Sandbox) -> Finished {
+    Program::new(["sh", "-c", script])
+        .sandbox(sandbox)
+        .run(Vec::new(), TIMEOUT, 64 * 1024)
+        .await
+        .unwrap_or_else(|e| panic!("{script}: {e}"))
+}
+
+async fn python(code: &str, sandbox: Sandbox) -> Finished {
+    Program::new(["python3", "-I", "-"])
+        .sandbox(sandbox)
+        .run(code.as_bytes().to_vec(), TIMEOUT, 64 * 1024)
+        .await
+        .unwrap_or_else(|e| panic!("{code}: {e}"))
+}
+
+/// A fresh directory of this test's own, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        // Not under /tmp, which is private in the sandbox anyway: what the sandbox hides
+        // must be hidden by it.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("process-test-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Processes of this machine whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|line| String::from_utf8_lossy(&line).replace('\0', " "))
+        .filter(|line| line.contains(marker))
+        .collect()
+}
+
+/// Waits (bounded) until no process holds `marker`; the processes left when it gives up.
+async fn left_with(marker: &str) -> Vec<String> {
+    for _ in 0..100 {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    processes_with(marker)
+}
+
+#[tokio::test]
+async fn a_process_that_leaves_its_session_dies_with_the_sandbox() {
+    let marker = format!("1{}.5", std::process::id());
+    let finished = python(
+        &format!(
+            "import subprocess\n\
+             subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n\
+             subprocess.Popen(['setsid', '-f', 'sleep', '{marker}'])\n\
+             print('left behind')"
+        ),
+        sandbox(),
+    )
+    .await;
+    assert_eq!(finished.stdout.trim(), "left behind", "{finished:?}");
+    let left = left_with(&marker).await;
+    assert!(left.is_empty(), "outlived the sandbox: {left:?}");
+}
+
+#[tokio::test]
+async fn the_engines_environment_is_not_inherited() {
+    // The test runner's own variables stand for the engine's secrets.
+    assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
+    let finished = sh("env", sandbox().network(false)).await;
+    let names: Vec<&str> = finished
+        .stdout
+        .lines()
+        .filter_map(|line| line.split('=').next())
+        .collect();
+    assert!(
+        names.iter().all(|name| [
+            "PATH", "HOME", "TMPDIR", "LANG", "LANGUAGE", "TZ", "TERM", "PWD", "SHLVL", "_"
+        ]
+        .contains(name)
+            || name.starts_with("LC_")),
+        "{names:?}"
+    );
+    let given = Program::new(["sh", "-c", "echo $OPENAI_API_KEY"])
+        .env("OPENAI_API_KEY", "k-1")
+        .sandbox(sandbox())
+        .run(Vec::new(), TIMEOUT, 1024)
+        .await
+        .map(|f| f.stdout);
+    assert_eq!(given.ok().as_deref(), Some("k-1\n"));
+}
+
+#[tokio::test]
+async fn the_file_system_is_read_only_but_for_the_programs_own_directory() {
+    let host = Scratch::new("host");
+    let own = Scratch::new("own");
+    let outside = host.0.join("written");
+    let script = format!(
+        "echo x > {outside}; echo x > /tmp/private-{pid}; echo ok > {own}/mine; pwd",
+        outside = outside.display(),
+        pid = std::process::id(),
+        own = own.0.display()
+    );
+    let finished = Program::new(["sh", "-c", &script])
+        .dir(&own.0)
+        .sandbox(sandbox())
+        .run(Vec::new(), TIMEOUT, 4096)
+        .await
+        .expect("runs");
+    assert!(!outside.exists(), "wrote outside its directory");
+    assert!(
+        !Path::new(&format!("/tmp/private-{}", std::process::id())).exists(),
+        "its /tmp is the host's"
+    );
+    assert_eq!(
+        std::fs::read_to_string(own.0.join("mine")).ok().as_deref(),
+        Some("ok\n")
+    );
+    assert_eq!(finished.stdout.trim(), own.0.display().to_string());
+    assert!(
+        finished.stderr.contains("Read-only file system"),
+        "{finished:?}"
+    );
+}
+
+#[tokio::test]
+async fn hidden_paths_and_other_directories_are_not_visible() {
+    let secret_dir = Scratch::new("secret-dir");
+    let secret_file = secret_dir.0.join("rows.jsonl");
+    std::fs::write(&secret_file, "the engine's output").expect("written");
+    let elsewhere = Scratch::new("elsewhere");
+    let sibling = elsewhere.0.join("r2");
+    std::fs::create_dir(&sibling).expect("made");
+    std::fs::write(sibling.join("key"), "another rollout's").expect("written");
+    let own = elsewhere.0.join("r1");
+    std::fs::create_dir(&own).expect("made");
+    let script = format!(
+        "cat {file}; ls {sibling}; ls {parent}",
+        file = secret_file.display(),
+        sibling = sibling.display(),
+        parent = elsewhere.0.display()
+    );
+    let finished = Program::new(["sh", "-c", &script])
+        .dir(&own)
+        .sandbox(sandbox().hide(&secret_file).hide(&elsewhere.0))
+        .run(Vec::new(), TIMEOUT, 4096)
+        .await
+        .expect("runs");
+    assert!(
+        !finished.stdout.contains("the engine's output"),
+        "{finished:?}"
+    );
+    assert!(!finished.stdout.contains("key"), "{finished:?}");
+    assert_eq!(
+        finished.stdout.trim(),
+        "r1",
+        "only its own directory: {finished:?}"
+    );
+}
+
+#[tokio::test]
+async fn there_is_no_network_unless_asked() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let port = listener.local_addr().expect("bound").port();
+    let code = format!(
+        "import socket\n\
+         try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n    print('connected')\n\
+         except OSError as e:\n    print('refused', e)"
+    );
+    let closed = python(&code, sandbox()).await;
+    assert!(closed.stdout.starts_with("refused"), "{closed:?}");
+    // The attempt is over once the program exited: a connection would be queued by now.
+    assert!(listener.accept().is_err(), "a connection reached the host");
+
+    let open = python(&code, sandbox().network(true)).await;
+    assert!(open.stdout.starts_with("connected"), "{open:?}");
+    assert!(listener.accept().is_ok());
+}
+
+#[tokio::test]
+async fn other_processes_are_not_visible() {
+    let finished = sh("ls /proc | grep -c '^[0-9]'", sandbox()).await;
+    let count: usize = finished.stdout.trim().parse().unwrap_or(usize::MAX);
+    // bwrap's init, sh, ls and grep at most.
+    assert!(count <= 5, "{count} processes visible: {finished:?}");
+}
+
+#[tokio::test]
+async fn limits_hold_and_are_settable() {
+    let small = Limits {
+        memory_mib: 64,
+        ..Limits::default()
+    };
+    let finished = python(
+        "try:\n    b = bytearray(256 * 1024 * 1024)\n    print('allocated')\nexcept MemoryError:\n    print('refused')",
+        sandbox().limits(small),
+    )
+    .await;
+    assert_eq!(finished.stdout.trim(), "refused", "{finished:?}");
+    let files = sh(
+        "ulimit -n; ulimit -f",
+        sandbox().limits(Limits {
+            open_files: 77,
+            file_size_mib: 1,
+            ..Limits::default()
+        }),
+    )
+    .await;
+    assert_eq!(
+        files.stdout, "77\n2048\n",
+        "ulimit -f counts 512-byte blocks"
+    );
+}
+
+#[tokio::test]
+async fn a_program_past_its_timeout_is_killed_with_its_descendants() {
+    let marker = format!("2{}.5", std::process::id());
+    let error = Program::new(["sh", "-c", &format!("sleep {marker} & sleep {marker}")])
+        .sandbox(sandbox())
+        .run(Vec::new(), Duration::from_millis(300), 1024)
+        .await
+        .err();
+    assert!(
+        error.as_ref().is_some_and(process::Error::is_timeout),
+        "{error:?}"
+    );
+    let left = left_with(&marker).await;
+    assert!(left.is_empty(), "outlived the timeout: {left:?}");
+}
+
+#[tokio::test]
+async fn output_is_capped_and_says_how_much_was_cut() {
+    let finished = sh("yes | head -c 5000", sandbox()).await;
+    assert_eq!(finished.stdout.len(), 5000);
+    let capped = Program::new(["sh", "-c", "yes | head -c 5000"])
+        .sandbox(sandbox())
+        .run(Vec::new(), TIMEOUT, 10)
+        .await
+        .map(|f| f.stdout);
+    assert_eq!(
+        capped.ok().as_deref(),
+        Some("y\ny\ny\ny\ny\n\n[output truncated: 4990 more bytes]")
+    );
+}
