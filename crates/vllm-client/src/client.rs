@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use reqwest::{Method, header::CONTENT_TYPE};
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -32,9 +32,14 @@ pub struct ClientConfig {
     eject_for: Duration,
     max_idle_per_host: usize,
     root_certificates: Vec<Vec<u8>>,
+    max_response_bytes: usize,
 }
 
 impl ClientConfig {
+    /// The default of [`ClientConfig::max_response_bytes`]: 64 MiB, far above what vLLM
+    /// answers (a 32k-token completion with ids and logprobs is a few MiB).
+    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 << 20;
+
     /// One server, by base URL (`http://127.0.0.1:8000`); the model is read from
     /// `/v1/models` by [`Client::wait_until_ready`] unless set.
     pub fn new(server: impl Into<String>) -> ClientConfig {
@@ -55,6 +60,7 @@ impl ClientConfig {
             eject_for: Duration::from_secs(5),
             max_idle_per_host: 4096,
             root_certificates: Vec::new(),
+            max_response_bytes: ClientConfig::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
@@ -93,6 +99,15 @@ impl ClientConfig {
     /// system's roots, for `https://` servers.
     pub fn root_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> ClientConfig {
         self.root_certificates.push(pem.into());
+        self
+    }
+
+    /// The most bytes a response body may have, error bodies included (default
+    /// [`ClientConfig::DEFAULT_MAX_RESPONSE_BYTES`], 64 MiB). The body is read as it arrives
+    /// and the read stops at the cap: a longer body is an error
+    /// ([`Error::is_too_large`]) that is not retried.
+    pub fn max_response_bytes(mut self, bytes: usize) -> ClientConfig {
+        self.max_response_bytes = bytes;
         self
     }
 }
@@ -165,6 +180,7 @@ struct Inner {
     retry: RetryPolicy,
     request_timeout: Duration,
     eject_for: Duration,
+    max_response_bytes: usize,
     seeds: AtomicU64,
     seed_base: u64,
     attempts: AtomicU64,
@@ -351,6 +367,7 @@ impl Client {
                 retry: config.retry,
                 request_timeout: config.request_timeout,
                 eject_for: config.eject_for,
+                max_response_bytes: config.max_response_bytes,
                 seeds: AtomicU64::new(0),
                 seed_base,
                 attempts: AtomicU64::new(0),
@@ -891,10 +908,7 @@ impl Client {
                 .await
                 .map_err(|e| Error::transport(endpoint, e))?;
             let status = response.status();
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| Error::transport(endpoint, e))?;
+            let bytes = read_capped(response, self.inner.max_response_bytes, endpoint).await?;
             if !status.is_success() {
                 return Err(Error::from_status(endpoint, status.as_u16(), &bytes));
             }
@@ -1064,6 +1078,52 @@ fn prepare(
             )
         })?;
     Ok((endpoint, body))
+}
+
+/// A response's body, read as it arrives and no further than `limit` bytes: a body that
+/// says (`Content-Length`) or turns out to be longer is [`Error::too_large`].
+async fn read_capped(
+    mut response: reqwest::Response,
+    limit: usize,
+    endpoint: &str,
+) -> Result<Bytes, Error> {
+    let status = response.status().as_u16();
+    let too_large = || Error::too_large(endpoint, limit, status);
+    let declared = response.content_length();
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(too_large());
+    }
+    // Most bodies come in one chunk, kept as it is; only a second one starts a copy.
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<BytesMut> = None;
+    let mut length = 0usize;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| Error::transport(endpoint, e))?
+    {
+        length = length.saturating_add(chunk.len());
+        if length > limit {
+            return Err(too_large());
+        }
+        match (&mut rest, first.take()) {
+            (Some(rest), _) => rest.extend_from_slice(&chunk),
+            (None, None) => first = Some(chunk),
+            (None, Some(head)) => {
+                let capacity = declared
+                    .map_or(0, |d| d as usize)
+                    .max(head.len() + chunk.len());
+                let mut buffer = BytesMut::with_capacity(capacity);
+                buffer.extend_from_slice(&head);
+                buffer.extend_from_slice(&chunk);
+                rest = Some(buffer);
+            }
+        }
+    }
+    Ok(match rest {
+        Some(rest) => rest.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 fn decode<T: DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, Error> {

@@ -29,6 +29,8 @@ enum Kind {
     },
     /// The body was not the JSON expected; names the path of the offending field.
     Decode { path: String, message: String },
+    /// The response body was longer than the client's cap (`max_response_bytes`).
+    TooLarge { limit: usize, status: u16 },
     /// The response was well-formed but unusable (e.g. no token ids).
     Invalid(String),
     /// The deadline passed before a usable answer; the last failure before it, if any.
@@ -68,6 +70,10 @@ impl Error {
 
     pub(crate) fn decode(endpoint: &str, path: String, message: String) -> Error {
         Error::new(Kind::Decode { path, message }, endpoint)
+    }
+
+    pub(crate) fn too_large(endpoint: &str, limit: usize, status: u16) -> Error {
+        Error::new(Kind::TooLarge { limit, status }, endpoint)
     }
 
     pub(crate) fn invalid(endpoint: &str, message: impl Into<String>) -> Error {
@@ -125,6 +131,13 @@ impl Error {
             && self
                 .server_error()
                 .is_some_and(|e| e.message.contains("maximum context length"))
+    }
+
+    /// Whether the response body was longer than the client's cap
+    /// ([`ClientConfig::max_response_bytes`](crate::ClientConfig::max_response_bytes)). Not
+    /// retryable: the same request would get the same answer.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self.inner.kind, Kind::TooLarge { .. })
     }
 
     /// Whether the body could not be decoded.
@@ -185,6 +198,12 @@ impl fmt::Display for Error {
                     "{endpoint}: unexpected response body at `{path}`: {message}"
                 )
             }
+            Kind::TooLarge { limit, status } => write!(
+                f,
+                "{endpoint}: the response body (status {status}) is over the client's cap of \
+                 {limit} bytes; the read stopped there (raise `max_response_bytes` if the \
+                 server's answers are really this long)"
+            ),
             Kind::Invalid(message) => write!(f, "{endpoint}: {message}"),
             Kind::Timeout(after, last) => {
                 write!(f, "{endpoint}: no usable answer within {after:?}")?;

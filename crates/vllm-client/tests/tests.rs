@@ -5,6 +5,7 @@ mod arithmetic;
 mod availability;
 mod chat;
 mod generate;
+mod limits;
 mod pause;
 mod replicas;
 mod retry;
