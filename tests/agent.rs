@@ -151,11 +151,10 @@ fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
     case.write_dataset(2);
     case.write_config(&format!(
         "num_generations = 2\nmax_inflight = 2\nmax_turns = 6\nseed = 5\nmax_tokens = 256\n\n\
-         [agent]\ncommand = [{command}, \"{{prompt}}\"]\nsetup = [{setup}, \"{{task_json}}\"]\n\
-         verify = [{verify}]\ntimeout = \"3m\"\n",
+         [agent]\ncommand = [{command}, \"{{prompt}}\"]\n\
+         verify = [\"python3\", {verify}]\ntimeout = \"3m\"\n",
         command = example("opencode-agent.sh"),
-        setup = example("setup.sh"),
-        verify = example("verify.sh"),
+        verify = example("verify.py"),
     ));
     let runtime = runtime();
     let mut config = vllm_sim::SimConfig::from_tokenizer_file(
@@ -184,8 +183,8 @@ fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
         let call = &row.completion[0]["tool_calls"][0]["function"];
         assert_eq!(call["name"], "write", "{row:?}");
         assert_eq!(row.completion[1]["role"], "tool");
-        // verify ran the task's test on the file opencode wrote: it passes exactly when the
-        // model wrote the right answer.
+        // verify ran the solve() of the file opencode wrote: it passes exactly when the model
+        // wrote the right answer.
         let written = call["arguments"]["content"]
             .as_str()
             .expect("the file's text");

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "sim")]
 mod agent;
+#[cfg(feature = "sim")]
+mod agent_forgery;
 #[path = "../crates/rollout-core/tests/cache.rs"]
 mod cache;
 mod cli;

@@ -4,10 +4,16 @@ use serde_json::{Value, json};
 
 use crate::tool::{Arguments, ToolError};
 
+/// How deeply an expression may nest: parentheses, function calls, signs (`--1`) and the
+/// right-hand sides of `^` each take one level. The parser recurses once per level, and the
+/// expression is the model's: past this many levels it is an [`ExpressionError`], not a
+/// stack overflow that would abort the process (a tool runs on a pool thread of 2 MiB).
+pub const MAX_EXPRESSION_DEPTH: usize = 100;
+
 /// Evaluates `expression`: numbers (`12`, `3.5`, `1e3`), `+ - * / %`, `^` or `**` (power,
 /// right-associative), parentheses, unary minus, the constants `pi` and `e`, and `sqrt`,
-/// `abs`, `round`, `floor`, `ceil`, `ln`, `log10`. An error says where the expression stops
-/// making sense.
+/// `abs`, `round`, `floor`, `ceil`, `ln`, `log10`, nested at most [`MAX_EXPRESSION_DEPTH`] levels. An
+/// error says where the expression stops making sense.
 pub fn evaluate(expression: &str) -> Result<f64, ExpressionError> {
     evaluate_text(expression).map_err(ExpressionError)
 }
@@ -21,6 +27,7 @@ fn evaluate_text(expression: &str) -> Result<f64, String> {
     let mut parser = Parser {
         text: expression.as_bytes(),
         at: 0,
+        depth: 0,
     };
     let value = parser.sum()?;
     parser.space();
@@ -65,6 +72,8 @@ pub(crate) fn parameters() -> Value {
 struct Parser<'a> {
     text: &'a [u8],
     at: usize,
+    /// Levels entered through [`Parser::nested`], at most [`MAX_EXPRESSION_DEPTH`].
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -88,6 +97,25 @@ impl Parser<'_> {
             ),
             None => format!("expected {expected} at the end of the expression"),
         }
+    }
+
+    /// Runs `parse` one level deeper: every recursion of the parser goes through here, so
+    /// that its depth is bounded by [`MAX_EXPRESSION_DEPTH`] whatever the text.
+    fn nested(
+        &mut self,
+        parse: impl FnOnce(&mut Self) -> Result<f64, String>,
+    ) -> Result<f64, String> {
+        if self.depth >= MAX_EXPRESSION_DEPTH {
+            return Err(format!(
+                "expression nested deeper than {MAX_EXPRESSION_DEPTH} levels at position {}; \
+                 split it into smaller calculations",
+                self.at + 1
+            ));
+        }
+        self.depth += 1;
+        let value = parse(self);
+        self.depth -= 1;
+        value
     }
 
     fn sum(&mut self) -> Result<f64, String> {
@@ -146,7 +174,7 @@ impl Parser<'_> {
             _ => false,
         };
         if is_power {
-            Ok(base.powf(self.power()?))
+            Ok(base.powf(self.nested(Self::power)?))
         } else {
             Ok(base)
         }
@@ -156,11 +184,11 @@ impl Parser<'_> {
         match self.peek() {
             Some(b'-') => {
                 self.at += 1;
-                Ok(-self.unary()?)
+                Ok(-self.nested(Self::unary)?)
             }
             Some(b'+') => {
                 self.at += 1;
-                self.unary()
+                self.nested(Self::unary)
             }
             _ => self.atom(),
         }
@@ -170,7 +198,7 @@ impl Parser<'_> {
         match self.peek() {
             Some(b'(') => {
                 self.at += 1;
-                let value = self.sum()?;
+                let value = self.nested(Self::sum)?;
                 if self.peek() != Some(b')') {
                     return Err(self.error("')'"));
                 }
@@ -239,7 +267,7 @@ impl Parser<'_> {
             return Err(self.error(&format!("'(' after {name}")));
         }
         self.at += 1;
-        let argument = self.sum()?;
+        let argument = self.nested(Self::sum)?;
         if self.peek() != Some(b')') {
             return Err(self.error("')'"));
         }
@@ -299,6 +327,76 @@ mod tests {
             evaluate_text("10 ^ 400"),
             Err("the result is not a finite number".to_owned())
         );
+    }
+
+    /// Evaluates `expression` on a thread with the tool pool's 2 MiB stack; a stack overflow
+    /// there aborts the test binary.
+    fn evaluate_on_a_pool_sized_stack(expression: String) -> Result<f64, String> {
+        std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || evaluate_text(&expression))
+            .map_err(|e| format!("cannot start a thread: {e}"))?
+            .join()
+            .map_err(|_| "the evaluating thread panicked".to_owned())?
+    }
+
+    fn nested_too_deep(result: &Result<f64, String>) -> bool {
+        result.as_ref().is_err_and(|e| {
+            e.starts_with(&format!(
+                "expression nested deeper than {MAX_EXPRESSION_DEPTH} levels"
+            ))
+        })
+    }
+
+    #[test]
+    fn deeply_nested_parentheses_are_an_error_not_a_stack_overflow() {
+        let deep = format!("{}1{}", "(".repeat(20_000), ")".repeat(20_000));
+        let result = evaluate_on_a_pool_sized_stack(deep);
+        assert!(nested_too_deep(&result), "{result:?}");
+        let calls = format!("{}1{}", "abs(".repeat(20_000), ")".repeat(20_000));
+        let result = evaluate_on_a_pool_sized_stack(calls);
+        assert!(nested_too_deep(&result), "{result:?}");
+        // The model reads it as the tool's error.
+        let mut args = serde_json::Map::new();
+        args.insert("expression".into(), json!("(".repeat(20_000)));
+        let answer = call(Arguments::new(args));
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("nested deeper than")),
+            "{answer:?}"
+        );
+    }
+
+    #[test]
+    fn long_chains_of_signs_and_powers_are_an_error_not_a_stack_overflow() {
+        for chain in [
+            format!("{}1", "-".repeat(20_000)),
+            format!("{}1", "+-".repeat(10_000)),
+            format!("{}1", "-(".repeat(10_000)),
+            format!("{}1", "2^".repeat(20_000)),
+            format!("{}1", "1 ** ".repeat(20_000)),
+        ] {
+            let result = evaluate_on_a_pool_sized_stack(chain.clone());
+            assert!(nested_too_deep(&result), "{}: {result:?}", &chain[..8]);
+        }
+    }
+
+    #[test]
+    fn an_expression_nested_exactly_to_the_bound_still_evaluates() {
+        let parentheses = format!(
+            "{}1 + 2{}",
+            "(".repeat(MAX_EXPRESSION_DEPTH),
+            ")".repeat(MAX_EXPRESSION_DEPTH)
+        );
+        assert_eq!(evaluate_on_a_pool_sized_stack(parentheses), Ok(3.0));
+        let signs = format!("{}7", "-".repeat(MAX_EXPRESSION_DEPTH));
+        assert_eq!(evaluate_on_a_pool_sized_stack(signs), Ok(7.0));
+        let powers = format!("{}1", "1 ^ ".repeat(MAX_EXPRESSION_DEPTH));
+        assert_eq!(evaluate_on_a_pool_sized_stack(powers), Ok(1.0));
+        let one_more = format!("{}7", "-".repeat(MAX_EXPRESSION_DEPTH + 1));
+        let result = evaluate_on_a_pool_sized_stack(one_more);
+        assert!(nested_too_deep(&result), "{result:?}");
     }
 
     #[test]

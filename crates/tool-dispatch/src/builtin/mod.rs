@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 pub use self::{
-    calculator::{ExpressionError, evaluate},
+    calculator::{ExpressionError, MAX_EXPRESSION_DEPTH, evaluate},
     process::{Finished, ProcessGroup, run_command},
 };
 use crate::tool::{Tool, ToolSpec};
