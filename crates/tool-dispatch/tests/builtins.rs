@@ -163,4 +163,201 @@ mod http {
             )
         );
     }
+
+    /// A loopback server that answers its connections, one request each, with `answers` in
+    /// order (`{port}` in one becomes the server's own port), then an endless chunked 200 to
+    /// any further one; hands back its base URL and the requests it got.
+    async fn serve(
+        answers: Vec<String>,
+    ) -> (
+        String,
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("addr").port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let server = tokio::spawn(async move {
+            let mut answers = answers.into_iter();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let text = String::from_utf8_lossy(&request).into_owned();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|n| n.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(read) => request.extend_from_slice(&buffer[..read]),
+                    }
+                }
+                seen.lock()
+                    .expect("not poisoned")
+                    .push(String::from_utf8_lossy(&request).into_owned());
+                match answers.next() {
+                    Some(answer) => {
+                        let answer = answer.replace("{port}", &port.to_string());
+                        let _ = stream.write_all(answer.as_bytes()).await;
+                    }
+                    None => {
+                        let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+                        if stream.write_all(head.as_bytes()).await.is_ok() {
+                            let mut chunk = b"1000\r\n".to_vec();
+                            chunk.extend(std::iter::repeat_n(b'x', 0x1000));
+                            chunk.extend_from_slice(b"\r\n");
+                            while stream.write_all(&chunk).await.is_ok() {}
+                        }
+                    }
+                }
+            }
+        });
+        (format!("http://127.0.0.1:{port}"), requests, server)
+    }
+
+    fn answer(status: &str, headers: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    async fn call_once(config: Value) -> tool_dispatch::ToolResult {
+        let dispatcher = dispatcher(vec![tool(config)], DispatcherConfig::new(1));
+        let mut results = dispatcher
+            .run(vec![ToolCall::new("lookup", json!({"query": "France"}))])
+            .await
+            .expect("open");
+        results.remove(0)
+    }
+
+    #[tokio::test]
+    async fn an_endless_http_body_is_cut_at_max_output_bytes() {
+        let (base, _requests, _server) = serve(Vec::new()).await;
+        let result = call_once(json!({
+            "name": "lookup", "kind": "http", "url": format!("{base}/lookup"),
+            "max_output_bytes": 1000, "timeout": "10s"
+        }))
+        .await;
+        assert_eq!(result.outcome, Outcome::Ok, "{}", result.content);
+        assert_eq!(
+            result.content,
+            format!(
+                "{}\n[response truncated: only the first 1000 bytes are kept]",
+                "x".repeat(1000)
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_http_body_is_cut_and_says_how_much() {
+        let body = "y".repeat(20_000);
+        let (base, _requests, _server) = serve(vec![answer("200 OK", "", &body)]).await;
+        let result =
+            call_once(json!({"name": "lookup", "kind": "http", "url": format!("{base}/lookup")}))
+                .await;
+        assert_eq!(
+            result.content,
+            format!(
+                "{}\n[response truncated: {} more bytes]",
+                "y".repeat(16384),
+                20_000 - 16384
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn an_http_redirect_to_another_port_is_refused_and_not_followed() {
+        let (elsewhere, elsewhere_requests, _other) = serve(Vec::new()).await;
+        let location = format!("Location: {elsewhere}/steal?x=1\r\n");
+        let (base, _requests, _server) =
+            serve(vec![answer("307 Temporary Redirect", &location, "")]).await;
+        let result =
+            call_once(json!({"name": "lookup", "kind": "http", "url": format!("{base}/lookup")}))
+                .await;
+        assert_eq!(result.outcome, Outcome::Failed);
+        let message = error_of(&result.content);
+        assert!(message.contains("redirect to another origin"), "{message}");
+        assert!(!message.contains("steal"), "{message}");
+        assert!(
+            elsewhere_requests.lock().expect("not poisoned").is_empty(),
+            "the other origin was never asked"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_http_redirect_within_the_origin_is_followed_a_few_times_at_most() {
+        let hop = |to: &str| answer("307 Temporary Redirect", &format!("Location: {to}\r\n"), "");
+        let (base, requests, _server) = serve(vec![
+            hop("/second"),
+            hop("http://127.0.0.1:{port}/third"),
+            answer("200 OK", "", "arrived"),
+        ])
+        .await;
+        let followed =
+            call_once(json!({"name": "lookup", "kind": "http", "url": format!("{base}/lookup")}))
+                .await;
+        assert_eq!(followed.content, "arrived");
+        let paths: Vec<String> = requests
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|r| r.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(paths, ["POST /lookup", "POST /second", "POST /third"]);
+
+        let (base, requests, _server) =
+            serve(vec![hop("/a"), hop("/b"), hop("/c"), hop("/d"), hop("/e")]).await;
+        let result =
+            call_once(json!({"name": "lookup", "kind": "http", "url": format!("{base}/lookup")}))
+                .await;
+        assert_eq!(result.outcome, Outcome::Failed);
+        assert!(
+            error_of(&result.content).contains("more than 3 redirects"),
+            "{}",
+            result.content
+        );
+        assert_eq!(requests.lock().expect("not poisoned").len(), 4);
+    }
+
+    #[tokio::test]
+    async fn http_errors_never_show_the_urls_credentials_or_query() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+            listener.local_addr().expect("addr").port()
+        };
+        let refused = call_once(json!({
+            "name": "lookup", "kind": "http",
+            "url": format!("http://agent:hunter2@127.0.0.1:{port}/lookup?token=s3cret")
+        }))
+        .await;
+        let (base, _requests, _server) =
+            serve(vec![answer("500 Internal Server Error", "", "down")]).await;
+        let failed = call_once(json!({
+            "name": "lookup", "kind": "http",
+            "url": base.replace("http://", "http://agent:hunter2@") + "/lookup?token=s3cret"
+        }))
+        .await;
+        for result in [refused, failed] {
+            assert_eq!(result.outcome, Outcome::Failed);
+            let message = error_of(&result.content);
+            assert!(message.contains("127.0.0.1"), "{message}");
+            for secret in ["agent", "hunter2", "token", "s3cret"] {
+                assert!(!message.contains(secret), "{secret} in {message}");
+            }
+        }
+    }
 }

@@ -12,6 +12,11 @@
 //! call's program runs in a process group of its own, killed whole when the call ends, times
 //! out or is cancelled (its future dropped): nothing it started outlives the call.
 //! `python` is not a sandbox: code runs with the engine's permissions.
+//!
+//! `http` reads at most `max_output_bytes` of a body (default 16 KiB) and stops there, saying
+//! that it cut (and how much, when the server sent a length); it follows at most 3 redirects,
+//! all within the configured URL's origin (scheme, host and port: a redirect elsewhere is an
+//! error), and its errors show the URL without credentials, query or fragment.
 
 mod calculator;
 #[cfg(feature = "http")]
@@ -97,7 +102,8 @@ pub struct ToolConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub timeout: Option<Duration>,
-    /// `command`, `python`: bytes kept of stdout and of stderr each (default 16384).
+    /// `command`, `python`: bytes kept of stdout and of stderr each; `http`: bytes read of
+    /// the response body (default 16384 for all three).
     #[serde(default)]
     pub max_output_bytes: Option<usize>,
 }
@@ -211,6 +217,7 @@ impl ToolConfig {
                     description("Call a web service"),
                     parameters(open()),
                     timeout,
+                    max_output,
                 )
                 .map_err(fail)?
             }
@@ -225,12 +232,9 @@ impl ToolConfig {
         description: String,
         parameters: Value,
         timeout: Duration,
+        max_output: usize,
     ) -> Result<Tool, String> {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .map_err(|e| format!("could not start an HTTP client: {e}"))?;
-        let http = http::HttpTool { client, url };
+        let http = http::HttpTool::new(&url, max_output)?;
         Ok(Tool::new_async(
             ToolSpec::new(&self.name, description).parameters(parameters),
             move |args| http.clone().call(args),
@@ -239,7 +243,14 @@ impl ToolConfig {
     }
 
     #[cfg(not(feature = "http"))]
-    fn http_tool(&self, _: String, _: String, _: Value, _: Duration) -> Result<Tool, String> {
+    fn http_tool(
+        &self,
+        _: String,
+        _: String,
+        _: Value,
+        _: Duration,
+        _: usize,
+    ) -> Result<Tool, String> {
         Err("kind \"http\" needs tool-dispatch's `http` feature".to_owned())
     }
 }
