@@ -23,7 +23,11 @@ enum Script {
 /// A proxy, and a session whose turns are answered by `script` in order (the last answer
 /// repeats); every prompt the session sent arrives on the returned channel.
 async fn proxy() -> Proxy {
-    Proxy::start(chat_tokenizer(), ProxyConfig::new("policy"))
+    proxy_with(ProxyConfig::new("policy")).await
+}
+
+async fn proxy_with(config: ProxyConfig) -> Proxy {
+    Proxy::start(chat_tokenizer(), config)
         .await
         .expect("the proxy starts")
 }
@@ -318,4 +322,142 @@ async fn a_raw_completion_samples_the_prompt_s_ids() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_keeps_nothing_for_the_rollout() {
+    let proxy = proxy().await;
+    let (s, mut prompts) = session(
+        &proxy,
+        vec![
+            Script::Say("Five."),
+            Script::Refuse(SampleRefused::MaxTurns(1)),
+        ],
+    );
+    let (status, body) = post(
+        &proxy,
+        Some(s.key()),
+        "/chat/completions",
+        json!({"messages": question()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut answered = question();
+    answered.push(json!({"role": "assistant", "content": "Five."}));
+    answered.push(json!({"role": "user", "content": "And 3 + 4?"}));
+    let refused = [
+        (
+            Some("sk-not-a-rollout"),
+            json!({"messages": answered.clone()}),
+        ),
+        (Some(s.key()), json!({"messages": answered.clone(), "n": 3})),
+        (Some(s.key()), json!({"messages": "not a list"})),
+    ];
+    for (key, body) in refused {
+        let (status, text) = post(&proxy, key, "/chat/completions", body).await;
+        assert!(status.is_client_error(), "{status}: {text}");
+    }
+    // Past max_turns: the continuation and a new conversation are answered `length`, and
+    // neither is kept.
+    let side = json!([{"role": "user", "content": "Write a title for this chat."}]);
+    for messages in [json!(answered), side] {
+        let (status, body) = post(
+            &proxy,
+            Some(s.key()),
+            "/chat/completions",
+            json!({"messages": messages}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(json_of(&body)["choices"][0]["finish_reason"], "length");
+    }
+    let transcript = s.finish().await;
+    assert_eq!(transcript.stats.limited, 2);
+    assert_eq!(
+        transcript.stats.conversations, 1,
+        "the refused ones kept none"
+    );
+    assert_eq!(transcript.stats.rendered_turns, 1);
+    let roles: Vec<&str> = transcript.completion.iter().map(|m| m.role()).collect();
+    assert_eq!(roles, ["assistant"], "the unanswered question was not kept");
+    let mut sampled = 0;
+    while prompts.try_recv().is_ok() {
+        sampled += 1;
+    }
+    assert_eq!(
+        sampled, 3,
+        "only the answered and the limited requests were sampled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_past_max_conversations_are_refused_with_a_400() {
+    let proxy = proxy_with(ProxyConfig::new("policy").max_conversations(2)).await;
+    let (s, mut prompts) = session(&proxy, vec![Script::Say("Five.")]);
+    let asks = |text: &str| json!({"messages": [{"role": "user", "content": text}]});
+    for text in ["first", "second"] {
+        let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", asks(text)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", asks("third")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let error = json_of(&body);
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("max_conversations"), "{message}");
+    // A conversation held goes on.
+    let go_on = json!({"messages": [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "Five."},
+        {"role": "user", "content": "again"},
+    ]});
+    let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", go_on).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let transcript = s.finish().await;
+    assert_eq!(transcript.stats.conversations, 2);
+    let mut sampled = 0;
+    while prompts.try_recv().is_ok() {
+        sampled += 1;
+    }
+    assert_eq!(sampled, 3, "the refused conversation was never sampled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_ids_outside_the_vocabulary_are_a_400_not_wrapped() {
+    let proxy = proxy().await;
+    let (s, mut prompts) = session(&proxy, vec![Script::Say("Five.")]);
+    let vocab = chat_tokenizer().tokenizer().get_vocab_size(true) as u64;
+    let bad = [
+        json!([1, u64::from(u32::MAX) + 6]),
+        json!([[1, u64::from(u32::MAX) + 1]]),
+        json!([1, -1]),
+        json!([-3]),
+        json!([vocab]),
+        json!([1.5]),
+    ];
+    for prompt in bad {
+        let (status, body) = post(
+            &proxy,
+            Some(s.key()),
+            "/completions",
+            json!({"prompt": prompt.clone()}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{prompt}: {body}");
+        let error = json_of(&body);
+        assert_eq!(error["error"]["param"], "prompt", "{body}");
+    }
+    assert!(prompts.try_recv().is_err(), "no refused prompt was sampled");
+    let (status, body) = post(
+        &proxy,
+        Some(s.key()),
+        "/completions",
+        json!({"prompt": [1, vocab - 1]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        prompts.recv().await.expect("a prompt"),
+        [1, vocab as u32 - 1]
+    );
 }

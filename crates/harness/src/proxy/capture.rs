@@ -11,6 +11,12 @@
 //! rewritten, other tools, a side request) is rendered whole, the proxy's own answers put
 //! back where the agent's copies match them; the engine's reconciler then realigns or forks
 //! (`forked_turns`).
+//!
+//! Nothing is kept of a request until its answer is: [`Capture::prompt`] only plans the
+//! change (a [`Prompt`]), and [`Capture::answer`] applies it once a turn was sampled. A
+//! request refused (a rollout limit, a sampling failure, a render error) leaves the capture
+//! as it was. A rollout holds at most `max_conversations` conversations; a request that would
+//! start one more is refused with a 400.
 
 use rollout_core::{
     ChatTokenizer, IncrementalRender, Message, RenderError, RenderOptions, RenderState,
@@ -30,6 +36,8 @@ pub(crate) struct Model {
     pub(crate) tokenizer: ChatTokenizer,
     pub(crate) options: RenderOptions,
     pub(crate) parser: Box<dyn ToolCallParser>,
+    /// Ids in the tokenizer's vocabulary (added tokens included): a prompt id must be below.
+    pub(crate) vocab_size: u32,
 }
 
 impl Model {
@@ -111,9 +119,34 @@ impl Thread {
     }
 }
 
-/// What a request is sent as.
+/// How a prompt was made, counted once its turn is answered.
+#[derive(Debug, Clone, Copy)]
+enum Made {
+    /// The previous prompt, the sampled ids and the template's delta.
+    Reused,
+    /// Rendered whole although it continues a conversation (no exact delta).
+    Fallback,
+    /// Rendered whole: a new conversation.
+    Rendered,
+}
+
+/// What answering a prompt adds to the capture.
+enum Change {
+    /// `new` appended to conversation `index`, whose render after them is `state`.
+    Continue {
+        index: usize,
+        new: Vec<Message>,
+        state: RenderState,
+    },
+    /// A new conversation.
+    Start(Box<Thread>),
+}
+
+/// What a request is sent as, and what its answer will add to the capture: nothing is kept
+/// before [`Capture::answer`] applies it.
 pub(crate) struct Prompt {
-    thread: usize,
+    change: Change,
+    made: Made,
     pub(crate) ids: Vec<u32>,
 }
 
@@ -134,6 +167,8 @@ pub struct CaptureStats {
     pub limited: u64,
     /// Tool calls in the proxy's answers.
     pub tool_calls: u64,
+    /// Conversations held (at most the proxy's `max_conversations`).
+    pub conversations: u64,
 }
 
 /// One rollout's capture.
@@ -141,20 +176,24 @@ pub struct CaptureStats {
 pub(crate) struct Capture {
     pub(crate) sampler: Sampler,
     threads: Vec<Thread>,
+    /// The most conversations kept.
+    max_conversations: usize,
     pub(crate) stats: CaptureStats,
 }
 
 impl Capture {
-    pub(crate) fn new(sampler: Sampler) -> Capture {
+    pub(crate) fn new(sampler: Sampler, max_conversations: usize) -> Capture {
         Capture {
             sampler,
             threads: Vec::new(),
+            max_conversations,
             stats: CaptureStats::default(),
         }
     }
 
     /// The ids to send for `sent` with `tools`: the continuation of a known conversation, or
-    /// a new one rendered whole.
+    /// a new one rendered whole (refused past `max_conversations`). Changes nothing but the
+    /// request count: the answer applies the [`Prompt`].
     pub(crate) fn prompt(
         &mut self,
         model: &Model,
@@ -179,13 +218,13 @@ impl Capture {
 
     /// The previous prompt, the sampled ids and the template's delta for `new`.
     fn continue_thread(
-        &mut self,
+        &self,
         model: &Model,
         index: usize,
         last: Last,
         new: &[Message],
     ) -> Result<Prompt, ApiError> {
-        let thread = &mut self.threads[index];
+        let thread = &self.threads[index];
         let mut render = model
             .tokenizer
             .resume(thread.state.clone())
@@ -195,32 +234,43 @@ impl Capture {
             Some(stop) => render.delta(&thread.first, last.at, stop).ok(),
             None => None,
         };
-        let ids = match delta {
+        let (ids, made) = match delta {
             Some(delta) => {
-                self.stats.reused_turns += 1;
                 let mut ids = last.ids;
                 ids.extend_from_slice(&delta);
-                ids
+                (ids, Made::Reused)
             }
-            None => {
-                self.stats.delta_fallbacks += 1;
-                self.stats.rendered_turns += 1;
-                whole(&mut render)?
-            }
+            None => (whole(&mut render)?, Made::Fallback),
         };
-        thread.state = render.state();
-        thread.messages.extend_from_slice(new);
-        thread.produced.extend(new.iter().map(|_| false));
-        Ok(Prompt { thread: index, ids })
+        Ok(Prompt {
+            change: Change::Continue {
+                index,
+                new: new.to_vec(),
+                state: render.state(),
+            },
+            made,
+            ids,
+        })
     }
 
     /// A conversation rendered whole, the proxy's own answers in place of the agent's copies.
     fn start_thread(
-        &mut self,
+        &self,
         model: &Model,
         sent: Vec<Message>,
         tools: Option<Vec<Value>>,
     ) -> Result<Prompt, ApiError> {
+        if self.threads.len() >= self.max_conversations {
+            return Err(ApiError::invalid(
+                format!(
+                    "this rollout already holds {} conversations, the proxy's max_conversations: \
+                     continue one of them (its history with the proxy's answers as they were, \
+                     then only new non-assistant messages) instead of starting another",
+                    self.threads.len()
+                ),
+                Some("messages"),
+            ));
+        }
         let mut produced = Vec::with_capacity(sent.len());
         let messages: Vec<Message> = sent
             .into_iter()
@@ -242,19 +292,18 @@ impl Capture {
         render.push(&messages);
         let ids = whole(&mut render)?;
         let state = render.state();
-        self.stats.rendered_turns += 1;
-        self.threads.push(Thread {
-            messages,
-            produced,
-            tools,
-            first: state.clone(),
-            state,
-            last: None,
-            answers: 0,
-            used: self.stats.requests,
-        });
         Ok(Prompt {
-            thread: self.threads.len() - 1,
+            change: Change::Start(Box::new(Thread {
+                messages,
+                produced,
+                tools,
+                first: state.clone(),
+                state,
+                last: None,
+                answers: 0,
+                used: self.stats.requests,
+            })),
+            made: Made::Rendered,
             ids,
         })
     }
@@ -350,7 +399,8 @@ impl Capture {
         })
     }
 
-    /// Adds an answer to its conversation: the next prompt may continue after its ids.
+    /// Applies the prompt's change and adds the answer to its conversation: the next prompt
+    /// may continue after its ids. Nothing is changed when it fails.
     fn record(
         &mut self,
         model: &Model,
@@ -359,15 +409,18 @@ impl Capture {
         message: Message,
     ) -> Result<(), ApiError> {
         let used = self.stats.requests;
-        let thread = &mut self.threads[prompt.thread];
-        let mut render = model
-            .tokenizer
-            .resume(thread.state.clone())
-            .map_err(render_error)?;
+        let Prompt { change, made, ids } = prompt;
+        let before = match &change {
+            Change::Continue { state, .. } => state.clone(),
+            Change::Start(thread) => thread.state.clone(),
+        };
+        let mut render = model.tokenizer.resume(before).map_err(render_error)?;
         render.push(std::slice::from_ref(&message));
-        thread.state = render.state();
-        let mut ids = prompt.ids;
+        let state = render.state();
+        let thread = self.apply(change, made);
+        let mut ids = ids;
         ids.extend_from_slice(sampled);
+        thread.state = state;
         thread.messages.push(message);
         thread.produced.push(true);
         thread.last = Some(Last {
@@ -378,6 +431,33 @@ impl Capture {
         thread.answers += 1;
         thread.used = used;
         Ok(())
+    }
+
+    /// Keeps what a prompt added (the messages sent, a new conversation) and counts how it
+    /// was made; the conversation it went to.
+    fn apply(&mut self, change: Change, made: Made) -> &mut Thread {
+        match made {
+            Made::Reused => self.stats.reused_turns += 1,
+            Made::Fallback => {
+                self.stats.delta_fallbacks += 1;
+                self.stats.rendered_turns += 1;
+            }
+            Made::Rendered => self.stats.rendered_turns += 1,
+        }
+        let index = match change {
+            Change::Continue { index, new, .. } => {
+                let thread = &mut self.threads[index];
+                thread.produced.extend(new.iter().map(|_| false));
+                thread.messages.extend(new);
+                index
+            }
+            Change::Start(thread) => {
+                self.threads.push(*thread);
+                self.stats.conversations = self.threads.len() as u64;
+                self.threads.len() - 1
+            }
+        };
+        &mut self.threads[index]
     }
 
     /// The agent's transcript: its main conversation (the one with the most answers, the

@@ -19,6 +19,13 @@
 //!
 //! The sampling fields of a request (`temperature`, `top_p`, ...) are accepted and ignored:
 //! the run's sampling settings are the policy's, which the trainer's log-probs must match.
+//!
+//! What the agent sends is untrusted. A request the proxy refuses (no or a wrong key, a bad
+//! body, `n > 1`, a rollout limit) keeps nothing in the rollout's capture; a rollout holds at
+//! most [`ProxyConfig::max_conversations`] conversations (a request starting one more is a
+//! 400); token ids in a `/v1/completions` prompt must be in the model's vocabulary (else a
+//! 400). Keys come from the operating system's random source, and the proxy does not start
+//! (nor a session open) without one.
 
 mod capture;
 mod openai;
@@ -56,15 +63,31 @@ pub struct ProxyConfig {
     /// Render options of the run (chat template name, template kwargs such as
     /// `enable_thinking`); the tools come from each request.
     pub options: RenderOptions,
+    /// The most conversations (distinct histories: forks, side requests) one rollout keeps;
+    /// a request that would start one more is refused with a 400 (default
+    /// [`ProxyConfig::DEFAULT_MAX_CONVERSATIONS`]).
+    pub max_conversations: usize,
 }
 
 impl ProxyConfig {
+    /// The default of [`ProxyConfig::max_conversations`]: 64, well above what agents hold (a
+    /// main conversation, a few side requests such as a title, summaries after compaction).
+    pub const DEFAULT_MAX_CONVERSATIONS: usize = 64;
+
     /// A proxy serving as `model`.
     pub fn new(model: impl Into<String>) -> ProxyConfig {
         ProxyConfig {
             model: model.into(),
             options: RenderOptions::generation(),
+            max_conversations: ProxyConfig::DEFAULT_MAX_CONVERSATIONS,
         }
+    }
+
+    /// Sets the most conversations one rollout keeps.
+    #[must_use]
+    pub fn max_conversations(mut self, max: usize) -> ProxyConfig {
+        self.max_conversations = max;
+        self
     }
 
     /// Sets the render options.
@@ -81,6 +104,7 @@ type Captures = Mutex<HashMap<String, Arc<tokio::sync::Mutex<Capture>>>>;
 struct Inner {
     model: Model,
     captures: Captures,
+    max_conversations: usize,
 }
 
 /// The proxy: one listener on 127.0.0.1 for every rollout. Dropping it stops the server.
@@ -110,14 +134,20 @@ impl Proxy {
     /// template and parsing with the parser its template suggests (else hermes).
     ///
     /// # Errors
-    /// When the template cannot be loaded or no port can be bound.
+    /// When the template cannot be loaded, no port can be bound or the operating system has
+    /// no random source for the keys.
     pub async fn start(tokenizer: ChatTokenizer, config: ProxyConfig) -> Result<Proxy, ProxyError> {
+        // A proxy that could not make a key for its first rollout must not start.
+        new_key()?;
         let template = tokenizer
             .template(&config.options)
             .map_err(|e| ProxyError(format!("the chat template: {}", e.chain())))?;
         let parser = detect_parser(template.source()).unwrap_or_else(|| Box::new(HermesParser));
+        let vocab_size = u32::try_from(tokenizer.tokenizer().get_vocab_size(true))
+            .map_err(|_| ProxyError("the tokenizer's vocabulary is over 2^32 ids".to_owned()))?;
         let model = Model {
             name: config.model,
+            vocab_size,
             tokenizer,
             options: config.options,
             parser,
@@ -131,6 +161,7 @@ impl Proxy {
         let inner = Arc::new(Inner {
             model,
             captures: Mutex::new(HashMap::new()),
+            max_conversations: config.max_conversations,
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -155,15 +186,33 @@ impl Proxy {
     }
 
     /// A rollout's session: a key of its own, its turns sampled with `sampler`.
-    pub fn session(&self, sampler: Sampler) -> ProxySession {
-        let key = new_key();
-        let capture = Arc::new(tokio::sync::Mutex::new(Capture::new(sampler)));
+    ///
+    /// # Errors
+    /// When the operating system's random source fails (no key is made any other way).
+    pub fn try_session(&self, sampler: Sampler) -> Result<ProxySession, ProxyError> {
+        let key = new_key()?;
+        let capture = Arc::new(tokio::sync::Mutex::new(Capture::new(
+            sampler,
+            self.inner.max_conversations,
+        )));
         lock(&self.inner.captures).insert(key.clone(), Arc::clone(&capture));
-        ProxySession {
+        Ok(ProxySession {
             key,
             base_url: self.base_url(),
             capture,
             inner: Arc::clone(&self.inner),
+        })
+    }
+
+    /// [`Proxy::try_session`] for callers that cannot handle its error.
+    ///
+    /// # Panics
+    /// When the operating system's random source fails, which [`Proxy::start`] checked
+    /// worked: a rollout is never given a key that is not random.
+    pub fn session(&self, sampler: Sampler) -> ProxySession {
+        match self.try_session(sampler) {
+            Ok(session) => session,
+            Err(error) => panic!("{error}"),
         }
     }
 }
@@ -233,17 +282,23 @@ impl ProxySession {
 }
 
 /// 32 hex digits from the operating system's random source.
-fn new_key() -> String {
+fn new_key() -> Result<String, ProxyError> {
+    key_from(getrandom::fill)
+}
+
+/// A key of 32 hex digits from `fill`; its failure is the key's (a key another rollout could
+/// guess would let agents read and steer each other's turns).
+fn key_from(
+    fill: impl FnOnce(&mut [u8]) -> Result<(), getrandom::Error>,
+) -> Result<String, ProxyError> {
     let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No OS randomness: a key unique in the process still keeps rollouts apart.
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        bytes = now.as_nanos().to_le_bytes();
-    }
+    fill(&mut bytes).map_err(|e| {
+        ProxyError(format!(
+            "cannot make a rollout key: the operating system's random source failed ({e})"
+        ))
+    })?;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sk-rollout-{hex}")
+    Ok(format!("sk-rollout-{hex}"))
 }
 
 /// The capture of the rollout whose key the request carries.
@@ -354,7 +409,8 @@ async fn completion_answer(
     })
 }
 
-/// A completion prompt's ids: text tokenized as vLLM does (special tokens added), or ids.
+/// A completion prompt's ids: text tokenized as vLLM does (special tokens added), or ids,
+/// each an integer below the vocabulary's size.
 fn prompt_ids(model: &Model, prompt: Value) -> Result<Vec<u32>, ApiError> {
     let one = |value: Value| -> Result<Vec<u32>, ApiError> {
         match value {
@@ -366,11 +422,7 @@ fn prompt_ids(model: &Model, prompt: Value) -> Result<Vec<u32>, ApiError> {
                 .map_err(|e| {
                     ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
                 }),
-            Value::Array(ids) if ids.iter().all(Value::is_u64) => Ok(ids
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|id| id as u32)
-                .collect()),
+            Value::Array(ids) if ids.iter().all(Value::is_number) => token_ids(model, &ids),
             _ => Err(ApiError::invalid(
                 "prompt must be a string or a list of token ids",
                 Some("prompt"),
@@ -378,15 +430,41 @@ fn prompt_ids(model: &Model, prompt: Value) -> Result<Vec<u32>, ApiError> {
         }
     };
     match prompt {
-        Value::Array(items) if items.len() == 1 && !items[0].is_u64() => {
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => {
             one(items.into_iter().next().unwrap_or_default())
         }
-        Value::Array(items) if items.iter().any(|item| !item.is_u64()) => Err(ApiError::invalid(
-            "one prompt per request: each rollout samples one choice",
-            Some("prompt"),
-        )),
+        Value::Array(items) if items.iter().any(|item| !item.is_number()) => {
+            Err(ApiError::invalid(
+                "one prompt per request: each rollout samples one choice",
+                Some("prompt"),
+            ))
+        }
         other => one(other),
     }
+}
+
+/// Token ids as the model knows them: integers from 0 to below its vocabulary's size, never
+/// wrapped into range.
+fn token_ids(model: &Model, ids: &[Value]) -> Result<Vec<u32>, ApiError> {
+    ids.iter()
+        .enumerate()
+        .map(|(index, value)| {
+            value
+                .as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .filter(|&id| id < model.vocab_size)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!(
+                            "prompt[{index}] = {value} is not a token id of this model: ids are \
+                             integers from 0 to {} (its vocabulary's size minus one)",
+                            model.vocab_size.saturating_sub(1)
+                        ),
+                        Some("prompt"),
+                    )
+                })
+        })
+        .collect()
 }
 
 async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response {
@@ -398,4 +476,25 @@ async fn models(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Response
         "data": [{"id": inner.model.name, "object": "model", "created": 0, "owned_by": "async-grpo"}],
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_random_source_is_an_error_not_a_weaker_key() {
+        let error = key_from(|_| Err(getrandom::Error::UNSUPPORTED))
+            .expect_err("no key without randomness");
+        assert!(
+            error.to_string().contains("random source failed"),
+            "{error}"
+        );
+        let key = key_from(|bytes| {
+            bytes.fill(0xab);
+            Ok(())
+        })
+        .expect("a key");
+        assert_eq!(key, format!("sk-rollout-{}", "ab".repeat(16)));
+    }
 }
