@@ -11,28 +11,32 @@
 //! `max_output_bytes` of stdout and of stderr (default 16 KiB), saying how much was cut. Each
 //! call's program runs in a process group of its own, killed whole when the call ends, times
 //! out or is cancelled (its future dropped): nothing it started outlives the call.
-//! `python` is not a sandbox: code runs with the engine's permissions.
 //!
 //! `http` reads at most `max_output_bytes` of a body (default 16 KiB) and stops there, saying
 //! that it cut (and how much, when the server sent a length); it follows at most 3 redirects,
 //! all within the configured URL's origin (scheme, host and port: a redirect elsewhere is an
 //! error), and its errors show the URL without credentials, query or fragment.
+//!
+//! `command` and `python` run what the model sends, so they are sandboxed by default
+//! (`process::Sandbox`: bubblewrap, a PID namespace, the environment cleared, the file system
+//! read-only but a private `/tmp`, no network, resource limits). A table sets
+//! `sandbox = "none"` to run them with the engine's permissions, `network = true` to give them
+//! the host's network, and `limits = { memory_mib = .., cpu_seconds = .., processes = ..,
+//! file_size_mib = .., open_files = .. }` (`process::Limits`, 0 for none).
 
 mod calculator;
 #[cfg(feature = "http")]
 mod http;
-mod process;
+mod program;
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-pub use self::{
-    calculator::{ExpressionError, MAX_EXPRESSION_DEPTH, evaluate},
-    process::{Finished, ProcessGroup, run_command},
-};
+pub use self::calculator::{ExpressionError, MAX_EXPRESSION_DEPTH, evaluate};
 use crate::tool::{Tool, ToolSpec};
+use process::{Isolation, Limits, Sandbox};
 
 /// The kinds of built-in tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -106,6 +110,15 @@ pub struct ToolConfig {
     /// the response body (default 16384 for all three).
     #[serde(default)]
     pub max_output_bytes: Option<usize>,
+    /// `command`, `python`: `"bwrap"` (the default) or `"none"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Isolation>,
+    /// `command`, `python`: whether the program gets the host's network (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// `command`, `python`: resource limits (each unset field keeps its default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
 }
 
 /// A [`ToolConfig`] that does not describe a usable tool.
@@ -120,8 +133,35 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_OUTPUT: usize = 16 * 1024;
 
 impl ToolConfig {
-    /// Builds the tool: checks that the fields fit the kind, and parses the timeout.
+    /// Builds the tool: checks that the fields fit the kind, and parses the timeout. A program
+    /// runs in the default [`Sandbox`] as the table changes it.
     pub fn build(&self) -> Result<Tool, ToolConfigError> {
+        self.build_in(&Sandbox::default())
+    }
+
+    /// The sandbox this table's program runs in: `base` (what the engine hides, for one) as
+    /// the table changes it.
+    pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
+        let mut sandbox = base.clone();
+        if let Some(isolation) = self.sandbox {
+            sandbox = sandbox.isolation(isolation);
+        }
+        if let Some(network) = self.network {
+            sandbox = sandbox.network(network);
+        }
+        if let Some(limits) = self.limits {
+            sandbox = sandbox.limits(limits);
+        }
+        sandbox
+    }
+
+    /// Whether the tool runs a program (and so has a sandbox).
+    pub fn runs_a_program(&self) -> bool {
+        matches!(self.kind, ToolKind::Command | ToolKind::Python)
+    }
+
+    /// [`ToolConfig::build`] with `base` as the sandbox the table changes.
+    pub fn build_in(&self, base: &Sandbox) -> Result<Tool, ToolConfigError> {
         let fail = |reason: String| ToolConfigError {
             name: self.name.clone(),
             reason,
@@ -139,6 +179,20 @@ impl ToolConfig {
         only("command", self.command.is_some(), "command")?;
         only("url", self.url.is_some(), "http")?;
         only("interpreter", self.interpreter.is_some(), "python")?;
+        if !self.runs_a_program() {
+            for (field, present) in [
+                ("sandbox", self.sandbox.is_some()),
+                ("network", self.network.is_some()),
+                ("limits", self.limits.is_some()),
+            ] {
+                if present {
+                    return Err(fail(format!(
+                        "`{field}` is only for kinds \"command\" and \"python\", not \"{kind}\""
+                    )));
+                }
+            }
+        }
+        let sandbox = self.sandbox_in(base);
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(fail(
@@ -165,11 +219,12 @@ impl ToolConfig {
             )
             .timeout(timeout),
             ToolKind::Python => {
-                let python = process::PythonTool {
+                let python = program::PythonTool {
                     interpreter: self
                         .interpreter
                         .clone()
                         .unwrap_or_else(|| "python3".to_owned()),
+                    sandbox,
                     timeout,
                     max_output,
                 };
@@ -178,7 +233,7 @@ impl ToolConfig {
                         &self.name,
                         description("Run Python code and see its output"),
                     )
-                    .parameters(parameters(process::PythonTool::parameters())),
+                    .parameters(parameters(program::PythonTool::parameters())),
                     move |args| python.clone().call(args),
                 )
                 .timeout(timeout + margin)
@@ -190,8 +245,9 @@ impl ToolConfig {
                         "kind \"command\" needs `command = [\"program\", \"arg\", ...]`".to_owned(),
                     ));
                 }
-                let command = process::CommandTool {
+                let command = program::CommandTool {
                     argv,
+                    sandbox,
                     timeout,
                     max_output,
                 };
