@@ -2,29 +2,34 @@
 //! per rollout attempt against the recording [`Proxy`], as the loop's
 //! [`rollout_core::rollout::Agent`].
 //!
-//! Each attempt gets a directory of its own (removed at the end), a proxy key of its own
-//! (`OPENAI_BASE_URL`, `OPENAI_API_KEY` in the agent's environment), its `setup` commands run
-//! in the directory, then the agent, in a process group of its own, killed whole when it
-//! exits, times out, or the attempt is dropped (a drain, Ctrl-C, the rollout's deadline).
-//! Its output is kept, capped, for the log. Then `verify` runs in the directory: its reward is
-//! the number it prints, else its exit code (0 is 1.0, 1 is 0.0, anything else unscorable).
-//! Nothing of one attempt is visible to another: directory, key, process group.
+//! Each attempt gets a directory of its own (an unguessable name in a private root, mode 0700,
+//! removed at the end), a proxy key of its own (`OPENAI_BASE_URL`, `OPENAI_API_KEY` in the
+//! agent's environment), its `setup` commands run in the directory, then the agent, killed
+//! whole when it exits, times out, or the attempt is dropped (a drain, Ctrl-C, the rollout's
+//! deadline). Its output is kept, capped, for the log. Then `verify` runs in the directory,
+//! the dataset row as JSON on its stdin: its reward is the number it prints, else its exit
+//! code (0 is 1.0, 1 is 0.0, anything else unscorable).
+//!
+//! Every program of an attempt runs in the [`Sandbox`] of [`ProgramConfig::sandbox`]:
+//! bubblewrap by default, each in a PID namespace of its own, with the environment cleared to
+//! what the table gives, the file system read-only but its own directory and a private
+//! `/tmp`, the other attempts' directories hidden, and the host's network (it must reach the
+//! proxy; the proxy answers only this attempt's key). Nothing of one attempt is visible to
+//! another: directory, key, processes, environment.
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::Stdio,
     time::Duration,
 };
 
 use futures::future::BoxFuture;
+use process::{Finished, Program, Sandbox};
 use rollout_core::{
     DatasetRow,
     rollout::{Agent, AgentError, AgentOutcome, AgentRun, Verdict},
 };
 use serde_json::Value;
-use tokio::process::Command;
-use tool_dispatch::builtin::{Finished, run_command};
 
 use crate::{proxy::Proxy, sync::Arc};
 
@@ -33,28 +38,33 @@ use crate::{proxy::Proxy, sync::Arc};
 #[non_exhaustive]
 pub struct ProgramConfig {
     /// The agent's command line; `{prompt}` (the task's text), `{workdir}` and `{task_json}`
-    /// (the dataset row as JSON) are replaced in each argument.
+    /// (the dataset row as JSON, answer columns included: keep it out of the agent's own
+    /// command) are replaced in each argument, in one pass.
     pub command: Vec<String>,
     /// More environment variables for the agent, setup and verify (the proxy's URL and key
     /// are added).
     pub env: BTreeMap<String, String>,
     /// Commands run in the directory before the agent, in order (each must exit 0).
     pub setup: Vec<Vec<String>>,
-    /// The command that judges the directory after the agent exited.
+    /// The command that judges the directory after the agent exited; the dataset row comes as
+    /// JSON on its stdin.
     pub verify: Option<Vec<String>>,
     /// How long the agent may run before its process group is killed.
     pub timeout: Duration,
     /// How long each setup and verify command may run.
     pub command_timeout: Duration,
-    /// Where attempt directories are made.
+    /// Where the private root of the attempts' directories is made.
     pub workdir_root: PathBuf,
     /// Bytes of the agent's stdout and of its stderr kept for the log.
     pub max_output: usize,
+    /// Where the agent, setup and verify run: bubblewrap with the host's network by default.
+    pub sandbox: Sandbox,
 }
 
 impl ProgramConfig {
     /// Runs `command` with the defaults: 10 minutes, 2 minutes per setup or verify command,
-    /// directories under the system's temporary directory, 64 KiB of output kept.
+    /// directories under the system's temporary directory, 64 KiB of output kept, the default
+    /// sandbox with the host's network (to reach the proxy).
     pub fn new(command: Vec<String>) -> ProgramConfig {
         ProgramConfig {
             command,
@@ -63,8 +73,9 @@ impl ProgramConfig {
             verify: None,
             timeout: Duration::from_secs(600),
             command_timeout: Duration::from_secs(120),
-            workdir_root: std::env::temp_dir().join("async-grpo-agents"),
+            workdir_root: std::env::temp_dir(),
             max_output: 64 * 1024,
+            sandbox: Sandbox::default().network(true),
         }
     }
 }
@@ -74,15 +85,24 @@ impl ProgramConfig {
 pub struct ProgramAgent {
     proxy: Arc<Proxy>,
     config: Arc<ProgramConfig>,
+    root: Arc<PrivateRoot>,
 }
 
 impl ProgramAgent {
-    /// Runs `config`'s program against `proxy`.
-    pub fn new(proxy: Arc<Proxy>, config: ProgramConfig) -> ProgramAgent {
-        ProgramAgent {
+    /// Runs `config`'s program against `proxy`; makes the private root of the attempts'
+    /// directories (removed when the last clone of the agent is dropped).
+    pub fn new(proxy: Arc<Proxy>, config: ProgramConfig) -> Result<ProgramAgent, AgentError> {
+        let root = PrivateRoot::new(&config.workdir_root)?;
+        Ok(ProgramAgent {
             proxy,
             config: Arc::new(config),
-        }
+            root: Arc::new(root),
+        })
+    }
+
+    /// The private root of the attempts' directories.
+    pub fn root(&self) -> &Path {
+        &self.root.0
     }
 }
 
@@ -91,6 +111,42 @@ impl Agent for ProgramAgent {
         let this = self.clone();
         Box::pin(async move { this.attempt(run).await })
     }
+}
+
+/// A directory only its owner may enter (0700, an unguessable name), removed when dropped.
+#[derive(Debug)]
+struct PrivateRoot(PathBuf);
+
+impl PrivateRoot {
+    fn new(parent: &Path) -> Result<PrivateRoot, AgentError> {
+        let cannot = |e: std::io::Error| {
+            AgentError(format!(
+                "cannot make a private directory under {}: {e}",
+                parent.display()
+            ))
+        };
+        std::fs::create_dir_all(parent).map_err(cannot)?;
+        let dir = parent.join(format!("async-grpo-agents-{}", random_name()?));
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&dir).map_err(cannot)?;
+        Ok(PrivateRoot(dir))
+    }
+}
+
+impl Drop for PrivateRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// 128 random bits as hex, or an error: never a name that can be guessed.
+fn random_name() -> Result<String, AgentError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| AgentError(format!("the OS gave no random bytes for a name: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// An attempt's directory, removed when dropped.
@@ -107,10 +163,13 @@ impl Drop for Workdir {
 impl ProgramAgent {
     async fn attempt(&self, run: AgentRun) -> Result<AgentOutcome, AgentError> {
         let config = &self.config;
-        let workdir = make_workdir(&config.workdir_root, &run.episode_id)?;
+        let workdir = make_workdir(&self.root.0)?;
         let task = Value::Object(run.row.to_json()).to_string();
         let prompt = task_text(&run.row);
-        let session = self.proxy.session(run.sampler);
+        let session = self
+            .proxy
+            .try_session(run.sampler)
+            .map_err(|e| AgentError(e.to_string()))?;
         let mut env = config.env.clone();
         env.insert("OPENAI_BASE_URL".into(), session.base_url().to_owned());
         env.insert("OPENAI_API_KEY".into(), session.key().to_owned());
@@ -122,7 +181,7 @@ impl ProgramAgent {
         };
         for (index, argv) in config.setup.iter().enumerate() {
             let finished = self
-                .program(argv, &place, &env, config.command_timeout)
+                .program(argv, &place, &env, Vec::new(), config.command_timeout)
                 .await
                 .map_err(|e| AgentError(format!("setup[{index}]: {e}")))?;
             if !finished.status.success() {
@@ -134,7 +193,7 @@ impl ProgramAgent {
             }
         }
         let ran = self
-            .program(&config.command, &place, &env, config.timeout)
+            .program(&config.command, &place, &env, Vec::new(), config.timeout)
             .await;
         let mut metrics = BTreeMap::new();
         match &ran {
@@ -179,23 +238,24 @@ impl ProgramAgent {
         Ok(outcome)
     }
 
-    /// Runs `argv` (placeholders replaced) in the attempt's directory with `env`.
+    /// Runs `argv` (placeholders replaced) in the attempt's directory and sandbox with `env`
+    /// and `input` on stdin.
     async fn program(
         &self,
         argv: &[String],
         place: &Placeholders<'_>,
         env: &BTreeMap<String, String>,
+        input: Vec<u8>,
         timeout: Duration,
     ) -> Result<Finished, String> {
-        let argv: Vec<String> = argv.iter().map(|arg| place.fill(arg)).collect();
-        let (program, args) = argv.split_first().ok_or("no program to run")?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .current_dir(place.workdir)
-            .envs(env)
-            .stdin(Stdio::null());
-        run_command(command, Vec::new(), timeout, self.config.max_output).await
+        let sandbox = self.config.sandbox.clone().hide(&self.root.0);
+        Program::new(argv.iter().map(|arg| place.fill(arg)))
+            .envs(env.clone())
+            .dir(place.workdir)
+            .sandbox(sandbox)
+            .run(input, timeout, self.config.max_output)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// The reward `verify` gives: the number it prints, else its exit code (0: 1.0, 1: 0.0).
@@ -206,7 +266,13 @@ impl ProgramAgent {
         env: &BTreeMap<String, String>,
     ) -> Verdict {
         let finished = match self
-            .program(argv, place, env, self.config.command_timeout)
+            .program(
+                argv,
+                place,
+                env,
+                place.task.as_bytes().to_vec(),
+                self.config.command_timeout,
+            )
             .await
         {
             Ok(finished) => finished,
@@ -253,31 +319,44 @@ struct Placeholders<'a> {
 }
 
 impl Placeholders<'_> {
+    /// `arg` with each placeholder replaced, in one pass: what a value brings in (a prompt
+    /// that says `{task_json}`) is never replaced again.
     fn fill(&self, arg: &str) -> String {
-        arg.replace("{prompt}", self.prompt)
-            .replace("{workdir}", &self.workdir.to_string_lossy())
-            .replace("{task_json}", self.task)
+        let workdir = self.workdir.to_string_lossy();
+        let values = [
+            ("{prompt}", self.prompt),
+            ("{workdir}", &*workdir),
+            ("{task_json}", self.task),
+        ];
+        let mut filled = String::with_capacity(arg.len());
+        let mut rest = arg;
+        while !rest.is_empty() {
+            match values.iter().find(|(name, _)| rest.starts_with(name)) {
+                Some((name, value)) => {
+                    filled.push_str(value);
+                    rest = &rest[name.len()..];
+                }
+                None => {
+                    let next = rest.chars().next().map_or(1, char::len_utf8);
+                    filled.push_str(&rest[..next]);
+                    rest = &rest[next..];
+                }
+            }
+        }
+        filled
     }
 }
 
-/// A fresh directory for the attempt.
-fn make_workdir(root: &Path, episode: &str) -> Result<Workdir, AgentError> {
-    let cannot = |e: std::io::Error| {
+/// A fresh directory for the attempt, with an unguessable name, in the agent's private root.
+fn make_workdir(root: &Path) -> Result<Workdir, AgentError> {
+    let dir = root.join(random_name()?);
+    std::fs::create_dir(&dir).map_err(|e| {
         AgentError(format!(
             "cannot make a directory under {}: {e}",
             root.display()
         ))
-    };
-    std::fs::create_dir_all(root).map_err(cannot)?;
-    for n in 0u32.. {
-        let dir = root.join(format!("{episode}-{}-{n}", std::process::id()));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(Workdir(dir)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(cannot(e)),
-        }
-    }
-    Err(AgentError("no free directory name".to_owned()))
+    })?;
+    Ok(Workdir(dir))
 }
 
 /// The task's text: the row's last user message.
@@ -300,4 +379,46 @@ fn tail(text: &str) -> String {
         .nth(1999)
         .map_or(0, |(index, _)| index);
     text[start..].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_replaced_in_one_pass() {
+        let place = Placeholders {
+            prompt: "say {task_json} and {workdir}",
+            workdir: Path::new("/w"),
+            task: r#"{"answer": "42"}"#,
+        };
+        assert_eq!(
+            place.fill("--task={prompt} in {workdir}"),
+            "--task=say {task_json} and {workdir} in /w"
+        );
+        assert_eq!(place.fill("{task_json}"), r#"{"answer": "42"}"#);
+        assert_eq!(place.fill("{prompt"), "{prompt");
+    }
+
+    #[test]
+    fn attempt_directories_are_private_and_unguessable() {
+        let parent = std::env::temp_dir();
+        let root = PrivateRoot::new(&parent).expect("a private root");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&root.0).map(|m| m.permissions().mode() & 0o777);
+            assert_eq!(mode.ok(), Some(0o700));
+        }
+        let (a, b) = (
+            make_workdir(&root.0).expect("made"),
+            make_workdir(&root.0).expect("made"),
+        );
+        let name = |dir: &Workdir| dir.0.file_name().map(|n| n.to_string_lossy().into_owned());
+        assert_ne!(name(&a), name(&b));
+        assert!(name(&a).is_some_and(|n| n.len() == 32), "{:?}", name(&a));
+        let path = root.0.clone();
+        drop((a, b, root));
+        assert!(!path.exists());
+    }
 }

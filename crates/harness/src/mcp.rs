@@ -1,7 +1,8 @@
 //! MCP servers as environments, through the official Rust SDK (`rmcp`): one MCP session per
-//! rollout attempt, over stdio (a server process of its own, in its own process group,
-//! killed whole when the session closes) or streamable HTTP (one MCP session on a running
-//! server).
+//! rollout attempt, over stdio (a server process of its own, started by the `process` crate
+//! in its own process group, killed whole when the session closes; unsandboxed unless
+//! [`McpConfig::sandbox`] says otherwise, never with the engine's secrets) or streamable HTTP
+//! (one MCP session on a running server).
 //!
 //! The conventions a server follows (see `examples/environment/`):
 //! - `tools/list` gives the model's tools, minus the verify tool and the reset tool.
@@ -23,6 +24,7 @@
 use std::{borrow::Cow, collections::BTreeMap, fmt, process::Stdio, time::Duration};
 
 use futures::future::BoxFuture;
+use process::{ProcessGroup, Program, Sandbox};
 use rmcp::{
     RoleClient, ServiceError, ServiceExt,
     model::{CallToolRequestParams, CallToolResult},
@@ -31,8 +33,8 @@ use rmcp::{
 };
 use rollout_core::Message;
 use serde_json::{Map, Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tool_dispatch::{ToolSpec, builtin::ProcessGroup};
+use tokio::io::AsyncReadExt;
+use tool_dispatch::ToolSpec;
 
 use crate::{
     session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification},
@@ -73,6 +75,8 @@ pub struct McpConfig {
     pub timeout: Duration,
     /// Bytes of a stdio server's stderr logged per session; the rest is read and dropped.
     pub stderr_cap: usize,
+    /// Where a stdio server runs: [`Sandbox::none`] unless set.
+    pub sandbox: Sandbox,
 }
 
 impl McpConfig {
@@ -83,6 +87,7 @@ impl McpConfig {
             verify_tool: "verify".to_owned(),
             timeout: Duration::from_secs(30),
             stderr_cap: 16 * 1024,
+            sandbox: Sandbox::none(),
         }
     }
 
@@ -90,6 +95,13 @@ impl McpConfig {
     #[must_use]
     pub fn verify_tool(mut self, name: impl Into<String>) -> McpConfig {
         self.verify_tool = name.into();
+        self
+    }
+
+    /// Runs a stdio server in `sandbox`.
+    #[must_use]
+    pub fn sandbox(mut self, sandbox: Sandbox) -> McpConfig {
+        self.sandbox = sandbox;
         self
     }
 
@@ -124,13 +136,13 @@ impl McpFactory {
         let fail = |what: String| SessionError::new(format!("{server}: {what}"));
         let (service, group) = match &config.server {
             McpServer::Command(argv) => {
-                let Some((program, args)) = argv.split_first() else {
+                if argv.is_empty() {
                     return Err(fail("the command is empty".to_owned()));
-                };
-                let mut command = tokio::process::Command::new(program);
-                command.args(args).kill_on_drop(true);
-                #[cfg(unix)]
-                command.process_group(0);
+                }
+                let command = Program::new(argv.iter().cloned())
+                    .sandbox(config.sandbox.clone())
+                    .command()
+                    .map_err(|e| fail(e.to_string()))?;
                 let (transport, stderr) = TokioChildProcess::builder(command)
                     .stderr(Stdio::piped())
                     .spawn()
@@ -209,26 +221,55 @@ async fn log_stderr(stderr: tokio::process::ChildStderr, server: String, cap: us
 }
 
 /// Hands `pipe`'s lines to `log` until they add up to `cap` bytes, then one line saying the
-/// rest is dropped; reads to the end either way. Returns the bytes read.
+/// rest is dropped; reads to the end either way. A line longer than `cap` is cut there (what
+/// follows up to its newline is dropped): a server that never writes a newline costs no more
+/// memory than one that does. Returns the bytes read.
 async fn forward_capped(
-    pipe: impl tokio::io::AsyncRead + Unpin,
+    mut pipe: impl tokio::io::AsyncRead + Unpin,
     cap: usize,
     mut log: impl FnMut(&str),
 ) -> usize {
-    let mut lines = BufReader::new(pipe).lines();
     let (mut logged, mut read) = (0usize, 0usize);
     let mut capped = false;
-    while let Ok(Some(line)) = lines.next_line().await {
-        read += line.len() + 1;
-        if logged + line.len() < cap {
-            logged += line.len() + 1;
-            log(&line);
-        } else if !capped {
-            capped = true;
+    let mut line: Vec<u8> = Vec::new();
+    // Whether the line in progress was cut (and handed on) already.
+    let mut cut = false;
+    let mut emit = |line: &[u8], logged: &mut usize, capped: &mut bool| {
+        if *logged + line.len() < cap {
+            *logged += line.len() + 1;
+            log(&String::from_utf8_lossy(line));
+        } else if !*capped {
+            *capped = true;
             log(&format!(
                 "(more than {cap} bytes of stderr; the rest is not logged)"
             ));
         }
+    };
+    let mut buffer = [0u8; 8192];
+    while let Ok(n) = pipe.read(&mut buffer).await {
+        if n == 0 {
+            break;
+        }
+        read += n;
+        for &byte in &buffer[..n] {
+            if byte == b'\n' {
+                if !cut {
+                    emit(&line, &mut logged, &mut capped);
+                }
+                line.clear();
+                cut = false;
+            } else if !cut {
+                line.push(byte);
+                if line.len() >= cap {
+                    emit(&line, &mut logged, &mut capped);
+                    line.clear();
+                    cut = true;
+                }
+            }
+        }
+    }
+    if !line.is_empty() && !cut {
+        emit(&line, &mut logged, &mut capped);
     }
     read
 }
@@ -518,6 +559,23 @@ mod tests {
         assert_eq!(full.env_reward, Some(1.0));
         assert!(!full.done);
         assert_eq!(full.metrics, BTreeMap::from([("calls".to_owned(), 3.0)]));
+    }
+
+    #[tokio::test]
+    async fn a_stderr_line_that_never_ends_is_cut_at_the_cap() {
+        // An endless line: a reader that waits for its newline never logs and keeps growing.
+        let (sender, mut cut) = tokio::sync::mpsc::unbounded_channel();
+        let reader = tokio::spawn(forward_capped(tokio::io::repeat(b'x'), 100, move |line| {
+            let _ = sender.send(line.to_owned());
+        }));
+        let first = tokio::time::timeout(Duration::from_secs(10), cut.recv()).await;
+        reader.abort();
+        // With nothing logged before it, a line at the cap is past it: the cap's notice.
+        assert_eq!(
+            first.ok().flatten().as_deref(),
+            Some("(more than 100 bytes of stderr; the rest is not logged)"),
+            "the line was not cut at the cap"
+        );
     }
 
     #[tokio::test]
