@@ -48,7 +48,7 @@ use tool_dispatch::{
 #[cfg(feature = "sim")]
 use vllm_sim::SimSettings;
 
-use super::{agent::AgentSettings, environment::EnvironmentSettings};
+use super::{agent::AgentSettings, control, environment::EnvironmentSettings};
 use crate::layered::{Defaults, Layer};
 
 /// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
@@ -193,12 +193,14 @@ pub(crate) struct Settings {
     #[arg(long)]
     pub(crate) resume: bool,
     /// Serve the control endpoint on this address (PORT or HOST:PORT; 127.0.0.1 when no
-    /// host is given): /health, /metrics (Prometheus), POST /model_version, /pause, /resume
+    /// host is given): /health, /metrics (Prometheus), POST /model_version, /pause, /resume.
+    /// An address other machines reach wants --listen-token
     #[arg(long, value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) listen: Option<String>,
     /// A bearer token every control request but /health must carry (Authorization: Bearer
-    /// TOKEN); also read from ASYNC_GRPO_LISTEN_TOKEN
+    /// TOKEN; not empty, no spaces); also read from ASYNC_GRPO_LISTEN_TOKEN. Without one,
+    /// POST /model_version moves the version by at most 1000000 at a time
     #[arg(
         long,
         value_name = "TOKEN",
@@ -405,7 +407,8 @@ pub(crate) fn listen_address(text: &str) -> Result<std::net::SocketAddr, String>
     text.parse().map_err(|_| {
         format!(
             "'{text}' is not an address to listen on: expected PORT (on 127.0.0.1) or HOST:PORT \
-             with HOST an IP address, such as 9090 or 0.0.0.0:9090"
+             with HOST an IP address, such as 9090 or 127.0.0.1:9090 (an address other machines \
+             reach, such as 0.0.0.0:9090, also wants --listen-token)"
         )
     })
 }
@@ -478,7 +481,13 @@ impl Settings {
             );
         }
         if let Some(listen) = &settings.listen {
-            listen_address(listen).map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
+            let address = listen_address(listen)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
+            if let Some(token) = &settings.listen_token {
+                control::check_token(token).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            control::check_address(address, settings.listen_token.is_some())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
         }
         if settings.tool_threads == 0 {
             bail!(

@@ -7,12 +7,26 @@
 //! - `GET /metrics`: the Prometheus text exposition of [`Engine::metrics`] (the same numbers
 //!   the Python bridge reports), with the rows written, encoded by `prometheus-client`.
 //! - `POST /model_version` `{"version": N}`: versions only grow; a lower one is a 409.
+//!   Without a token, a version more than [`MAX_VERSION_STEP`] above the current one is a
+//!   422 (with one, any version goes).
 //! - `POST /pause?mode=wait|abort` and `POST /resume`: stop and restart admission; `wait`
 //!   lets the rollouts in flight finish, `abort` cancels them; the pause answers once none
 //!   is in flight.
 //!
-//! With a token (`--listen-token`), every endpoint but `/health` wants `Authorization:
-//! Bearer TOKEN` (401 otherwise).
+//! The model being trained is untrusted, and the programs it drives run on this machine, so
+//! the endpoint is guarded ([`check_token`] and [`check_address`] at the checks, [`guard`] on every request):
+//!
+//! - With a token (`--listen-token`), every endpoint but `/health` wants `Authorization:
+//!   Bearer TOKEN` (401 otherwise), compared whole and in constant time. An empty token, or
+//!   one that cannot travel in a header, is refused at the checks; so is an address other
+//!   machines reach (anything but 127.0.0.0/8 and ::1) without a token.
+//! - A request without the token whose Host is not this endpoint (`localhost`, a loopback
+//!   address or the address listened on, any port) is a 421: a web page that rebinds its
+//!   own name to 127.0.0.1 cannot read or steer the run. A page cannot know the token, so a
+//!   request carrying it passes whatever name it used (a trainer on another machine may say
+//!   the host's name).
+//! - A POST carrying an `Origin` other than the endpoint's own is a 403: a web page open in
+//!   a browser on this machine cannot pause, resume or move the model version.
 //!
 //! The endpoint runs on a thread of its own with a runtime of its own, from the start of
 //! the run to its end: it answers while the run still waits for its servers, and it can say
@@ -21,7 +35,7 @@
 use std::{
     fmt,
     future::IntoFuture,
-    net::SocketAddr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{Arc, OnceLock},
     thread::JoinHandle,
     time::Duration,
@@ -31,7 +45,7 @@ use anyhow::Context;
 use axum::{
     Json, Router,
     extract::{Query, Request, State},
-    http::{StatusCode, header},
+    http::{Method, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -54,6 +68,11 @@ use super::progress::Totals;
 /// A heartbeat older than this makes `/health` answer 503: the runtime's workers are blocked.
 const STALE_HEARTBEAT: Duration = Duration::from_secs(5);
 
+/// Without a token, how far above the current model version a posted one may be: a trainer
+/// moves its version by one (or by its steps) at a time, and a program that reaches the
+/// endpoint cannot push the version out of reach of the trainer's (up to `u64::MAX`).
+pub(crate) const MAX_VERSION_STEP: u64 = 1_000_000;
+
 /// What `/health` says while there is no engine yet.
 const STARTING: &str = "the run is starting: it waits for its servers to be ready";
 
@@ -69,6 +88,46 @@ struct Control {
     run: Arc<OnceLock<Watched>>,
     registry: Arc<Registry>,
     token: Option<Arc<str>>,
+    /// Where the endpoint listens: the Host a request may name besides loopback ones.
+    address: SocketAddr,
+}
+
+/// Refuses, before anything runs, a token that guards nothing: an empty one, or one an
+/// `Authorization` header cannot carry.
+pub(crate) fn check_token(token: &str) -> Result<(), String> {
+    if token.is_empty() {
+        return Err("the control endpoint's token (--listen-token or \
+             ASYNC_GRPO_LISTEN_TOKEN) is empty, and an empty token guards nothing: set one that \
+             is hard to guess (e.g. `openssl rand -hex 32`), or leave both unset to listen on a \
+             loopback address without one"
+            .to_owned());
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("the control endpoint's token (--listen-token or \
+             ASYNC_GRPO_LISTEN_TOKEN) holds a space, a control or a non-ASCII character, which an \
+             Authorization header cannot carry: use letters, digits and punctuation"
+            .to_owned());
+    }
+    Ok(())
+}
+
+/// Refuses, before anything runs, an address other machines reach (anything but
+/// 127.0.0.0/8 and ::1) when no token is set: anyone reaching it could steer the run.
+pub(crate) fn check_address(address: SocketAddr, token_set: bool) -> Result<(), String> {
+    if token_set || is_loopback(address.ip()) {
+        return Ok(());
+    }
+    Err(format!(
+        "{address} is reachable from other machines, and without a token anyone who reaches it \
+         can pause the run or set its model version: set a token with --listen-token TOKEN or \
+         ASYNC_GRPO_LISTEN_TOKEN, or listen on a loopback address (a bare port listens on \
+         127.0.0.1)"
+    ))
+}
+
+/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 /// The 503 of an endpoint that steers the engine while there is none yet.
@@ -91,7 +150,8 @@ pub(crate) struct ControlEndpoint {
 impl ControlEndpoint {
     /// Binds `address` (a busy one fails the run before anything is touched) and serves on
     /// a thread of its own; until [`ControlEndpoint::attach`], `/health` says the run is
-    /// starting.
+    /// starting. The settings passed [`check_token`] and
+    /// [`check_address`] before.
     pub(crate) fn start(
         address: SocketAddr,
         token: Option<String>,
@@ -109,6 +169,7 @@ impl ControlEndpoint {
             run: Arc::clone(&run),
             registry: Arc::new(registry),
             token: token.map(Arc::from),
+            address,
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -170,37 +231,112 @@ impl Drop for ControlEndpoint {
 }
 
 fn router(control: Control) -> Router {
-    let guarded = Router::new()
+    Router::new()
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/model_version", post(model_version))
         .route("/pause", post(pause))
         .route("/resume", post(resume))
-        .route_layer(middleware::from_fn_with_state(control.clone(), authorize));
-    Router::new()
-        .route("/health", get(health))
-        .merge(guarded)
+        .layer(middleware::from_fn_with_state(control.clone(), guard))
         .with_state(control)
 }
 
-/// Lets a request through when no token is set or it carries `Bearer TOKEN`.
-async fn authorize(State(control): State<Control>, request: Request, next: Next) -> Response {
-    let Some(token) = &control.token else {
-        return next.run(request).await;
-    };
-    let given = request
+/// Lets a request through when it names this endpoint (or carries the token), when it
+/// does not come from a web page of another origin (POSTs), and when it carries the token
+/// if one is set (all but `/health`).
+async fn guard(State(control): State<Control>, request: Request, next: Next) -> Response {
+    let authorized = control.token.as_deref().is_some_and(|token| {
+        bearer(&request).is_some_and(|given| same(given.as_bytes(), token.as_bytes()))
+    });
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|value| value.to_str().unwrap_or_default());
+    // HTTP/1.1 lets a request name its host in its target too (absolute form), and that
+    // name wins over the Host header.
+    let named = [request.uri().authority().map(|a| a.as_str()), host];
+    if !authorized
+        && named
+            .iter()
+            .flatten()
+            .any(|name| !names_this_endpoint(name, control.address))
+    {
+        return refuse(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this endpoint answers to localhost, a loopback address or the address it listens \
+             on (or to a request with its token), not to the host this request names",
+        );
+    }
+    if request.method() != Method::GET
+        && request.method() != Method::HEAD
+        && let Some(origin) = request.headers().get(header::ORIGIN)
+        && !host.is_some_and(|host| {
+            origin
+                .to_str()
+                .is_ok_and(|origin| origin.eq_ignore_ascii_case(&format!("http://{host}")))
+        })
+    {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "a web page of another origin may not steer this run (the request carries an \
+             Origin header that is not this endpoint's)",
+        );
+    }
+    if control.token.is_some() && !authorized && request.uri().path() != "/health" {
+        let mut response = refuse(
+            StatusCode::UNAUTHORIZED,
+            "this endpoint wants Authorization: Bearer TOKEN (--listen-token)",
+        );
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        return response;
+    }
+    next.run(request).await
+}
+
+/// The token of `Authorization: Bearer TOKEN`, if the request carries one.
+fn bearer(request: &Request) -> Option<&str> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    if given.is_some_and(|given| same(given.as_bytes(), token.as_bytes())) {
-        return next.run(request).await;
-    }
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        Json(json!({"error": "this endpoint wants Authorization: Bearer TOKEN (--listen-token)"})),
-    )
-        .into_response()
+        .and_then(|value| value.strip_prefix("Bearer "))
+}
+
+/// A refusal with its reason as JSON.
+fn refuse(status: StatusCode, error: &str) -> Response {
+    (status, Json(json!({"error": error}))).into_response()
+}
+
+/// Whether `host` (`NAME` or `NAME:PORT`) names the endpoint listening on `listening`:
+/// `localhost`, a loopback address, or the address listened on, with any port or none.
+/// Listening on every address (0.0.0.0 or ::), any IP address is this endpoint's: a page
+/// that rebinds a name to this machine says the name, never an address.
+fn names_this_endpoint(host: &str, listening: SocketAddr) -> bool {
+    let digits = |port: &str| port.bytes().all(|b| b.is_ascii_digit());
+    let ip = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((ip, "")) => ip.parse::<Ipv6Addr>().map(IpAddr::V6),
+            Some((ip, port)) if port.strip_prefix(':').is_some_and(digits) => {
+                ip.parse::<Ipv6Addr>().map(IpAddr::V6)
+            }
+            _ => return false,
+        },
+        None => {
+            let name = match host.rsplit_once(':') {
+                Some((name, port)) if digits(port) => name,
+                Some(_) => return false,
+                None => host,
+            };
+            if name.eq_ignore_ascii_case("localhost") {
+                return true;
+            }
+            name.parse::<Ipv4Addr>().map(IpAddr::V4)
+        }
+    };
+    ip.is_ok_and(|ip| is_loopback(ip) || ip == listening.ip() || listening.ip().is_unspecified())
 }
 
 /// Compares in time that depends on the lengths only, not on where the texts differ.
@@ -282,6 +418,23 @@ async fn model_version(State(control): State<Control>, Json(body): Json<Version>
     let Some(watched) = control.run.get() else {
         return starting();
     };
+    let current = watched.engine.model_version();
+    if control.token.is_none() && body.version > current.saturating_add(MAX_VERSION_STEP) {
+        // Versions only grow, so a concurrent post only makes this bound stricter.
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "error": format!(
+                    "model version {} is more than {MAX_VERSION_STEP} above the current \
+                     {current}: without --listen-token a version grows by at most \
+                     {MAX_VERSION_STEP} at a time",
+                    body.version
+                ),
+                "version": current,
+            })),
+        )
+            .into_response();
+    }
     match watched.engine.set_model_version(body.version) {
         Ok(()) => (StatusCode::OK, Json(json!({"version": body.version}))).into_response(),
         Err(current) => (
@@ -378,6 +531,88 @@ mod tests {
             paused: false,
             servers_unavailable: servers_unavailable.map(str::to_owned),
             stats: Stats::default(),
+        }
+    }
+
+    #[test]
+    fn a_host_names_this_endpoint_when_it_is_loopback_or_the_address_listened_on() {
+        let on = |address: &str| address.parse::<SocketAddr>().expect("an address");
+        let loopback = on("127.0.0.1:9090");
+        for host in [
+            "localhost",
+            "LocalHost:9090",
+            "127.0.0.1",
+            "127.0.0.1:9090",
+            "127.200.1.2:1",
+            "[::1]",
+            "[::1]:9090",
+            "[::ffff:127.0.0.1]:9090",
+        ] {
+            assert!(names_this_endpoint(host, loopback), "{host}");
+        }
+        for host in [
+            "",
+            "attacker.example",
+            "attacker.example:9090",
+            "localhost.attacker.example",
+            "127.0.0.1.attacker.example",
+            "localhost:x",
+            "127.0.0.1:9090:9090",
+            "[::1",
+            "[::1]x",
+            "::1",
+            "10.0.0.5:9090",
+            "0.0.0.0:9090",
+        ] {
+            assert!(!names_this_endpoint(host, loopback), "{host}");
+        }
+        let exposed = on("10.0.0.5:9090");
+        assert!(names_this_endpoint("10.0.0.5:9090", exposed));
+        assert!(names_this_endpoint("localhost:9090", exposed));
+        assert!(!names_this_endpoint("10.0.0.6:9090", exposed));
+        assert!(!names_this_endpoint("trainer-node:9090", exposed));
+        // Listening on every address: any address names it, a name other than localhost not.
+        for every in [on("0.0.0.0:9090"), on("[::]:9090")] {
+            assert!(names_this_endpoint("10.0.0.6:9090", every));
+            assert!(names_this_endpoint("[fd00::1]:9090", every));
+            assert!(!names_this_endpoint("trainer-node:9090", every));
+        }
+    }
+
+    #[test]
+    fn an_address_other_machines_reach_wants_a_token_and_a_token_must_be_one() {
+        let on = |address: &str| address.parse::<SocketAddr>().expect("an address");
+        for loopback in [
+            "127.0.0.1:0",
+            "127.3.2.1:9",
+            "[::1]:9",
+            "[::ffff:127.0.0.1]:9",
+        ] {
+            assert_eq!(check_address(on(loopback), false), Ok(()), "{loopback}");
+        }
+        for exposed in [
+            "0.0.0.0:9090",
+            "[::]:9090",
+            "192.0.2.1:9",
+            "[::ffff:10.0.0.1]:9",
+        ] {
+            let refused = check_address(on(exposed), false).expect_err(exposed);
+            assert!(refused.contains("--listen-token"), "{refused}");
+            assert!(refused.contains("ASYNC_GRPO_LISTEN_TOKEN"), "{refused}");
+            assert_eq!(check_address(on(exposed), true), Ok(()), "{exposed}");
+        }
+        assert!(check_token("").is_err_and(|e| e.contains("empty")));
+        for unusable in ["two words", "tab\t", "caf\u{e9}", "line\n"] {
+            assert!(check_token(unusable).is_err(), "{unusable:?}");
+        }
+        assert_eq!(check_token("s3cret-TOKEN_~!"), Ok(()));
+    }
+
+    #[test]
+    fn tokens_are_the_same_only_when_whole() {
+        assert!(same(b"s3cret", b"s3cret"));
+        for other in [&b"s3cre"[..], b"s3cretX", b"", b"s3creT"] {
+            assert!(!same(other, b"s3cret"), "{other:?}");
         }
     }
 
