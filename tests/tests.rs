@@ -8,6 +8,7 @@ mod agent_forgery;
 #[path = "../crates/rollout-core/tests/cache.rs"]
 mod cache;
 mod cli;
+mod control_security;
 #[cfg(feature = "sim")]
 mod environment;
 #[cfg(feature = "sim")]
