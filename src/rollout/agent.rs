@@ -11,7 +11,17 @@
 //! verify = ["./verify.sh"]                      # in the workdir after the agent: a printed number, or exit 0/1
 //! timeout = "10m"                               # the agent's; then its process group is killed
 //! weight = 1.0                                  # of the `env` column (verify's reward)
+//! sandbox = "bwrap"                             # or "none": with the engine's permissions
+//! network = true                                # the host's network (it must reach the proxy)
+//! limits = { memory_mib = 8192 }                # process::Limits; unset fields keep defaults
 //! ```
+//!
+//! The agent, setup and verify run sandboxed by default (see `process::Sandbox`): a PID
+//! namespace each, the environment cleared to what `env` gives plus the proxy's URL and key,
+//! the file system read-only but their own directory and a private `/tmp`, the run's dataset,
+//! output and configuration and the other rollouts' directories hidden. verify gets the
+//! dataset row as JSON on its stdin, so the answer never needs to enter the agent's directory
+//! or arguments.
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
@@ -20,6 +30,7 @@ use harness::{
     agent::{ProgramAgent, ProgramConfig},
     proxy::Proxy,
 };
+use process::{Isolation, Limits, Sandbox};
 use scoring::Reward;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +63,15 @@ pub(crate) struct AgentSettings {
     /// The weight of the `env` column among the rewards.
     #[serde(default = "default_weight")]
     weight: f64,
+    /// `"bwrap"` (the default) or `"none"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sandbox: Option<Isolation>,
+    /// Whether the agent gets the host's network (default true: it must reach the proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    network: Option<bool>,
+    /// Resource limits of the agent, setup and verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
 }
 
 /// Where an agent runs.
@@ -97,7 +117,17 @@ impl AgentSettings {
                 self.weight
             );
         }
+        self.sandbox_in(Sandbox::default())
+            .check()
+            .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
         Ok(())
+    }
+
+    /// `base` as the table changes it.
+    fn sandbox_in(&self, base: Sandbox) -> Sandbox {
+        base.isolation(self.sandbox.unwrap_or_default())
+            .network(self.network.unwrap_or(true))
+            .limits(self.limits.unwrap_or_default())
     }
 
     /// Whether a verify command gives the `env` reward.
@@ -105,15 +135,20 @@ impl AgentSettings {
         self.verify.is_some()
     }
 
-    /// The agent, run against `proxy`.
-    pub(crate) fn agent(&self, proxy: Arc<Proxy>) -> ProgramAgent {
+    /// The agent, run against `proxy`, its programs in `sandbox` as the table changes it.
+    pub(crate) fn agent(
+        &self,
+        proxy: Arc<Proxy>,
+        sandbox: Sandbox,
+    ) -> anyhow::Result<ProgramAgent> {
         let mut config = ProgramConfig::new(self.command.clone());
         config.env = self.env.clone();
         config.setup = self.setup.iter().cloned().collect();
         config.verify = self.verify.clone();
         config.timeout = self.timeout;
         config.command_timeout = self.command_timeout;
-        ProgramAgent::new(proxy, config)
+        config.sandbox = self.sandbox_in(sandbox);
+        Ok(ProgramAgent::new(proxy, config)?)
     }
 
     /// The `env` column (verify's reward), weighted, when a verify command gives one.

@@ -357,6 +357,20 @@ pub(crate) struct Resolved {
 }
 
 impl Resolved {
+    /// The sandbox every program the policy drives starts from: the run's own files (dataset,
+    /// output and its journal, configuration) hidden. Each table changes it as it says.
+    pub(crate) fn sandbox(&self) -> process::Sandbox {
+        let settings = &self.settings;
+        let mut sandbox = process::Sandbox::default()
+            .hide(&settings.dataset)
+            .hide(&settings.out)
+            .hide(super::output::journal_path(&settings.out));
+        if let Some(file) = &self.config_file {
+            sandbox = sandbox.hide(file);
+        }
+        sandbox
+    }
+
     /// The reward functions, built (the environment's `env` column last).
     pub(crate) fn reward_functions(&self) -> Vec<Reward> {
         let mut rewards: Vec<Reward> = self.rewards.iter().map(|r| r.reward.clone()).collect();
@@ -716,6 +730,11 @@ fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> 
             .and_then(|s| s.place_in_array("tools", i))
             .unwrap_or_else(|| format!("tools[{i}]"));
         let built = tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        if tool.runs_a_program() {
+            tool.sandbox_in(&process::Sandbox::default())
+                .check()
+                .map_err(|e| anyhow::anyhow!("{place} (tool '{}'): {e}", tool.name))?;
+        }
         registry
             .add(built)
             .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;

@@ -271,8 +271,9 @@ fn engine_builder(
 ) -> anyhow::Result<(EngineBuilder<Client>, usize)> {
     let settings = &resolved.settings;
     let mut registry = Registry::new();
+    let sandbox = resolved.sandbox();
     for tool in &settings.tools {
-        registry.add(tool.build()?)?;
+        registry.add(tool.build_in(&sandbox)?)?;
     }
     let tool_count = registry.len();
     let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
@@ -288,7 +289,7 @@ fn engine_builder(
         builder = builder.tools(tools);
     }
     if let (Some(agent), Some(proxy)) = (&settings.agent, proxy) {
-        builder = builder.agent(Arc::new(agent.agent(proxy)));
+        builder = builder.agent(Arc::new(agent.agent(proxy, sandbox)?));
     }
     if let Some(name) = &settings.tool_parser {
         builder = builder.parser(parser_by_name(name)?);

@@ -109,7 +109,7 @@ impl Program {
         self
     }
 
-    /// Run in `dir` (writable in the sandbox; its `HOME` too).
+    /// Run in `dir` (writable in the sandbox).
     pub fn dir(mut self, dir: impl Into<PathBuf>) -> Program {
         self.dir = Some(dir.into());
         self
@@ -141,7 +141,7 @@ impl Program {
         if let Some(dir) = &self.dir {
             command.current_dir(dir);
         }
-        match self.sandbox.environment(&self.env, self.dir.as_deref()) {
+        match self.sandbox.environment(&self.env) {
             Some(env) => {
                 command.env_clear().envs(env);
             }

@@ -136,8 +136,8 @@ impl Limits {
 /// - hidden (an empty directory or file in their place): credentials under `$HOME`
 ///   (`.ssh`, `.aws`, `.config`, `.cache/huggingface`, ...) and whatever the engine adds with
 ///   [`Sandbox::hide`] (its output, dataset, configuration, other rollouts' directories);
-/// - the environment cleared to `PATH`, `LANG`/`LC_*`, `TZ`, `TERM`, `HOME` and `TMPDIR` (the
-///   program's directory, else `/tmp`), plus what the program is given;
+/// - the environment cleared to `PATH`, `HOME` (read-only but its own directory), `LANG`/`LC_*`,
+///   `TZ`, `TERM` and `TMPDIR=/tmp`, plus what the program is given;
 /// - no network (its own loopback only) unless `network`;
 /// - [`Limits::default`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,22 +294,19 @@ impl Sandbox {
         options
     }
 
-    /// The environment of a program given `own` variables, in `dir`: `None` to inherit the
-    /// engine's (less [`ENGINE_SECRETS`]), or the whole environment to set.
+    /// The environment of a program given `own` variables: `None` to inherit the engine's
+    /// (less [`ENGINE_SECRETS`]), or the whole environment to set.
     pub(crate) fn environment(
         &self,
         own: &BTreeMap<String, String>,
-        dir: Option<&Path>,
     ) -> Option<Vec<(OsString, OsString)>> {
         if self.isolation == Isolation::None {
             return None;
         }
-        let home: OsString = dir.map_or_else(|| "/tmp".into(), |dir| dir.as_os_str().to_owned());
         let mut env: BTreeMap<OsString, OsString> = PASSED_ENV
             .iter()
             .filter_map(|name| std::env::var_os(name).map(|value| ((*name).into(), value)))
             .collect();
-        env.insert("HOME".into(), home);
         env.insert("TMPDIR".into(), "/tmp".into());
         env.extend(own.iter().map(|(k, v)| (k.into(), v.into())));
         for secret in ENGINE_SECRETS {
