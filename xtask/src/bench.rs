@@ -31,6 +31,7 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
         ("rollout-core", "rollout", ""),
         ("harness", "sessions", ""),
         ("harness", "proxy", ""),
+        ("process", "spawn", ""),
     ];
     for (package, bench, features) in benches {
         if bench == "turns" {
