@@ -231,7 +231,7 @@ impl Sandbox {
     pub(crate) fn command_line(&self, argv: &[String], dir: Option<&Path>) -> Vec<OsString> {
         let mut line: Vec<OsString> = Vec::new();
         if self.isolation == Isolation::Bwrap {
-            line.extend(self.bwrap_options(dir));
+            line.extend(self.bwrap_options(argv, dir));
             line.push("--".into());
         }
         line.extend(self.limits.prefix().into_iter().map(OsString::from));
@@ -239,7 +239,7 @@ impl Sandbox {
         line
     }
 
-    fn bwrap_options(&self, dir: Option<&Path>) -> Vec<OsString> {
+    fn bwrap_options(&self, argv: &[String], dir: Option<&Path>) -> Vec<OsString> {
         let mut options: Vec<OsString> = Vec::new();
         let mut push = |items: &[&dyn AsRef<std::ffi::OsStr>]| {
             options.extend(items.iter().map(|item| item.as_ref().to_owned()));
@@ -265,22 +265,34 @@ impl Sandbox {
             &"--tmpfs",
             &"/dev/shm",
         ]);
-        let mut private = vec![PathBuf::from("/var/tmp")];
+        let mut private = vec![PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
+        let mut covered = vec![PathBuf::from("/var/tmp")];
         if !self.network {
-            private.push(PathBuf::from("/run"));
+            covered.push(PathBuf::from("/run"));
+        }
+        for path in &covered {
+            if path.is_dir() {
+                push(&[&"--tmpfs", path]);
+            }
+        }
+        private.extend(covered);
+        // A program or script named by its path in a private directory (a config's directory
+        // under /tmp) is seen, read-only, with what lies beside it; what is hidden below is
+        // hidden there too.
+        for arg in argv.iter().map(Path::new) {
+            if arg.is_absolute()
+                && private.iter().any(|p| arg.starts_with(p))
+                && arg.exists()
+                && let Some(parent) = arg.parent()
+            {
+                push(&[&"--ro-bind", &parent, &parent]);
+            }
         }
         let home = std::env::var_os("HOME").map(PathBuf::from);
         let secrets = home
             .iter()
             .flat_map(|home| HOME_SECRETS.iter().map(move |name| home.join(name)));
-        for path in private
-            .into_iter()
-            .chain(secrets)
-            .chain(self.hidden.iter().cloned())
-        {
-            if path.starts_with("/tmp") {
-                continue; // already private
-            }
+        for path in secrets.chain(self.hidden.iter().cloned()) {
             match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_dir() => push(&[&"--tmpfs", &path]),
                 Ok(_) => push(&[&"--ro-bind", &"/dev/null", &path]),

@@ -279,3 +279,25 @@ async fn output_is_capped_and_says_how_much_was_cut() {
         Some("y\ny\ny\ny\ny\n\n[output truncated: 4990 more bytes]")
     );
 }
+
+#[tokio::test]
+async fn a_script_named_in_a_private_directory_is_seen_with_its_neighbours_but_not_what_is_hidden()
+{
+    let dir = std::env::temp_dir().join(format!("process-test-named-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("made");
+    let _scratch = Scratch(dir.clone());
+    let script = dir.join("script.sh");
+    std::fs::write(
+        &script,
+        "cat \"$(dirname \"$0\")/beside\"; cat \"$(dirname \"$0\")/rows.jsonl\"",
+    )
+    .expect("written");
+    std::fs::write(dir.join("beside"), "found beside\n").expect("written");
+    std::fs::write(dir.join("rows.jsonl"), "the dataset\n").expect("written");
+    let finished = Program::new(["sh".to_owned(), script.display().to_string()])
+        .sandbox(sandbox().hide(dir.join("rows.jsonl")))
+        .run(Vec::new(), TIMEOUT, 4096)
+        .await
+        .expect("runs");
+    assert_eq!(finished.stdout, "found beside\n", "{finished:?}");
+}
