@@ -22,3 +22,5 @@ mod render;
 mod rollout;
 #[cfg(feature = "sim")]
 mod rollout_config;
+#[cfg(feature = "sim")]
+mod untrusted;

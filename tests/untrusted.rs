@@ -1,0 +1,522 @@
+//! The attack suite: what a policy in training drives (a tool call's code, an agent program)
+//! tries against the engine that runs it, each attack scripted through the simulator and run
+//! by the real `async-grpo rollout`. Each test checks that the run goes on to a clean exit and
+//! that the attack had no effect: no crash, no process left behind, no secret read, no file of
+//! the run read or written, no connection made, no other rollout's key or directory seen. The
+//! runs' directories live under the target directory rather than `/tmp` (which the sandbox
+//! replaces anyway), so that what hides the run's files is the engine's doing.
+
+use std::{
+    io::ErrorKind,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use rollout_core::TrainingSample;
+use serde_json::json;
+
+use super::{
+    reliability::kill_all,
+    rollout::{Case, exit_within, runtime, simulator},
+};
+
+/// A fresh directory for one test under the target directory: readable in the sandbox like
+/// the rest of the file system, so that only the engine's hiding keeps the run's files out.
+fn case(name: &str) -> Case {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("untrusted-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for the case");
+    Case { dir }
+}
+
+/// A value no other test, file or process holds: for secrets and markers.
+fn unique(what: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    format!("{what}{}x{nanos}", std::process::id())
+}
+
+/// `text` as a TOML basic string (JSON's escapes are TOML's).
+fn toml_string(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serializes")
+}
+
+/// Writes a dataset of one question whose `note` column (never shown to the model) holds
+/// `note`.
+fn write_one_row(case: &Case, note: &str) {
+    let row = json!({ "prompt": "What is 2 + 3?", "answer": "5", "note": note });
+    std::fs::write(case.dataset(), format!("{row}\n")).expect("write the dataset");
+}
+
+/// Writes run.toml: one question, two rollouts whose first turn calls the `python` tool with
+/// `code`; `table` adds keys to the tool's table.
+fn write_python_config(case: &Case, code: &str, table: &str) {
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 3\nretries = 0\nmax_tokens = 2048\n\n\
+         [[tools]]\nname = \"python\"\nkind = \"python\"\ntimeout = \"20s\"\n{table}\n\n\
+         [simulator]\ntool_rounds = 1\nanswer_tokens = 4\ntool_arguments = {{ code = {} }}\n",
+        toml_string(code)
+    ));
+}
+
+/// What a run left: its exit code, its stderr, the text of its output file and its rows.
+struct Ran {
+    code: Option<i32>,
+    stderr: String,
+    out: String,
+    rows: Vec<TrainingSample>,
+}
+
+impl Ran {
+    /// The run exited 0 with a row per rollout (two); returns the text of each row's tool
+    /// message (one per row).
+    fn tool_results(&self) -> Vec<String> {
+        assert_eq!(self.code, Some(0), "the run failed: {}", self.stderr);
+        assert_eq!(self.rows.len(), 2, "a row per rollout: {}", self.stderr);
+        self.rows
+            .iter()
+            .map(|row| {
+                let tools: Vec<_> = row
+                    .completion
+                    .iter()
+                    .filter(|m| m["role"] == "tool")
+                    .collect();
+                assert_eq!(tools.len(), 1, "one tool call: {:?}", row.completion);
+                tools[0]["content"]
+                    .as_str()
+                    .expect("a text result")
+                    .to_owned()
+            })
+            .collect()
+    }
+}
+
+/// Runs `command` to its end (two minutes at most).
+fn run(case: &Case, command: &mut Command) -> Ran {
+    let stderr_path = case.dir.join("stderr.txt");
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("create the stderr file"))
+        .spawn()
+        .expect("the binary starts");
+    let code = exit_within(
+        &mut child,
+        Duration::from_secs(120),
+        "a run of two rollouts",
+    );
+    let out = std::fs::read_to_string(case.out()).unwrap_or_default();
+    Ran {
+        code,
+        stderr: std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+        rows: if code == Some(0) {
+            case.rows()
+        } else {
+            Vec::new()
+        },
+        out,
+    }
+}
+
+/// Live processes (not zombies) whose command line holds `marker`, but this test's own.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let alive = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                .is_some_and(|state| state != 'Z');
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            alive && String::from_utf8_lossy(&cmdline).contains(marker)
+        })
+        .collect()
+}
+
+#[test]
+fn a_calculator_call_nested_twenty_thousand_deep_is_an_error_the_model_reads() {
+    let case = case("deep");
+    write_one_row(&case, "deep");
+    let expression = format!("{}1{}", "(".repeat(20_000), ")".repeat(20_000));
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 3\nretries = 0\n\
+         max_tokens = 100000\n\n\
+         [[tools]]\nname = \"calculator\"\nkind = \"calculator\"\n\n\
+         [simulator]\ntool_rounds = 1\nanswer_tokens = 4\nmax_model_len = 262144\n\
+         tool_arguments = {{ expression = {} }}\n",
+        toml_string(&expression)
+    ));
+    let ran = run(&case, &mut case.command(&[]));
+    for result in ran.tool_results() {
+        assert!(
+            result.contains("nested deeper"),
+            "the model reads why its call failed: {}",
+            &result[..result.len().min(500)]
+        );
+    }
+}
+
+#[test]
+fn a_process_the_python_tool_starts_in_a_new_session_dies_with_the_call() {
+    let case = case("setsid");
+    write_one_row(&case, "setsid");
+    // A duration `sleep` takes, and no other process's command line holds.
+    let marker = format!("86400.{}", unique("0").replace('x', ""));
+    write_python_config(
+        &case,
+        &format!(
+            "import subprocess\n\
+             subprocess.Popen(['sleep', '{marker}'], start_new_session=True,\n\
+             \x20   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n\
+             print('started')\n"
+        ),
+        "",
+    );
+    let ran = run(&case, &mut case.command(&[]));
+    // Whatever the assertions say, leave nothing running on the machine.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut left = processes_with(&marker);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        left = processes_with(&marker);
+    }
+    kill_all(&left);
+    let results = ran.tool_results();
+    assert!(
+        results.iter().all(|result| result == "started"),
+        "the code ran: {results:?}"
+    );
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "`sleep {marker}` outlived the run by 10 s"
+    );
+}
+
+#[test]
+fn the_python_tool_sees_neither_the_engine_s_variables_nor_its_listen_token() {
+    let case = case("environ");
+    write_one_row(&case, "environ");
+    write_python_config(
+        &case,
+        "import os\nprint(os.environ.get('SECRET_X'), os.environ.get('ASYNC_GRPO_LISTEN_TOKEN'))\n",
+        "",
+    );
+    let (secret, token) = (unique("secretx"), unique("token"));
+    let ran = run(
+        &case,
+        case.command(&["--listen", "127.0.0.1:0"])
+            .env("SECRET_X", &secret)
+            .env("ASYNC_GRPO_LISTEN_TOKEN", &token),
+    );
+    assert_eq!(ran.tool_results(), ["None None", "None None"]);
+    assert!(!ran.out.contains(&secret), "SECRET_X leaked: {}", ran.out);
+    assert!(
+        !ran.out.contains(&token),
+        "the listen token leaked: {}",
+        ran.out
+    );
+}
+
+#[test]
+fn an_unsandboxed_python_tool_sees_the_engine_s_variables_but_not_its_listen_token() {
+    let case = case("environ-none");
+    write_one_row(&case, "environ-none");
+    write_python_config(
+        &case,
+        "import os\nprint(os.environ.get('SECRET_X'), os.environ.get('ASYNC_GRPO_LISTEN_TOKEN'))\n",
+        "sandbox = \"none\"",
+    );
+    let (secret, token) = (unique("secretx"), unique("token"));
+    let ran = run(
+        &case,
+        case.command(&["--listen", "127.0.0.1:0"])
+            .env("SECRET_X", &secret)
+            .env("ASYNC_GRPO_LISTEN_TOKEN", &token),
+    );
+    let seen = format!("{secret} None");
+    assert_eq!(ran.tool_results(), [seen.as_str(), seen.as_str()]);
+    assert!(
+        !ran.out.contains(&token),
+        "the listen token leaked: {}",
+        ran.out
+    );
+}
+
+#[test]
+fn the_python_tool_can_neither_write_the_run_s_files_nor_read_its_dataset() {
+    let case = case("files");
+    let note = unique("note");
+    write_one_row(&case, &note);
+    let dataset = std::fs::read(case.dataset()).expect("the dataset");
+    let planted = case.dir.join("planted.txt");
+    let path = |p: &Path| toml_string(&p.display().to_string());
+    // What it writes is spelled so that its code (which the rows hold) does not hold it.
+    write_python_config(
+        &case,
+        &format!(
+            "import os\n\
+             try:\n    print('read', open({dataset}).read())\n\
+             except OSError as error:\n    print('unreadable', type(error).__name__)\n\
+             for path in ({dataset}, {out}, {planted}, {config}):\n\
+             \x20   try:\n\
+             \x20       with open(path, 'a') as f:\n\
+             \x20           f.write('PW' + 'NED\\n')\n\
+             \x20       print('wrote', path)\n\
+             \x20   except OSError as error:\n\
+             \x20       print('refused', type(error).__name__)\n",
+            dataset = path(&case.dataset()),
+            out = path(&case.out()),
+            planted = path(&planted),
+            config = path(&case.config_file()),
+        ),
+        "",
+    );
+    let ran = run(&case, &mut case.command(&[]));
+    let results = ran.tool_results();
+    assert!(
+        results
+            .iter()
+            .all(|result| result.matches("refused").count() == 4 && !result.contains("wrote")),
+        "every write refused: {results:?}"
+    );
+    assert!(
+        !ran.out.contains(&note),
+        "the dataset was read: {results:?}"
+    );
+    assert!(
+        !ran.out.contains("PWNED"),
+        "the output was written: {results:?}"
+    );
+    assert!(
+        !planted.exists(),
+        "a file was written into the case's directory"
+    );
+    assert_eq!(
+        std::fs::read(case.dataset()).expect("the dataset"),
+        dataset,
+        "the dataset changed"
+    );
+    let config = std::fs::read_to_string(case.config_file()).expect("the config");
+    assert!(!config.contains("PWNED"), "the config changed");
+}
+
+#[test]
+fn the_python_tool_reaches_neither_a_local_listener_nor_the_control_endpoint() {
+    let case = case("network");
+    write_one_row(&case, "network");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let port = listener.local_addr().expect("an address").port();
+    // A free port for the control endpoint: taken and given back.
+    let control = TcpListener::bind("127.0.0.1:0")
+        .and_then(|free| free.local_addr())
+        .expect("a free port")
+        .port();
+    write_python_config(
+        &case,
+        &format!(
+            "import socket\n\
+             for name, port in (('listener', {port}), ('control', {control})):\n\
+             \x20   s = socket.socket()\n\
+             \x20   s.settimeout(5)\n\
+             \x20   try:\n\
+             \x20       s.connect(('127.0.0.1', port))\n\
+             \x20       print(name, 'connected')\n\
+             \x20   except OSError as error:\n\
+             \x20       print(name, 'refused', type(error).__name__)\n\
+             \x20   finally:\n\
+             \x20       s.close()\n"
+        ),
+        "",
+    );
+    let ran = run(
+        &case,
+        &mut case.command(&["--listen", &format!("127.0.0.1:{control}")]),
+    );
+    let results = ran.tool_results();
+    // The run is over: any connection the code made is in the listener's queue by now.
+    listener.set_nonblocking(true).expect("non-blocking");
+    match listener.accept() {
+        Err(error) if error.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the tool's code connected to the listener: {other:?}, {results:?}"),
+    }
+    let refused = "listener refused ConnectionRefusedError\ncontrol refused ConnectionRefusedError";
+    assert_eq!(results, [refused, refused]);
+}
+
+/// The Python interpreter itself (not a shim that needs more of `PATH`).
+fn python_executable() -> PathBuf {
+    let output = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 runs");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// Where `program` is on `PATH`.
+fn which(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}
+
+#[test]
+fn a_run_whose_sandbox_cannot_be_had_stops_at_the_checks_and_says_what_to_do() {
+    let case = case("no-bwrap");
+    write_one_row(&case, "no-bwrap");
+    // A PATH with what the run's programs need, but no bubblewrap.
+    let bin = case.dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    let mut linked = vec![("python3".to_owned(), python_executable())];
+    linked.extend(["sh", "prlimit", "true", "sleep", "env"].map(|p| (p.to_owned(), which(p))));
+    for (name, target) in &linked {
+        std::os::unix::fs::symlink(target, bin.join(name)).expect("a symlink");
+    }
+    assert!(!bin.join("bwrap").exists());
+    let code = "print(6 * 7)\n";
+    write_python_config(&case, code, "");
+    let ran = run(&case, case.command(&[]).env("PATH", &bin));
+    assert_ne!(ran.code, Some(0), "the run started: {}", ran.stderr);
+    for wanted in [
+        "bubblewrap",
+        "apt-get install bubblewrap",
+        "sandbox = \"none\"",
+    ] {
+        assert!(ran.stderr.contains(wanted), "{wanted:?} in {}", ran.stderr);
+    }
+    assert!(!case.out().exists(), "rows were written: {}", ran.stderr);
+
+    write_python_config(&case, code, "sandbox = \"none\"");
+    let ran = run(&case, case.command(&[]).env("PATH", &bin));
+    assert_eq!(ran.tool_results(), ["42", "42"]);
+}
+
+/// The agent: calls the model once, then, for its first 2 s (so that both agents of the run
+/// are alive at once), looks for other rollouts' proxy keys in every process's environment
+/// and for other directories next to its own; writes what it found to found.json.
+const SNOOPING_AGENT: &str = r#"
+import json, os, sys, time, urllib.request
+
+start = time.monotonic()
+own = os.environ["OPENAI_API_KEY"]
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    headers={"Content-Type": "application/json", "Authorization": "Bearer " + own},
+)
+with urllib.request.urlopen(request, timeout=60) as response:
+    response.read()
+here = os.getcwd()
+keys, siblings = set(), set()
+while time.monotonic() - start < 2.0:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                variables = f.read().split(b"\0")
+        except OSError:
+            continue
+        for variable in variables:
+            name, _, value = variable.partition(b"=")
+            if name == b"OPENAI_API_KEY" and value.decode() != own:
+                keys.add(value.decode())
+    try:
+        siblings |= set(os.listdir(os.path.dirname(here))) - {os.path.basename(here)}
+    except OSError:
+        pass
+    time.sleep(0.05)
+found = {"keys": sorted(keys), "siblings": sorted(siblings)}
+with open("found.json", "w") as f:
+    json.dump(found, f)
+print(json.dumps(found))
+"#;
+
+/// verify: 1000 per other key found plus 1 per other directory seen; no found.json (the agent
+/// did not get to the end) is unscorable.
+const COUNTING_VERIFY: &str = r#"
+import json, sys
+try:
+    with open("found.json") as f:
+        found = json.load(f)
+except OSError:
+    sys.exit(3)
+print(1000 * len(found["keys"]) + len(found["siblings"]))
+"#;
+
+#[test]
+fn two_agents_in_flight_see_neither_each_other_s_key_nor_each_other_s_directory() {
+    let case = case("agents");
+    write_one_row(&case, "agents");
+    // On each agent's command line, for the test to see both alive at once.
+    let marker = unique("agent");
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 2\nretries = 0\n\n\
+         [agent]\ncommand = [\"python3\", \"-c\", {agent}, \"{marker}\"]\n\
+         verify = [\"python3\", \"-c\", {verify}]\ntimeout = \"60s\"\n",
+        agent = toml_string(SNOOPING_AGENT),
+        verify = toml_string(COUNTING_VERIFY),
+    ));
+    let runtime = runtime();
+    let sim = simulator(&runtime, 0, "calculator");
+    // The agents' private root outside `/tmp` (which the sandbox replaces anyway), as where
+    // TMPDIR points elsewhere: only the engine's hiding keeps one agent from the other's.
+    let tmp = case.dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("a TMPDIR");
+    let stderr_path = case.dir.join("stderr.txt");
+    let mut child = case
+        .command(&["--server", &sim.url()])
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("create the stderr file"))
+        .spawn()
+        .expect("the binary starts");
+    // The agents' interpreters (not bwrap or a shim in front of them) alive at once.
+    let agents_alive = || {
+        processes_with(&marker)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .unwrap_or_default()
+                    .split(|&b| b == 0)
+                    .next()
+                    .is_some_and(|argv0| {
+                        Path::new(&*String::from_utf8_lossy(argv0))
+                            .file_name()
+                            .is_some_and(|name| name.to_string_lossy().starts_with("python"))
+                    })
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut most_at_once = 0;
+    while child.try_wait().expect("wait for the run").is_none() && Instant::now() < deadline {
+        most_at_once = most_at_once.max(agents_alive());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let code = exit_within(&mut child, Duration::from_secs(1), "two agents of 2 s");
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(most_at_once, 2, "the two agents ran at once: {stderr}");
+    let rows = case.rows();
+    assert_eq!(rows.len(), 2, "a row per rollout: {stderr}");
+    let found: Vec<Option<f64>> = rows.iter().map(|row| row.rewards["env"].as_f64()).collect();
+    assert_eq!(
+        found,
+        [Some(0.0); 2],
+        "1000 per other key found plus 1 per other directory seen, by each agent"
+    );
+}
