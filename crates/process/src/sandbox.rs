@@ -14,10 +14,20 @@ use crate::{Error, sync::OnceLock};
 /// the control endpoint's token.
 pub const ENGINE_SECRETS: &[&str] = &["ASYNC_GRPO_LISTEN_TOKEN"];
 
-/// What a sandboxed program gets of the engine's environment (besides what its table sets,
-/// `HOME` and `TMPDIR`).
+/// What a sandboxed program gets of the engine's environment (besides what its table sets and
+/// `TMPDIR`). `HOME` is kept so that programs find what is installed under it (read-only).
+/// `ASYNC_GRPO_TEST_MARKER` carries no secret: the workspace's tests mark a run with it to
+/// find every process the run started, sandboxed ones included.
 const PASSED_ENV: &[&str] = &[
-    "PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM",
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TERM",
+    "ASYNC_GRPO_TEST_MARKER",
 ];
 
 /// Where credentials usually live under the home directory: hidden from sandboxed programs
