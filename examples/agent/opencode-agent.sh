@@ -34,7 +34,13 @@ cat > "$home/opencode.json" <<JSON
 JSON
 export HOME="$home" XDG_DATA_HOME="$home/data" XDG_STATE_HOME="$home/state" XDG_CACHE_HOME="$home/cache"
 # Its plugin package, installed once next to opencode (else opencode fetches it at start).
-export XDG_CONFIG_HOME="$cache/opencode-config"
+# opencode writes into its config folder, and the sandbox keeps the cache read-only: the
+# folder is made in the rollout's directory, the installed package linked in.
+config="$home/config/opencode"
+mkdir -p "$config"
+cp "$cache/opencode-config/opencode/package.json" "$cache/opencode-config/opencode/package-lock.json" "$config/"
+ln -s "$cache/opencode-config/opencode/node_modules" "$config/node_modules"
+export XDG_CONFIG_HOME="$home/config"
 export OPENCODE_CONFIG="$home/opencode.json"
 export OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_SHARE=1 \
     OPENCODE_DISABLE_DEFAULT_PLUGINS=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 \
