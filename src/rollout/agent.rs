@@ -8,7 +8,7 @@
 //! env = { OPENCODE_DISABLE_AUTOUPDATE = "1" }   # plus OPENAI_BASE_URL / OPENAI_API_KEY per rollout
 //! workdir = "fresh"                             # a new directory per rollout, removed after verify
 //! setup = ["./setup.sh"]                        # optional, in the workdir, before the agent
-//! verify = ["./verify.sh"]                      # in the workdir after the agent: a printed number, or exit 0/1
+//! verify = ["python3", "./verify.py"]          # in the workdir after the agent, the row as JSON on stdin: a printed number, or exit 0/1
 //! timeout = "10m"                               # the agent's; then its process group is killed
 //! weight = 1.0                                  # of the `env` column (verify's reward)
 //! sandbox = "bwrap"                             # or "none": with the engine's permissions
