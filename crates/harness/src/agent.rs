@@ -371,14 +371,8 @@ fn task_text(row: &DatasetRow) -> String {
 }
 
 /// The last 2000 characters of an output, for messages.
-fn tail(text: &str) -> String {
-    let text = text.trim();
-    let start = text
-        .char_indices()
-        .rev()
-        .nth(1999)
-        .map_or(0, |(index, _)| index);
-    text[start..].to_owned()
+fn tail(text: &str) -> &str {
+    process::tail(text, 2000)
 }
 
 #[cfg(test)]

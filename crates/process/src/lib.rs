@@ -41,7 +41,7 @@ mod sandbox;
 mod sync;
 
 pub use self::{
-    run::{Finished, ProcessGroup, Program},
+    run::{Finished, ProcessGroup, Program, tail},
     sandbox::{ENGINE_SECRETS, Isolation, Limits, Sandbox},
 };
 

@@ -28,6 +28,21 @@ pub struct Finished {
     pub stderr: String,
 }
 
+/// The last `chars` characters of `text`, trimmed: the end of a program's output, where
+/// its error usually is, for a message.
+pub fn tail(text: &str, chars: usize) -> &str {
+    let text = text.trim();
+    let Some(last) = chars.checked_sub(1) else {
+        return "";
+    };
+    let start = text
+        .char_indices()
+        .rev()
+        .nth(last)
+        .map_or(0, |(index, _)| index);
+    &text[start..]
+}
+
 /// A process group (a program started with `process_group(0)`: its id is the program's pid),
 /// killed whole with SIGKILL when dropped or by [`ProcessGroup::kill`].
 #[derive(Debug)]

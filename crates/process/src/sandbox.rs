@@ -146,8 +146,10 @@ impl Limits {
 /// - hidden (an empty directory or file in their place): credentials under `$HOME`
 ///   (`.ssh`, `.aws`, `.config`, `.cache/huggingface`, ...) and whatever the engine adds with
 ///   [`Sandbox::hide`] (its output, dataset, configuration, other rollouts' directories);
-/// - the environment cleared to `PATH`, `HOME` (read-only but its own directory), `LANG`/`LC_*`,
-///   `TZ`, `TERM` and `TMPDIR=/tmp`, plus what the program is given;
+/// - the environment cleared to `PATH`, `HOME` (the engine's, read-only like the rest),
+///   `LANG`/`LC_*`, `TZ`, `TERM` and `TMPDIR=/tmp`, plus what the program is given;
+/// - a program or script named by its path in one of the private directories (a config's
+///   directory under `/tmp`) seen read-only, with what lies beside it;
 /// - no network (its own loopback only) unless `network`;
 /// - [`Limits::default`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use process::{Finished, Limits, Program, Sandbox};
+use process::{Finished, Limits, Program, Sandbox, tail};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -300,4 +300,11 @@ async fn a_script_named_in_a_private_directory_is_seen_with_its_neighbours_but_n
         .await
         .expect("runs");
     assert_eq!(finished.stdout, "found beside\n", "{finished:?}");
+}
+
+#[test]
+fn the_tail_of_an_output_counts_characters_not_bytes() {
+    assert_eq!(tail("  line one\nétoile  \n", 6), "étoile");
+    assert_eq!(tail("short", 100), "short");
+    assert_eq!(tail("anything", 0), "");
 }

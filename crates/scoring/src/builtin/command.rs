@@ -66,16 +66,7 @@ impl AsyncReward for CommandReward {
                 .await
                 .map_err(|e| e.to_string())?;
             if !finished.status.success() {
-                let tail: String = finished
-                    .stderr
-                    .trim()
-                    .chars()
-                    .rev()
-                    .take(500)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
+                let tail = process::tail(&finished.stderr, 500);
                 return Err(format!("'{program}' exited with {}: {tail}", finished.status).into());
             }
             serde_json::from_str::<Scores>(&finished.stdout).map_err(|e| {

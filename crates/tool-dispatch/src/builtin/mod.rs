@@ -3,8 +3,8 @@
 //! | kind | runs | arguments | result |
 //! |---|---|---|---|
 //! | `calculator` | sync, in-process | `{"expression": "17 * 23"}` | the value (`391`) |
-//! | `python` | async, `python3 -I -` in a subprocess | `{"code": "..."}` | stdout, then stderr and the exit code if any |
-//! | `command` | async, any program | the JSON arguments on its stdin | its stdout (a non-zero exit is an error) |
+//! | `python` | async, `python3 -I -` in a sandboxed subprocess | `{"code": "..."}` | stdout, then stderr and the exit code if any |
+//! | `command` | async, any program, sandboxed | the JSON arguments on its stdin | its stdout (a non-zero exit is an error) |
 //! | `http` (feature `http`) | async | POSTed as JSON to `url` | the response body (a non-2xx is an error) |
 //!
 //! `command` and `python` kill the program at their timeout (default 30 s) and keep at most

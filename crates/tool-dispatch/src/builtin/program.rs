@@ -53,15 +53,7 @@ impl CommandTool {
         )
         .await?;
         if !finished.status.success() {
-            let stderr = finished.stderr.trim();
-            let tail: String = stderr
-                .chars()
-                .rev()
-                .take(1000)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
+            let tail = process::tail(&finished.stderr, 1000);
             return Err(
                 format!("'{}' exited with {}: {tail}", self.argv[0], finished.status).into(),
             );
