@@ -5,18 +5,15 @@
 
 #![cfg(feature = "sim")]
 
-use std::{
-    io::{BufRead, BufReader},
-    net::SocketAddr,
-    process::{Child, Stdio},
-    sync::mpsc,
-    time::Duration,
-};
+use std::{net::SocketAddr, process::Stdio, time::Duration};
 
 use reqwest::{StatusCode, header};
 use serde_json::{Value, json};
 
-use super::rollout::{Case, runtime};
+use super::{
+    operate::Running,
+    rollout::{Case, runtime},
+};
 
 /// How far a model version may move at once without a token (README, `--listen-token`).
 const MAX_VERSION_STEP: u64 = 1_000_000;
@@ -37,7 +34,7 @@ fn slow_case(name: &str) -> Case {
 
 /// A run in the background with its control endpoint, killed when dropped.
 struct Run {
-    child: Child,
+    _running: Running,
     address: SocketAddr,
 }
 
@@ -45,44 +42,14 @@ impl Run {
     /// Starts `case` with `args` (no token from the test's own environment) and waits for
     /// the endpoint's log line.
     fn start(case: &Case, args: &[&str]) -> Run {
-        let mut child = case
-            .command(args)
-            .env_remove("ASYNC_GRPO_LISTEN_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary starts");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let (sender, lines) = mpsc::channel();
-        // Reads to the end: a closed pipe would end the run at its next log line.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = sender.send(line);
-            }
-        });
-        let mut seen = Vec::new();
-        let address = loop {
-            let Ok(line) = lines.recv_timeout(Duration::from_secs(60)) else {
-                panic!("the endpoint never listened; stderr:\n{}", seen.join("\n"));
-            };
-            if let Some(at) = line.find("control endpoint listening address=") {
-                let rest = &line[at + "control endpoint listening address=".len()..];
-                let address = rest.split_whitespace().next().unwrap_or_default();
-                break address
-                    .parse()
-                    .unwrap_or_else(|_| panic!("an address in {line}"));
-            }
-            seen.push(line);
-        };
-        Run { child, address }
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mut command = case.command(args);
+        command.env_remove("ASYNC_GRPO_LISTEN_TOKEN");
+        let mut running = Running::spawn(command);
+        let address = running.address();
+        Run {
+            _running: running,
+            address,
+        }
     }
 }
 

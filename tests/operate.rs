@@ -54,8 +54,8 @@ fn run_to_end(mut command: Command) -> (Option<i32>, String) {
     )
 }
 
-/// A run in the background, its stderr read line by line.
-struct Running {
+/// A run in the background, its stderr read line by line, killed when dropped.
+pub(crate) struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<String>,
@@ -66,7 +66,7 @@ impl Running {
         Running::spawn(case.command(args))
     }
 
-    fn spawn(mut command: Command) -> Running {
+    pub(crate) fn spawn(mut command: Command) -> Running {
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -108,7 +108,7 @@ impl Running {
     }
 
     /// Where the control endpoint listens, from its log line.
-    fn address(&mut self) -> SocketAddr {
+    pub(crate) fn address(&mut self) -> SocketAddr {
         let line = self.line_with("control endpoint listening");
         let at = line.find("address=").expect("the line names the address") + "address=".len();
         line[at..]

@@ -202,14 +202,15 @@ fn a_process_the_python_tool_starts_in_a_new_session_dies_with_the_call() {
     );
 }
 
-#[test]
-fn the_python_tool_sees_neither_the_engine_s_variables_nor_its_listen_token() {
-    let case = case("environ");
-    write_one_row(&case, "environ");
+/// A run whose python tool (its table extended by `table`) prints the engine's `SECRET_X`
+/// and `ASYNC_GRPO_LISTEN_TOKEN`, both set to fresh values; returns the run and the two values.
+fn run_printing_the_environment(name: &str, table: &str) -> (Ran, String, String) {
+    let case = case(name);
+    write_one_row(&case, name);
     write_python_config(
         &case,
         "import os\nprint(os.environ.get('SECRET_X'), os.environ.get('ASYNC_GRPO_LISTEN_TOKEN'))\n",
-        "",
+        table,
     );
     let (secret, token) = (unique("secretx"), unique("token"));
     let ran = run(
@@ -218,6 +219,12 @@ fn the_python_tool_sees_neither_the_engine_s_variables_nor_its_listen_token() {
             .env("SECRET_X", &secret)
             .env("ASYNC_GRPO_LISTEN_TOKEN", &token),
     );
+    (ran, secret, token)
+}
+
+#[test]
+fn the_python_tool_sees_neither_the_engine_s_variables_nor_its_listen_token() {
+    let (ran, secret, token) = run_printing_the_environment("environ", "");
     assert_eq!(ran.tool_results(), ["None None", "None None"]);
     assert!(!ran.out.contains(&secret), "SECRET_X leaked: {}", ran.out);
     assert!(
@@ -229,20 +236,7 @@ fn the_python_tool_sees_neither_the_engine_s_variables_nor_its_listen_token() {
 
 #[test]
 fn an_unsandboxed_python_tool_sees_the_engine_s_variables_but_not_its_listen_token() {
-    let case = case("environ-none");
-    write_one_row(&case, "environ-none");
-    write_python_config(
-        &case,
-        "import os\nprint(os.environ.get('SECRET_X'), os.environ.get('ASYNC_GRPO_LISTEN_TOKEN'))\n",
-        "sandbox = \"none\"",
-    );
-    let (secret, token) = (unique("secretx"), unique("token"));
-    let ran = run(
-        &case,
-        case.command(&["--listen", "127.0.0.1:0"])
-            .env("SECRET_X", &secret)
-            .env("ASYNC_GRPO_LISTEN_TOKEN", &token),
-    );
+    let (ran, secret, token) = run_printing_the_environment("environ-none", "sandbox = \"none\"");
     let seen = format!("{secret} None");
     assert_eq!(ran.tool_results(), [seen.as_str(), seen.as_str()]);
     assert!(
