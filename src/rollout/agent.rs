@@ -125,9 +125,9 @@ impl AgentSettings {
 
     /// `base` as the table changes it.
     fn sandbox_in(&self, base: Sandbox) -> Sandbox {
-        base.isolation(self.sandbox.unwrap_or_default())
-            .network(self.network.unwrap_or(true))
-            .limits(self.limits.unwrap_or_default())
+        // The agent must reach the proxy: the host's network unless the table says otherwise.
+        base.network(true)
+            .with_keys(self.sandbox, self.network, self.limits)
     }
 
     /// Whether a verify command gives the `env` reward.

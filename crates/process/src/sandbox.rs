@@ -206,6 +206,26 @@ impl Sandbox {
         self
     }
 
+    /// This sandbox as a configuration table's `sandbox`, `network` and `limits` keys change
+    /// it: each key given replaces the value, each key left out keeps it.
+    pub fn with_keys(
+        mut self,
+        isolation: Option<Isolation>,
+        network: Option<bool>,
+        limits: Option<Limits>,
+    ) -> Sandbox {
+        if let Some(isolation) = isolation {
+            self.isolation = isolation;
+        }
+        if let Some(network) = network {
+            self.network = network;
+        }
+        if let Some(limits) = limits {
+            self.limits = limits;
+        }
+        self
+    }
+
     /// Hides `path` (a file or a directory; nothing when it does not exist) from the program.
     pub fn hide(mut self, path: impl Into<PathBuf>) -> Sandbox {
         self.hidden.push(path.into());

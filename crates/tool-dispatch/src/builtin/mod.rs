@@ -142,17 +142,8 @@ impl ToolConfig {
     /// The sandbox this table's program runs in: `base` (what the engine hides, for one) as
     /// the table changes it.
     pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
-        let mut sandbox = base.clone();
-        if let Some(isolation) = self.sandbox {
-            sandbox = sandbox.isolation(isolation);
-        }
-        if let Some(network) = self.network {
-            sandbox = sandbox.network(network);
-        }
-        if let Some(limits) = self.limits {
-            sandbox = sandbox.limits(limits);
-        }
-        sandbox
+        base.clone()
+            .with_keys(self.sandbox, self.network, self.limits)
     }
 
     /// Whether the tool runs a program (and so has a sandbox).
