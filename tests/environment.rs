@@ -141,6 +141,47 @@ fn a_stdio_mcp_environment_gives_sampled_rows_and_its_verify_as_the_env_reward()
     );
 }
 
+#[test]
+fn a_stdio_mcp_server_sandboxed_on_request_serves_its_sessions_without_the_engine_s_environment() {
+    // The server's first words on stderr (logged by the engine) say what it sees of the
+    // engine's SECRET_X; then it is the example's server.
+    let secret = format!("secret-{}", std::process::id());
+    let case = environment_case(
+        "mcp-sandboxed",
+        &format!(
+            "command = [\"sh\", \"-c\", \"echo seen=${{SECRET_X:-nothing}} >&2; exec \\\"$0\\\" \\\"$1\\\"\", {}, {}]\n\
+             sandbox = \"bwrap\"",
+            toml_path(&mcp_python()),
+            toml_path(&kv_env())
+        ),
+    );
+    let runtime = runtime();
+    let sim = simulator(&runtime, 1, "calculator");
+    let mut command = case.command(&["--server", &sim.url()]);
+    let (output, left) = run_marked(
+        command.env("SECRET_X", &secret).env("RUST_LOG", "info"),
+        "mcp-sandboxed",
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows = case.rows();
+    assert_eq!(rows.len(), 12, "{stderr}");
+    assert!(
+        rows.iter().all(|row| row.rewards["env"].as_f64().is_some()),
+        "every session verified"
+    );
+    assert!(stderr.contains("seen=nothing"), "{stderr}");
+    assert!(
+        !stderr.contains(&secret),
+        "the server saw the engine's variable: {stderr}"
+    );
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "server processes left behind: {stderr}"
+    );
+}
+
 /// A free port on 127.0.0.1 (bound, then released for the server to take).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -10,7 +10,14 @@
 //! timeout = "30s"                          # per request
 //! weight = 1.0                             # of the `env` column among the rewards
 //! create_attempts = 3                      # tries at starting a session
+//! sandbox = "bwrap"                        # a stdio server sandboxed (default "none")
+//! network = false                          # with bwrap: the host's network or not (default false)
+//! limits = { memory_mib = 2048 }           # process::Limits (default none; with bwrap, bwrap's)
 //! ```
+//!
+//! A stdio server is the user's own program, so it runs unsandboxed unless the table asks
+//! (`sandbox = "bwrap"`: then as the `[[tools]]` run, the run's files hidden); either way it
+//! never sees the control endpoint's token.
 
 use std::{path::Path, time::Duration};
 
@@ -19,6 +26,7 @@ use harness::{
     Harness, HarnessConfig,
     mcp::{McpConfig, McpFactory, McpServer},
 };
+use process::{Isolation, Limits, Sandbox};
 use scoring::Reward;
 use serde::{Deserialize, Serialize};
 use tool_dispatch::ToolDispatcher;
@@ -48,6 +56,15 @@ pub(crate) struct EnvironmentSettings {
     /// Tries at starting a session.
     #[serde(default = "default_create_attempts")]
     create_attempts: u32,
+    /// A stdio server's isolation: `"none"` (the default) or `"bwrap"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sandbox: Option<Isolation>,
+    /// With `sandbox = "bwrap"`: whether the server gets the host's network (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    network: Option<bool>,
+    /// A stdio server's resource limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
 }
 
 /// What serves an environment's episodes.
@@ -110,7 +127,26 @@ impl EnvironmentSettings {
         if self.verify_tool.is_empty() {
             bail!("{place}.verify_tool: must name a tool of the server");
         }
+        let keys = self.sandbox.is_some() || self.network.is_some() || self.limits.is_some();
+        if keys && self.command.is_none() {
+            bail!(
+                "{place}: sandbox, network and limits are for a stdio server (command), not a url"
+            );
+        }
+        self.sandbox_in(Sandbox::default())
+            .check()
+            .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
         Ok(())
+    }
+
+    /// Where a stdio server runs: unsandboxed unless the table says `sandbox = "bwrap"`, then
+    /// in `base` (the run's files hidden) as the table changes it.
+    fn sandbox_in(&self, base: Sandbox) -> Sandbox {
+        let start = match self.sandbox {
+            Some(Isolation::Bwrap) => base,
+            Some(Isolation::None) | None => Sandbox::none(),
+        };
+        start.with_keys(None, self.network, self.limits)
     }
 
     /// The server, as the harness takes it.
@@ -121,13 +157,15 @@ impl EnvironmentSettings {
         }
     }
 
-    /// The environment, its sessions' tools run through `pool`.
-    pub(crate) fn harness(&self, pool: ToolDispatcher) -> Harness {
+    /// The environment, its sessions' tools run through `pool`, a stdio server in `sandbox`
+    /// as the table changes it.
+    pub(crate) fn harness(&self, pool: ToolDispatcher, sandbox: Sandbox) -> Harness {
         let server = self.server();
         let factory = McpFactory::new(
             McpConfig::new(server.clone())
                 .verify_tool(self.verify_tool.clone())
-                .timeout(self.timeout),
+                .timeout(self.timeout)
+                .sandbox(self.sandbox_in(sandbox)),
         );
         Harness::new(server.to_string(), factory, pool).config(
             HarnessConfig::default()

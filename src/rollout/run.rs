@@ -284,7 +284,9 @@ fn engine_builder(
         let tools = ToolDispatcher::new(registry, DispatcherConfig::new(settings.tool_threads));
         if let Some(environment) = &settings.environment {
             // Its sessions' tools run on the same pool, and stop with it.
-            builder = builder.environment(Arc::new(environment.harness(tools.clone())));
+            builder = builder.environment(Arc::new(
+                environment.harness(tools.clone(), sandbox.clone()),
+            ));
         }
         builder = builder.tools(tools);
     }
