@@ -514,3 +514,27 @@ fn two_agents_in_flight_see_neither_each_other_s_key_nor_each_other_s_directory(
         "1000 per other key found plus 1 per other directory seen, by each agent"
     );
 }
+
+#[test]
+fn a_command_reward_sandboxed_on_request_sees_neither_the_engine_s_variables_nor_the_dataset() {
+    let case = case("reward");
+    let note = unique("note");
+    write_one_row(&case, &note);
+    // 1 for each completion when the program sees neither SECRET_X nor the dataset's text.
+    let script = "cat >/dev/null; if [ -z \"$SECRET_X\" ] && [ ! -s \"$1\" ]; \
+                  then echo '[1, 1]'; else echo '[0, 0]'; fi";
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\n\n[[rewards]]\nkind = \"command\"\n\
+         program = [\"sh\", \"-c\", {}, \"sh\", {}]\nsandbox = \"bwrap\"\n",
+        toml_string(script),
+        toml_string(&case.dataset().display().to_string()),
+    ));
+    let ran = run(&case, case.command(&[]).env("SECRET_X", unique("secretx")));
+    assert_eq!(ran.code, Some(0), "the run failed: {}", ran.stderr);
+    let scores: Vec<_> = ran
+        .rows
+        .iter()
+        .map(|row| row.rewards["command_sh"].as_f64())
+        .collect();
+    assert_eq!(scores, [Some(1.0), Some(1.0)], "{}", ran.stderr);
+}

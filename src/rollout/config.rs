@@ -316,6 +316,15 @@ pub(crate) struct RewardTable {
     buffer: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     weight: Option<f64>,
+    /// `kind = "command"`: `"none"` (the default: the user's own program) or `"bwrap"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandbox: Option<process::Isolation>,
+    /// `kind = "command"` with `sandbox = "bwrap"`: the host's network or not (default false).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network: Option<bool>,
+    /// `kind = "command"`: resource limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<process::Limits>,
 }
 
 impl RewardTable {
@@ -360,15 +369,7 @@ impl Resolved {
     /// The sandbox every program the policy drives starts from: the run's own files (dataset,
     /// output and its journal, configuration) hidden. Each table changes it as it says.
     pub(crate) fn sandbox(&self) -> process::Sandbox {
-        let settings = &self.settings;
-        let mut sandbox = process::Sandbox::default()
-            .hide(&settings.dataset)
-            .hide(&settings.out)
-            .hide(super::output::journal_path(&settings.out));
-        if let Some(file) = &self.config_file {
-            sandbox = sandbox.hide(file);
-        }
-        sandbox
+        run_sandbox(&self.settings, self.config_file.as_deref())
     }
 
     /// The reward functions, built (the environment's `env` column last).
@@ -550,7 +551,8 @@ impl Settings {
                 );
             }
         }
-        let rewards = build_rewards(&settings, &places, base, &file_name)?;
+        let sandbox = run_sandbox(&settings, source.as_ref().map(|s| s.path.as_path()));
+        let rewards = build_rewards(&settings, &places, base, &file_name, &sandbox)?;
         check_tools(&settings.tools, &places)?;
         #[cfg(feature = "sim")]
         check_simulator(&settings.simulator, &places)?;
@@ -670,12 +672,26 @@ impl Places<'_> {
     }
 }
 
+/// The sandbox every program the policy drives starts from: the run's own files (dataset,
+/// output and its journal, the configuration file) hidden.
+fn run_sandbox(settings: &Settings, config_file: Option<&Path>) -> process::Sandbox {
+    let mut sandbox = process::Sandbox::default()
+        .hide(&settings.dataset)
+        .hide(&settings.out)
+        .hide(super::output::journal_path(&settings.out));
+    if let Some(file) = config_file {
+        sandbox = sandbox.hide(file);
+    }
+    sandbox
+}
+
 /// The rewards: each built once (to refuse a bad one now), named apart, their programs found.
 fn build_rewards(
     settings: &Settings,
     places: &Places<'_>,
     base: &Path,
     file_name: &str,
+    sandbox: &process::Sandbox,
 ) -> anyhow::Result<Vec<RewardSetting>> {
     let from_flags = places.given("rewards");
     let mut rewards: Vec<RewardSetting> = Vec::new();
@@ -687,7 +703,7 @@ fn build_rewards(
                 .and_then(|s| s.place_in_array("rewards", i))
                 .unwrap_or_else(|| format!("rewards[{i}]")),
         };
-        let reward = table.build(base).map_err(|e| {
+        let reward = table.build(base, sandbox).map_err(|e| {
             let place = if from_flags {
                 "--reward"
             } else {
@@ -768,13 +784,16 @@ fn check_simulator(simulator: &SimSettings, places: &Places<'_>) -> anyhow::Resu
 
 impl RewardTable {
     /// The reward this table describes: `spec`, or `kind` with the field that kind takes.
-    fn build(&self, base: &Path) -> anyhow::Result<Reward> {
+    fn build(&self, base: &Path, sandbox: &process::Sandbox) -> anyhow::Result<Reward> {
         let given = [
             ("column", self.column.is_some()),
             ("pattern", self.pattern.is_some()),
             ("program", self.program.is_some()),
             ("max", self.max.is_some()),
             ("buffer", self.buffer.is_some()),
+            ("sandbox", self.sandbox.is_some()),
+            ("network", self.network.is_some()),
+            ("limits", self.limits.is_some()),
         ];
         let reward = match (&self.spec, &self.kind) {
             (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
@@ -797,7 +816,7 @@ impl RewardTable {
                 }
                 builtin::from_spec(spec)?
             }
-            (None, Some(kind)) => self.build_kind(kind, &given, base)?,
+            (None, Some(kind)) => self.build_kind(kind, &given, base, sandbox)?,
         };
         let reward = match self.weight {
             Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
@@ -817,11 +836,12 @@ impl RewardTable {
         kind: &str,
         given: &[(&str, bool)],
         base: &Path,
+        sandbox: &process::Sandbox,
     ) -> anyhow::Result<Reward> {
         let wants: &[&str] = match kind {
             "numeric" | "exact" => &["column"],
             "regex" => &["pattern"],
-            "command" => &["program"],
+            "command" => &["program", "sandbox", "network", "limits"],
             "length" => &["max", "buffer"],
             other => {
                 bail!("unknown kind '{other}'; expected numeric, exact, regex, command or length")
@@ -846,7 +866,15 @@ impl RewardTable {
                 let Some((program, args)) = argv.split_first() else {
                     bail!("`program` needs at least the program: [\"./score.py\", ...]");
                 };
-                builtin::command(&program_path(base, program), args.iter().cloned())
+                // The user's own program runs unsandboxed unless the table asks; sandboxed,
+                // it starts from the run's sandbox (its files hidden).
+                let start = match self.sandbox {
+                    Some(process::Isolation::Bwrap) => sandbox.clone(),
+                    Some(process::Isolation::None) | None => process::Sandbox::none(),
+                };
+                let sandbox = start.with_keys(None, self.network, self.limits);
+                sandbox.check()?;
+                builtin::command_in(&program_path(base, program), args.iter().cloned(), sandbox)
             }
             _ => builtin::length(self.max.ok_or_else(missing)?, self.buffer)?,
         })

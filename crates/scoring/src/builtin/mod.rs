@@ -171,11 +171,24 @@ pub fn length(max: usize, buffer: Option<usize>) -> Result<Reward, LengthPenalty
 /// named `command_STEM` after the program's file stem.
 #[cfg(feature = "command")]
 pub fn command(program: &str, args: impl IntoIterator<Item = String>) -> Reward {
+    command_in(program, args, process::Sandbox::none())
+}
+
+/// [`command`] with the program run in `sandbox` (a reward that runs what the model wrote).
+#[cfg(feature = "command")]
+pub fn command_in(
+    program: &str,
+    args: impl IntoIterator<Item = String>,
+    sandbox: process::Sandbox,
+) -> Reward {
     let stem = std::path::Path::new(program).file_stem().map_or_else(
         || program.to_owned(),
         |stem| stem.to_string_lossy().into_owned(),
     );
-    Reward::from_async(format!("command_{stem}"), CommandReward::new(program, args))
+    Reward::from_async(
+        format!("command_{stem}"),
+        CommandReward::new(program, args).sandbox(sandbox),
+    )
 }
 
 fn parse_tokens(spec: &str, text: Option<&str>, what: &str) -> Result<usize, SpecError> {
