@@ -35,6 +35,10 @@ enum Command {
     /// Serve the vLLM-compatible simulator: scripted answers, not a model, for demos and tests
     #[cfg(feature = "sim")]
     Simulate(simulate::SimulateArgs),
+    /// Inside an agent's sandbox: listen on the proxy's port, run the agent, hand each
+    /// connection to the proxy's socket (started by `rollout`, not by hand)
+    #[command(hide = true)]
+    AgentForward(rollout::agent::ForwardArgs),
 }
 
 /// Where log lines go: stderr, clearing the rollout progress bar first when one is shown.
@@ -78,6 +82,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Some(Command::Render(args)) => render::run(&args).map(|()| ExitCode::SUCCESS),
         #[cfg(feature = "sim")]
         Some(Command::Simulate(args)) => simulate::run(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::AgentForward(args)) => rollout::agent::forward(args),
         None => {
             use clap::CommandFactory;
             Cli::command().print_help()?;

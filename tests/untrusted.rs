@@ -538,3 +538,77 @@ fn a_command_reward_sandboxed_on_request_sees_neither_the_engine_s_variables_nor
         .collect();
     assert_eq!(scores, [Some(1.0), Some(1.0)], "{}", ran.stderr);
 }
+
+/// An agent that tries to reach the local ports on its command line, then asks its proxy for
+/// one answer (the rollout's turn); writes how many ports it reached to reached.json.
+const KNOCKING_AGENT: &str = r#"
+import json, os, socket, sys, urllib.request
+reached = 0
+for port in sys.argv[1:]:
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+        reached += 1
+    except OSError:
+        pass
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+)
+with urllib.request.urlopen(request, timeout=30) as response:
+    json.load(response)
+with open("reached.json", "w") as f:
+    json.dump(reached, f)
+"#;
+
+/// verify: the number of ports the agent reached.
+const REACHED_VERIFY: &str = r#"
+import json, sys
+try:
+    with open("reached.json") as f:
+        print(json.load(f))
+except OSError:
+    sys.exit(3)
+"#;
+
+#[test]
+fn an_agent_reaches_its_proxy_and_no_other_local_port() {
+    let case = case("agent-network");
+    write_one_row(&case, "agent-network");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a local port");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let port = listener.local_addr().expect("bound").port();
+    let runtime = runtime();
+    let sim = simulator(&runtime, 0, "calculator");
+    let sim_port = sim
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .expect("the simulator's port");
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 2\nretries = 0\n\n\
+         [agent]\ncommand = [\"python3\", \"-c\", {agent}, \"{port}\", \"{sim_port}\"]\n\
+         verify = [\"python3\", \"-c\", {verify}]\ntimeout = \"60s\"\n",
+        agent = toml_string(KNOCKING_AGENT),
+        verify = toml_string(REACHED_VERIFY),
+    ));
+    let ran = run(&case, &mut case.command(&["--server", &sim.url()]));
+    assert_eq!(ran.code, Some(0), "the run failed: {}", ran.stderr);
+    // A row per rollout: each agent's request reached the proxy.
+    let reached: Vec<Option<f64>> = ran
+        .rows
+        .iter()
+        .map(|row| row.rewards["env"].as_f64())
+        .collect();
+    assert_eq!(
+        reached,
+        [Some(0.0); 2],
+        "ports reached by each agent (the test's listener, the model server): {}",
+        ran.stderr
+    );
+    assert!(
+        listener.accept().is_err(),
+        "an agent's connection reached the host"
+    );
+}

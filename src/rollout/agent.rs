@@ -12,7 +12,7 @@
 //! timeout = "10m"                               # the agent's; then its process group is killed
 //! weight = 1.0                                  # of the `env` column (verify's reward)
 //! sandbox = "bwrap"                             # or "none": with the engine's permissions
-//! network = true                                # the host's network (it must reach the proxy)
+//! network = false                               # only its proxy (true: the host's network)
 //! limits = { memory_mib = 8192 }                # process::Limits; unset fields keep defaults
 //! ```
 //!
@@ -66,7 +66,7 @@ pub(crate) struct AgentSettings {
     /// `"bwrap"` (the default) or `"none"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sandbox: Option<Isolation>,
-    /// Whether the agent gets the host's network (default true: it must reach the proxy).
+    /// Whether the agent gets the host's network (default false: only its proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     network: Option<bool>,
     /// Resource limits of the agent, setup and verify.
@@ -125,9 +125,7 @@ impl AgentSettings {
 
     /// `base` as the table changes it.
     fn sandbox_in(&self, base: Sandbox) -> Sandbox {
-        // The agent must reach the proxy: the host's network unless the table says otherwise.
-        base.network(true)
-            .with_keys(self.sandbox, self.network, self.limits)
+        base.with_keys(self.sandbox, self.network, self.limits)
     }
 
     /// Whether a verify command gives the `env` reward.
@@ -148,6 +146,14 @@ impl AgentSettings {
         config.timeout = self.timeout;
         config.command_timeout = self.command_timeout;
         config.sandbox = self.sandbox_in(sandbox);
+        // Without the host's network, the agent reaches its proxy through this binary.
+        let this = std::env::current_exe().map_err(|e| {
+            anyhow::anyhow!("cannot find this program to forward agents' requests: {e}")
+        })?;
+        config.forwarder = Some(vec![
+            this.to_string_lossy().into_owned(),
+            "agent-forward".to_owned(),
+        ]);
         Ok(ProgramAgent::new(proxy, config)?)
     }
 
@@ -156,4 +162,38 @@ impl AgentSettings {
         self.verifies()
             .then(|| scoring::builtin::environment().weight(self.weight))
     }
+}
+
+/// `async-grpo agent-forward`: what runs an agent inside its sandbox (see
+/// `harness::agent::forward`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct ForwardArgs {
+    /// The port to listen on (127.0.0.1 of the sandbox's network namespace).
+    #[arg(long)]
+    port: u16,
+    /// The Unix socket that reaches the proxy.
+    #[arg(long)]
+    socket: std::path::PathBuf,
+    /// The agent's command line.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Runs `agent-forward`; exits as the agent did.
+pub(crate) fn forward(args: ForwardArgs) -> anyhow::Result<std::process::ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let status = runtime.block_on(harness::agent::forward(
+        args.port,
+        args.socket,
+        &args.command,
+    ))?;
+    // Killed by a signal: 128 + the signal, as a shell says it.
+    let code = status.code().unwrap_or_else(|| {
+        128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
+    });
+    Ok(std::process::ExitCode::from(
+        u8::try_from(code).unwrap_or(1),
+    ))
 }

@@ -13,9 +13,15 @@
 //! Every program of an attempt runs in the [`Sandbox`] of [`ProgramConfig::sandbox`]:
 //! bubblewrap by default, each in a PID namespace of its own, with the environment cleared to
 //! what the table gives, the file system read-only but its own directory and a private
-//! `/tmp`, the other attempts' directories hidden, and the host's network (it must reach the
-//! proxy; the proxy answers only this attempt's key). Nothing of one attempt is visible to
-//! another: directory, key, processes, environment.
+//! `/tmp`, the other attempts' directories hidden, and (by default, for a library user with
+//! no forwarder) the host's network: it must reach the proxy, which answers only this
+//! attempt's key. Nothing of one attempt is visible to another: directory, key, processes,
+//! environment.
+//!
+//! With a [`ProgramConfig::forwarder`] and a sandbox without the host's network, the agent
+//! reaches its proxy and nothing else: it runs under the forwarder (a program that serves
+//! [`forward`]), which listens on the proxy's own port inside the agent's network namespace
+//! and hands each connection through a Unix socket in the attempt's directory to the proxy.
 
 use std::{
     collections::BTreeMap,
@@ -24,12 +30,16 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use process::{Finished, Program, Sandbox};
+use process::{Finished, Isolation, Program, Sandbox};
 use rollout_core::{
     DatasetRow,
     rollout::{Agent, AgentError, AgentOutcome, AgentRun, Verdict},
 };
 use serde_json::Value;
+use tokio::{
+    io::copy_bidirectional,
+    net::{TcpListener, TcpStream, UnixListener, UnixStream},
+};
 
 use crate::{proxy::Proxy, sync::Arc};
 
@@ -59,6 +69,10 @@ pub struct ProgramConfig {
     pub max_output: usize,
     /// Where the agent, setup and verify run: bubblewrap with the host's network by default.
     pub sandbox: Sandbox,
+    /// A program that serves [`forward`] (the binary's `agent-forward`, say), run inside the
+    /// sandbox: with it, an agent in a sandbox without the host's network reaches its proxy
+    /// (and nothing else). Without it, such an agent reaches nothing.
+    pub forwarder: Option<Vec<String>>,
 }
 
 impl ProgramConfig {
@@ -76,6 +90,7 @@ impl ProgramConfig {
             workdir_root: std::env::temp_dir(),
             max_output: 64 * 1024,
             sandbox: Sandbox::default().network(true),
+            forwarder: None,
         }
     }
 }
@@ -110,6 +125,88 @@ impl Agent for ProgramAgent {
     fn run(&self, run: AgentRun) -> BoxFuture<'static, Result<AgentOutcome, AgentError>> {
         let this = self.clone();
         Box::pin(async move { this.attempt(run).await })
+    }
+}
+
+/// The relay's socket, in the attempt's directory.
+const RELAY_SOCKET: &str = ".async-grpo-proxy.sock";
+
+/// Hands each connection to a Unix socket in an attempt's directory on to the proxy, until
+/// dropped (the socket file is removed then).
+struct Relay {
+    socket: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    fn start(dir: &Path, proxy: std::net::SocketAddr) -> Result<Relay, AgentError> {
+        let socket = dir.join(RELAY_SOCKET);
+        let cannot =
+            |e: std::io::Error| AgentError(format!("cannot listen on {}: {e}", socket.display()));
+        // A socket's path is at most 108 bytes, and a directory under a long TMPDIR is longer:
+        // bound through the directory's descriptor, the path is short whatever the directory.
+        let opened = std::fs::File::open(dir).map_err(cannot)?;
+        let short = format!(
+            "/proc/self/fd/{}/{RELAY_SOCKET}",
+            std::os::fd::AsRawFd::as_raw_fd(&opened)
+        );
+        let listener = UnixListener::bind(&short).map_err(cannot)?;
+        drop(opened);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inside, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut outside) = TcpStream::connect(proxy).await {
+                        let _ = copy_bidirectional(&mut inside, &mut outside).await;
+                    }
+                });
+            }
+        });
+        Ok(Relay { socket, task })
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// The forwarder's side, inside an agent's sandbox: listens on 127.0.0.1:`port` of the
+/// sandbox's own network namespace, starts `argv` (with this process's environment and
+/// stdio), and hands each connection to the Unix socket `socket`, until the program exits.
+/// Returns how it exited. The binary's `agent-forward` serves this.
+pub async fn forward(
+    port: u16,
+    socket: PathBuf,
+    argv: &[String],
+) -> std::io::Result<std::process::ExitStatus> {
+    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("no program to run"))?;
+    // Started once the port is bound: the agent's first request finds it open.
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .kill_on_drop(true)
+        .spawn()?;
+    let accept = async {
+        loop {
+            let (mut inside, _) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => return error,
+            };
+            let socket = socket.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outside) = UnixStream::connect(&socket).await {
+                    let _ = copy_bidirectional(&mut inside, &mut outside).await;
+                }
+            });
+        }
+    };
+    tokio::select! {
+        status = child.wait() => status,
+        error = accept => Err(error),
     }
 }
 
@@ -181,7 +278,13 @@ impl ProgramAgent {
         };
         for (index, argv) in config.setup.iter().enumerate() {
             let finished = self
-                .program(argv, &place, &env, Vec::new(), config.command_timeout)
+                .program(
+                    place.fill_all(argv),
+                    &place,
+                    &env,
+                    Vec::new(),
+                    config.command_timeout,
+                )
                 .await
                 .map_err(|e| AgentError(format!("setup[{index}]: {e}")))?;
             if !finished.status.success() {
@@ -192,9 +295,34 @@ impl ProgramAgent {
                 )));
             }
         }
+        let mut argv = place.fill_all(&config.command);
+        // Only its proxy: a relay from a socket in the directory to the proxy, and the agent
+        // under the forwarder that listens on the proxy's port in its network namespace.
+        let relay = match &config.forwarder {
+            Some(forwarder)
+                if config.sandbox.isolation == Isolation::Bwrap && !config.sandbox.network =>
+            {
+                let relay = Relay::start(&workdir.0, self.proxy.local_addr())?;
+                let mut wrapped = forwarder.clone();
+                wrapped.extend([
+                    "--port".to_owned(),
+                    self.proxy.local_addr().port().to_string(),
+                    // Relative: the forwarder runs in the directory, and a socket's path must
+                    // be short (108 bytes).
+                    "--socket".to_owned(),
+                    RELAY_SOCKET.to_owned(),
+                    "--".to_owned(),
+                ]);
+                wrapped.append(&mut argv);
+                argv = wrapped;
+                Some(relay)
+            }
+            _ => None,
+        };
         let ran = self
-            .program(&config.command, &place, &env, Vec::new(), config.timeout)
+            .program(argv, &place, &env, Vec::new(), config.timeout)
             .await;
+        drop(relay);
         let mut metrics = BTreeMap::new();
         match &ran {
             Ok(finished) => {
@@ -238,18 +366,18 @@ impl ProgramAgent {
         Ok(outcome)
     }
 
-    /// Runs `argv` (placeholders replaced) in the attempt's directory and sandbox with `env`
-    /// and `input` on stdin.
+    /// Runs `argv` (its placeholders already replaced) in the attempt's directory and sandbox
+    /// with `env` and `input` on stdin.
     async fn program(
         &self,
-        argv: &[String],
+        argv: Vec<String>,
         place: &Placeholders<'_>,
         env: &BTreeMap<String, String>,
         input: Vec<u8>,
         timeout: Duration,
     ) -> Result<Finished, String> {
         let sandbox = self.config.sandbox.clone().hide(&self.root.0);
-        Program::new(argv.iter().map(|arg| place.fill(arg)))
+        Program::new(argv)
             .envs(env.clone())
             .dir(place.workdir)
             .sandbox(sandbox)
@@ -267,7 +395,7 @@ impl ProgramAgent {
     ) -> Verdict {
         let finished = match self
             .program(
-                argv,
+                place.fill_all(argv),
                 place,
                 env,
                 place.task.as_bytes().to_vec(),
@@ -319,6 +447,11 @@ struct Placeholders<'a> {
 }
 
 impl Placeholders<'_> {
+    /// Every argument of `argv` filled.
+    fn fill_all(&self, argv: &[String]) -> Vec<String> {
+        argv.iter().map(|arg| self.fill(arg)).collect()
+    }
+
     /// `arg` with each placeholder replaced, in one pass: what a value brings in (a prompt
     /// that says `{task_json}`) is never replaced again.
     fn fill(&self, arg: &str) -> String {

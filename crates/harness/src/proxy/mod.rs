@@ -180,6 +180,11 @@ impl Proxy {
         })
     }
 
+    /// Where the proxy listens (on 127.0.0.1).
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
     /// The base URL agents are given: `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
