@@ -215,7 +215,7 @@ fn an_agent_past_its_timeout_is_killed_with_its_children_and_its_turns_still_cou
     let python = toml_path(&agent_python());
     case.write_config(&format!(
         "num_generations = 2\nmax_inflight = 2\nretries = 0\n\n\
-         [agent]\ncommand = [{python}, {agent}, \"{{prompt}}\"]\ntimeout = \"3s\"\n",
+         [agent]\ncommand = [{python}, {agent}, \"{{prompt}}\"]\ntimeout = \"10s\"\n",
         agent = toml_path(&agent),
     ));
     let runtime = runtime();

@@ -360,8 +360,19 @@ impl Sandbox {
     }
 }
 
+/// A command for a check: nothing of the engine's environment but `PATH` (a check is no
+/// program of the run's, and carries none of its variables).
+fn check_command(program: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    command.env_clear().stdin(std::process::Stdio::null());
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    command
+}
+
 fn check_bwrap() -> Result<(), String> {
-    let output = std::process::Command::new("bwrap")
+    let output = check_command("bwrap")
         .args([
             "--unshare-all",
             "--die-with-parent",
@@ -377,7 +388,6 @@ fn check_bwrap() -> Result<(), String> {
             "--",
             "true",
         ])
-        .stdin(std::process::Stdio::null())
         .output();
     match output {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(
@@ -404,9 +414,8 @@ fn check_bwrap() -> Result<(), String> {
 }
 
 fn check_prlimit() -> Result<(), String> {
-    match std::process::Command::new("prlimit")
+    match check_command("prlimit")
         .args(["--nofile=1024", "--", "true"])
-        .stdin(std::process::Stdio::null())
         .output()
     {
         Ok(output) if output.status.success() => Ok(()),
