@@ -158,6 +158,41 @@ fn tool_processes_die_when_the_drain_deadline_cancels_their_calls() {
 }
 
 #[test]
+fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
+    let marker = format!("sigkill-{}", std::process::id());
+    let case = tool_case("tree-sigkill", r#"["sleep", "4244"]"#, "60s", 2);
+    let mut child = case
+        .command(&[])
+        .env(MARKER, &marker)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the binary starts");
+    let is_sleep = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| line.starts_with(b"sleep\0"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !marked_processes(&marker).iter().any(is_sleep) {
+        assert!(
+            Instant::now() < deadline && child.try_wait().ok().flatten().is_none(),
+            "no tool process started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No drain, no Drop: the engine is gone at once.
+    child.kill().expect("SIGKILL sent");
+    let _ = child.wait();
+    let left = survivors(&marker);
+    kill_all(&left);
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "tool processes outlived the engine"
+    );
+}
+
+#[test]
 fn tool_processes_die_when_their_rollout_runs_out_of_time() {
     let case = tool_case("tree-deadline", r#"["sleep", "4243"]"#, "60s", 2);
     let (outcome, left) = run_marked(
