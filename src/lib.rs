@@ -9,8 +9,8 @@
 //! |---|---|---|
 //! | `tool-dispatch` | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
 //! | `http` (default) | [`tool_dispatch`] | tool-dispatch's built-in `http` tool (reqwest) |
-//! | `rollout-core` | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler, datasets, training rows |
-//! | `rollout` | [`rollout_core::rollout`] | the rollout loop over any `Generator`, with tool-dispatch and scoring's `Scorer` |
+//! | `rollout-core` | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler, training rows |
+//! | `rollout` | [`rollout`] | the rollout engine over any `Generator` (with tool-dispatch and scoring's `Scorer`), datasets in and training rows out |
 //! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
 //! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
 //! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, white-box rollouts; turns on `rollout` |
@@ -38,6 +38,9 @@
 #[cfg(feature = "harness")]
 #[doc(inline)]
 pub use harness;
+#[cfg(feature = "rollout")]
+#[doc(inline)]
+pub use rollout;
 #[cfg(feature = "rollout-core")]
 #[doc(inline)]
 pub use rollout_core;

@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::Args;
-use rollout_core::{ChatTokenizer, Message, RenderOptions};
+use rollout_core::{ChatTokenizer, Message, RenderOptions, parse::kind};
 use serde_json::{Map, Value, json};
 
 /// Arguments of `async-grpo render`.
@@ -85,15 +85,4 @@ fn read_json(path: &Path) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read the file", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }

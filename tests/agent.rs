@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use rollout_core::TrainingSample;
 
 use super::{
-    cache::cache_dir,
     reliability::run_marked,
     rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path},
 };
@@ -22,7 +21,7 @@ fn agent_python() -> PathBuf {
 /// A file `cargo xtask fixtures` installs into the cache, failing with what to run when
 /// it is missing.
 fn installed(relative: &str, what: &str) -> PathBuf {
-    let path = cache_dir().join(relative);
+    let path = test_support::cache_dir().join(relative);
     assert!(
         path.is_file(),
         "{} is missing: run `cargo xtask fixtures` (it installs {what} there)",

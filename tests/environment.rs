@@ -19,7 +19,6 @@ use std::{
 use rollout_core::TrainingSample;
 
 use super::{
-    cache::cache_dir,
     reliability::{MARKER, interrupted_while_tools_run, kill_all, run_marked, survivors},
     rollout::{Case, assert_rows_are_what_was_sampled, runtime, simulator, toml_path},
 };
@@ -29,7 +28,10 @@ pub(crate) fn mcp_python() -> PathBuf {
     if let Some(python) = std::env::var_os("ASYNC_GRPO_MCP_PYTHON") {
         return PathBuf::from(python);
     }
-    let python = cache_dir().join("venv-mcp").join("bin").join("python");
+    let python = test_support::cache_dir()
+        .join("venv-mcp")
+        .join("bin")
+        .join("python");
     assert!(
         python.is_file(),
         "{} is missing: run `cargo xtask fixtures` (it installs the Python MCP SDK there)",

@@ -7,7 +7,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::cache::cache_dir;
+use test_support::cache_dir;
 
 fn qwen3() -> PathBuf {
     let dir = cache_dir().join("qwen3");

@@ -5,8 +5,6 @@
 mod agent;
 #[cfg(feature = "sim")]
 mod agent_forgery;
-#[path = "../crates/rollout-core/tests/cache.rs"]
-mod cache;
 mod cli;
 mod control_security;
 #[cfg(feature = "sim")]

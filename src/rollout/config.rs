@@ -35,10 +35,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use rollout_core::{
-    ReconcilerConfig,
-    rollout::{ConfigError, RolloutConfig, Sampling},
-};
+use rollout::{ConfigError, RolloutConfig, Sampling};
+use rollout_core::ReconcilerConfig;
 use scoring::{AdvantageConfig, Reward, builtin};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use tool_dispatch::{

@@ -56,7 +56,7 @@ use prometheus_client::{
     metrics::counter::ConstCounter,
     registry::Registry,
 };
-use rollout_core::rollout::{Engine, Health, PauseMode};
+use rollout::{Engine, Health, PauseMode};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::Ordering;
@@ -515,7 +515,7 @@ impl Collector for RunMetrics {
 
 #[cfg(test)]
 mod tests {
-    use rollout_core::rollout::Stats;
+    use rollout::Stats;
 
     use super::*;
 

@@ -9,7 +9,7 @@
 use std::{collections::HashSet, path::Path, sync::Arc};
 
 use anyhow::bail;
-use rollout_core::{DatasetError, DatasetReader, DatasetRow};
+use rollout::{DatasetError, DatasetReader, DatasetRow};
 
 use super::config::{Settings, Shard};
 

@@ -25,7 +25,8 @@ use parquet::{
     basic::Compression,
     file::properties::WriterProperties,
 };
-use rollout_core::{DatasetError, DatasetRow, TrainingSample};
+use rollout::{DatasetError, DatasetRow};
+use rollout_core::TrainingSample;
 
 /// Dataset rows of a Parquet file, batch by batch.
 pub(crate) struct ParquetRows {

@@ -5,7 +5,8 @@
 use std::{collections::BTreeSet, time::Instant};
 
 use anyhow::bail;
-use rollout_core::{ChatTokenizer, DatasetError, RenderOptions};
+use rollout::DatasetError;
+use rollout_core::{ChatTokenizer, RenderOptions};
 
 use super::{
     config::{Resolved, Settings},

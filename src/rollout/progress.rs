@@ -11,7 +11,7 @@ use std::{
 };
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rollout_core::rollout::{Engine, Health};
+use rollout::{Engine, Health};
 use vllm_client::Client;
 
 use super::config::Progress as Mode;

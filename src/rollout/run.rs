@@ -9,11 +9,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use harness::proxy::{Proxy, ProxyConfig};
-use rollout_core::{
-    ChatTokenizer,
-    parse::parser_by_name,
-    rollout::{DrainReport, Engine, EngineBuilder, Groups},
-};
+use rollout::{DrainReport, Engine, EngineBuilder, Groups};
+use rollout_core::{ChatTokenizer, parse::parser_by_name};
 use scoring::{Scorer, ScorerConfig};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
 use vllm_client::{Client, ClientConfig};

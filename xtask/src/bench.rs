@@ -28,7 +28,7 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
         ("scoring", "scoring", ""),
         ("vllm-client", "client", ""),
         ("rollout-core", "turns", ""),
-        ("rollout-core", "rollout", ""),
+        ("rollout", "rollout", ""),
         ("harness", "sessions", ""),
         ("harness", "proxy", ""),
         ("process", "spawn", ""),

@@ -17,12 +17,13 @@ use std::{
 };
 
 use harness::proxy::{Proxy, ProxyConfig, ProxySession};
+use rollout::{Finish, Sampled, Sampler};
 use rollout_core::{
     ChatTokenizer, Message, RenderOptions, ToolCallParser,
     parse::{HermesParser, split_reasoning},
-    rollout::{Finish, Sampled, Sampler},
 };
 use serde_json::{Map, Value, json};
+use test_support::cpu_seconds;
 
 const CALL: &str = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}\n</tool_call>";
 const ANSWER: &str = "The answer is 391.";
@@ -102,22 +103,6 @@ async fn converse(client: &reqwest::Client, url: &str, key: &str, stream: bool) 
     let body = json!({"messages": messages, "tools": tools(), "stream": stream});
     post(client, url, key, body).await;
     2
-}
-
-fn cpu_seconds() -> f64 {
-    // utime + stime of this process, from /proc (Linux).
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest.split(' ').collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The white-box turn's own work for the same conversation: the template's delta after the

@@ -19,10 +19,8 @@ use harness::{
     ToolOutput, Verification,
     mcp::{McpConfig, McpFactory, McpServer},
 };
-use rollout_core::{
-    Message,
-    rollout::{Environment, EpisodeRequest},
-};
+use rollout::{Environment, EpisodeRequest};
+use rollout_core::Message;
 use serde_json::{Map, Value, json};
 use tool_dispatch::{
     DispatcherConfig, Registry, ToolCall, ToolDispatcher, ToolSpec, builtin::ToolConfig,
@@ -81,7 +79,7 @@ impl SyncSessionFactory for SyncNoopFactory {
 }
 
 fn request(i: usize) -> EpisodeRequest {
-    let row = rollout_core::DatasetRow {
+    let row = rollout::DatasetRow {
         source: "bench".into(),
         line: i,
         prompt: vec![Message::user("What is 2 + 3?")],

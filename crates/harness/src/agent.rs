@@ -1,6 +1,6 @@
 //! [`ProgramAgent`]: a loop-owning agent program (a coding agent such as opencode) run once
 //! per rollout attempt against the recording [`Proxy`], as the loop's
-//! [`rollout_core::rollout::Agent`].
+//! [`rollout::Agent`].
 //!
 //! Each attempt gets a directory of its own (an unguessable name in a private root, mode 0700,
 //! removed at the end), a proxy key of its own (`OPENAI_BASE_URL`, `OPENAI_API_KEY` in the
@@ -31,10 +31,7 @@ use std::{
 
 use futures::future::BoxFuture;
 use process::{Finished, Isolation, Program, Sandbox};
-use rollout_core::{
-    DatasetRow,
-    rollout::{Agent, AgentError, AgentOutcome, AgentRun, Verdict},
-};
+use rollout::{Agent, AgentError, AgentOutcome, AgentRun, DatasetRow, Verdict};
 use serde_json::Value;
 use tokio::{
     io::copy_bidirectional,

@@ -5,10 +5,8 @@
 use std::{fmt, time::Duration};
 
 use futures::future::BoxFuture;
-use rollout_core::{
-    Message,
-    rollout::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
-};
+use rollout::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict};
+use rollout_core::Message;
 use serde_json::{Value, json};
 use tool_dispatch::{Arguments, Registry, Tool, ToolCall, ToolDispatcher, ToolError, ToolSpec};
 

@@ -6,7 +6,6 @@
 
 use std::{
     collections::BTreeMap,
-    future::Future,
     sync::{
         Arc, LazyLock, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -19,12 +18,11 @@ use harness::{
     Harness, HarnessConfig, Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory,
     Task, ToolOutput, Verification,
 };
-use rollout_core::{
-    ChatTemplate, ChatTokenizer, DatasetError, DatasetRow, Message,
-    rollout::{Engine, FailureCause, RolloutConfig, ScoredGroup},
-};
+use rollout::{DatasetError, DatasetRow, Engine, FailureCause, RolloutConfig, ScoredGroup};
+use rollout_core::{ChatTemplate, ChatTokenizer, Message};
 use scoring::{Scorer, ScorerConfig};
 use serde_json::{Map, Value, json};
+use test_support::{wait_until, within};
 use tokenizers::Tokenizer;
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher, ToolSpec};
 use vllm_client::{Client, ClientConfig};
@@ -35,7 +33,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 /// ChatML with tools, as the simulator's tokenizer reads it.
 const CHATML_WITH_TOOLS: &str =
-    include_str!("../../rollout-core/tests/fixtures/chatml_with_tools.jinja");
+    include_str!("../../rollout/tests/fixtures/chatml_with_tools.jinja");
 
 pub(crate) fn chat_tokenizer() -> ChatTokenizer {
     static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(vllm_sim::training_tokenizer);
@@ -274,7 +272,7 @@ fn rows(count: usize) -> Vec<Result<DatasetRow, DatasetError>> {
 /// A running loop against the simulator with an environment.
 struct Run {
     engine: Engine<Client>,
-    groups: rollout_core::rollout::Groups,
+    groups: rollout::Groups,
     simulator: Simulator,
 }
 
@@ -291,7 +289,7 @@ async fn start(
         .expect("the simulator starts");
     let client =
         Client::new(ClientConfig::with_servers([simulator.url()]).model("sim")).expect("a client");
-    within("the simulator", client.wait_until_ready(PATIENCE))
+    within(PATIENCE, "the simulator", client.wait_until_ready(PATIENCE))
         .await
         .expect("the simulator is ready");
     let pool = ToolDispatcher::new(
@@ -341,24 +339,9 @@ fn asynchronous(
     move |pool| Harness::new("test-env", factory, pool)
 }
 
-async fn within<F: Future>(what: &str, future: F) -> F::Output {
-    tokio::time::timeout(PATIENCE, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {PATIENCE:?}"))
-}
-
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    within(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-}
-
 async fn collect(run: &mut Run) -> Vec<ScoredGroup> {
     let mut out = Vec::new();
-    while let Some(group) = within("the next group", run.groups.recv()).await {
+    while let Some(group) = within(PATIENCE, "the next group", run.groups.recv()).await {
         out.push(group);
     }
     out
@@ -494,8 +477,13 @@ async fn a_panicking_session_fails_its_rollout_and_is_closed() {
 async fn a_drain_past_its_deadline_closes_the_sessions_it_cancels() {
     let counts = Arc::new(Counts::default());
     let run = start(asynchronous(&counts, Behaviour::HangTool), config(4), 2).await;
-    wait_until("four sessions open", || counts.created() == 4).await;
-    let report = within("the drain", run.engine.shutdown(Duration::from_millis(200))).await;
+    wait_until(PATIENCE, "four sessions open", || counts.created() == 4).await;
+    let report = within(
+        PATIENCE,
+        "the drain",
+        run.engine.shutdown(Duration::from_millis(200)),
+    )
+    .await;
     assert_eq!(report.cancelled_at_deadline, 4);
     assert_eq!(counts.closes(), 4, "closed before shutdown returned");
     run.simulator.stop().await;
@@ -505,9 +493,9 @@ async fn a_drain_past_its_deadline_closes_the_sessions_it_cancels() {
 async fn dropping_the_engine_closes_every_open_session() {
     let counts = Arc::new(Counts::default());
     let run = start(asynchronous(&counts, Behaviour::HangTool), config(4), 2).await;
-    wait_until("four sessions open", || counts.created() == 4).await;
+    wait_until(PATIENCE, "four sessions open", || counts.created() == 4).await;
     drop(run.engine);
-    wait_until("every session closed", || counts.closes() == 4).await;
+    wait_until(PATIENCE, "every session closed", || counts.closes() == 4).await;
     assert_eq!(counts.created(), 4);
     run.simulator.stop().await;
 }

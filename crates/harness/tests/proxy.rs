@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use harness::proxy::{Proxy, ProxyConfig, ProxySession};
 use reqwest::StatusCode;
-use rollout_core::rollout::{Finish, SampleRefused, SampleRequests, Sampled, Sampler};
+use rollout::{Finish, SampleRefused, SampleRequests, Sampled, Sampler};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 

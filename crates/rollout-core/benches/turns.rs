@@ -24,11 +24,7 @@ use rollout_core::{
     TurnRecord, parse::HermesParser,
 };
 use serde_json::{Value, json};
-
-#[path = "../tests/cache.rs"]
-mod cache;
-
-use cache::cache_dir;
+use test_support::cache_dir;
 
 const TURNS: usize = 128;
 const REPORTED: [usize; 3] = [8, 32, 128];

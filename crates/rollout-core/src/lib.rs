@@ -12,27 +12,22 @@
 //! - **Token-in/token-out prompts** ([`IncrementalRender::delta`]): the ids a template
 //!   writes after an assistant turn up to the next generation, derived from the template,
 //!   so that the next prompt can be the previous one + the ids sampled as sampled + these
-//!   (the rollout loop's default, `rollout::PromptMode::Append`); [`NoExactDelta`] says
+//!   (the rollout engine's default, `rollout::PromptMode::Append`); [`NoExactDelta`] says
 //!   why a turn has none.
 //! - **Output** ([`TrainingSample`], [`JsonlSink`]): one JSON line per training row, written
 //!   a group at a time with one write and a flush.
-//! - **Datasets** ([`DatasetReader`]): JSON Lines of `{"prompt": text | messages, ...}`, read
-//!   lazily; a bad row names its file and line.
 //! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
 //!   Mistral outputs into content and [`ParsedCall`]s; a malformed call stays content and is
 //!   reported, never a panic.
-//! - **The rollout loop** (`rollout`, feature `rollout`): groups of multi-turn rollouts with
-//!   tool calls, bounded in flight, scored, drained on shutdown, over any `Generator`.
+//!
+//! The engine that runs conversations (admission, tools, scoring, datasets and outputs) is
+//! the `rollout` crate; this one needs no runtime: minijinja, tokenizers and serde only.
 //!
 //! # Features
 //!
-//! Everything above but the loop needs no feature: messages, rendering, parsing, the
-//! reconciler, datasets and training rows are minijinja, tokenizers and serde only.
-//!
 //! | feature | default | what it adds | dependencies |
 //! |---|---|---|---|
-//! | `rollout` | yes | the rollout loop, `rollout::Engine`, over any `Generator` | tool-dispatch, scoring (`scorer`), tokio, tracing, hdrhistogram |
-//! | `vllm-client` | yes | `Generator` for vllm-client's `Client` (turns on `rollout`) | vllm-client |
+//! | `clap` | no | `clap::Args` for [`ReconcilerConfig`], so that a program declares none of its flags again | clap |
 //!
 //! # Using the pieces
 //!
@@ -94,19 +89,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod dataset;
 mod message;
 pub mod parse;
 mod reconcile;
 pub mod render;
-#[cfg(feature = "rollout")]
-pub mod rollout;
 mod sample;
-mod sync;
 mod turn;
 
 pub use crate::{
-    dataset::{DatasetError, DatasetReader, DatasetRow},
     message::Message,
     parse::{ParsedCall, ParsedOutput, ToolCallParser},
     reconcile::{

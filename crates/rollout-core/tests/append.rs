@@ -10,7 +10,7 @@ use rollout_core::{
 };
 use serde_json::{Value, json};
 
-use crate::{fixture, llama31, qwen3, qwen3_as_mistral, qwen3_with_template};
+use crate::{fixture, llama31, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template};
 
 /// A chat template and tokenizer pair, and what the conversations must respect to render.
 pub(crate) struct Family {
@@ -20,12 +20,6 @@ pub(crate) struct Family {
     pub(crate) max_calls: usize,
     /// Whether the template writes a `reasoning_content` field (Qwen3's think blocks).
     pub(crate) reasoning: bool,
-}
-
-/// The quickstart's tokenizer and template (examples/quickstart).
-pub(crate) fn quickstart() -> ChatTokenizer {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart");
-    ChatTokenizer::from_dir(dir).expect("the quickstart tokenizer loads")
 }
 
 fn family(name: &'static str, tokenizer: ChatTokenizer) -> Family {

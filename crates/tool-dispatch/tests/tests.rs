@@ -10,7 +10,7 @@ mod shutdown;
 use std::{
     future::Future,
     sync::{Arc, Condvar, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
@@ -135,35 +135,13 @@ pub(crate) fn threads_named(prefix: &str) -> usize {
 }
 
 /// Awaits `future`; fails the test, naming `what`, if it is not done within [`PATIENCE`] of
-/// real time. Real time, because sync tools run on real threads: a paused test clock would
-/// jump to the deadline whenever the runtime waits for them.
+/// real time (sync tools run on real threads: a paused test clock must not end the wait).
 pub(crate) async fn within<F: Future>(what: &str, future: F) -> F::Output {
-    let (expire, expired) = tokio::sync::oneshot::channel::<()>();
-    std::thread::Builder::new()
-        .name("test-watchdog".to_owned())
-        .spawn(move || {
-            std::thread::sleep(PATIENCE);
-            let _ = expire.send(());
-        })
-        .expect("a watchdog thread starts");
-    tokio::select! {
-        biased;
-        output = future => output,
-        _ = expired => panic!("{what}: not done after {PATIENCE:?}"),
-    }
+    test_support::within(PATIENCE, what, future).await
 }
 
-/// Waits until `condition` holds, checking every millisecond of real time while letting the
-/// runtime's other tasks run; fails the test, naming `what`, after [`PATIENCE`]. It never
-/// sleeps on the runtime's clock, so a paused clock does not move while it waits.
-pub(crate) async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not so after {PATIENCE:?}"
-        );
-        tokio::task::yield_now().await;
-        std::thread::sleep(Duration::from_millis(1));
-    }
+/// Waits until `condition` holds, in real time; fails the test, naming `what`, after
+/// [`PATIENCE`].
+pub(crate) async fn wait_for(what: &str, condition: impl FnMut() -> bool) {
+    test_support::wait_until(PATIENCE, what, condition).await
 }

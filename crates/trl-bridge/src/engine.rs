@@ -16,10 +16,11 @@ use pyo3::{
     prelude::*,
     types::{PyDict, PyList},
 };
-use rollout_core::{
-    ChatTokenizer, DatasetError, DatasetReader, DatasetRow, TrainingSample,
-    rollout::{DrainReport, Engine as Loop, PromptMode, RolloutConfig, ScoredGroup},
+use rollout::{
+    DatasetError, DatasetReader, DatasetRow, DrainReport, Engine as Loop, PromptMode,
+    RolloutConfig, ScoredGroup,
 };
+use rollout_core::{ChatTokenizer, TrainingSample};
 use scoring::{AdvantageConfig, Reward, Scorer, ScorerConfig};
 use serde_json::Value;
 use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
@@ -377,7 +378,7 @@ impl Engine {
         self.state.engine().is_some()
     }
 
-    /// Counters and gauges, as the loop's [`Metrics::values`](rollout_core::rollout::Metrics)
+    /// Counters and gauges, as the loop's [`Metrics::values`](rollout::Metrics)
     /// names them (the same numbers the binary's Prometheus endpoint serves): the loop's
     /// counters, failures by cause, the heartbeat's age and lag, rollouts in flight and queued,
     /// the client's retries, the tools'. Empty before the loop runs.

@@ -16,23 +16,9 @@ use std::{
 };
 
 use serde_json::{Value, json};
+use test_support::cpu_seconds;
 use vllm_client::{Client, ClientConfig, GenerateParams, RetryPolicy};
 use vllm_sim::{SimConfig, Simulator, training_tokenizer};
-
-/// User plus system CPU time of this process, from /proc/self/stat (Linux), in seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // Fields 14 and 15 of the stat line (utime, stime), counted after the name.
-    (ticks(11) + ticks(12)) / 100.0
-}
 
 async fn run(callers: usize, duration: Duration) -> (f64, f64, u64) {
     let mut config = SimConfig::new(training_tokenizer());

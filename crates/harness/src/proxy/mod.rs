@@ -39,10 +39,10 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
+use rollout::Sampler;
 use rollout_core::{
     ChatTokenizer, Message, RenderOptions,
     parse::{HermesParser, detect_parser},
-    rollout::Sampler,
 };
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, task::JoinHandle};

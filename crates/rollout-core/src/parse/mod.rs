@@ -264,8 +264,9 @@ pub(crate) fn call_from_object(value: Value, id: Option<String>) -> Result<Parse
     })
 }
 
-/// A JSON value's kind, for messages.
-pub(crate) fn kind(value: &Value) -> &'static str {
+/// A JSON value's kind with its article ("a string", "an object", "null"), for messages
+/// about a value of the wrong kind.
+pub fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -30,10 +30,12 @@
 //! When there is no exact delta ([`NoExactDelta`] says why), the caller renders the whole
 //! conversation for that turn, as rerender mode does.
 
+use std::sync::Arc;
+
 use minijinja::value::Value;
 
 use super::{IncrementalRender, RenderError, RenderOptions, RenderState};
-use crate::{reconcile::common_prefix, sync::Arc};
+use crate::reconcile::common_prefix;
 
 /// Why an assistant turn has no exact token delta; the turn's next prompt is then rendered
 /// from the whole conversation (rerender).

@@ -13,7 +13,7 @@
 //! counted and tokenization restarts from the last special token before the change, or
 //! from the start when there is none.
 
-use crate::sync::Arc;
+use std::sync::Arc;
 
 use minijinja::value::Value;
 

@@ -127,11 +127,11 @@ pub enum RenderError {
 /// The error behind a [`RenderError`], shared so that the error stays cheap to clone; two
 /// are equal when they say the same.
 #[derive(Debug, Clone)]
-pub struct Cause(crate::sync::Arc<dyn std::error::Error + Send + Sync>);
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync>);
 
 impl Cause {
     pub(crate) fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Cause {
-        Cause(crate::sync::Arc::from(error.into()))
+        Cause(std::sync::Arc::from(error.into()))
     }
 }
 

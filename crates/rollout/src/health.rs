@@ -1,14 +1,20 @@
 //! Counters, the heartbeat and scheduler-lag watchdog, and what `health()` and `shutdown()`
 //! report.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tool_dispatch::LATENCY_BUCKETS;
 
-use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use crate::lock;
 
 macro_rules! counters {
     ($(#[$meta:meta])* $name:ident / $snapshot:ident { $($(#[$field_meta:meta])* $field:ident,)* }) => {
@@ -132,17 +138,17 @@ pub struct LatencySnapshot {
     pub sum: Duration,
 }
 
-/// Rollouts that failed, by cause: one counter per [`FailureCause`](super::FailureCause).
+/// Rollouts that failed, by cause: one counter per [`FailureCause`](crate::FailureCause).
 #[derive(Debug, Default)]
-pub(crate) struct Failures([AtomicU64; super::FailureCause::ALL.len()]);
+pub(crate) struct Failures([AtomicU64; crate::FailureCause::ALL.len()]);
 
 impl Failures {
-    pub(crate) fn add(&self, cause: super::FailureCause) {
+    pub(crate) fn add(&self, cause: crate::FailureCause) {
         self.0[cause.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> Vec<(super::FailureCause, u64)> {
-        super::FailureCause::ALL
+    pub(crate) fn snapshot(&self) -> Vec<(crate::FailureCause, u64)> {
+        crate::FailureCause::ALL
             .iter()
             .zip(&self.0)
             .map(|(cause, count)| (*cause, count.load(Ordering::Relaxed)))
@@ -156,7 +162,7 @@ impl Counters {
     }
 }
 
-/// How the loop is doing, as [`Engine::health`](super::Engine::health) reports it.
+/// How the loop is doing, as [`Engine::health`](crate::Engine::health) reports it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Health {
     /// Time since the heartbeat last ran; it runs every `heartbeat` interval unless the
@@ -174,7 +180,7 @@ pub struct Health {
     pub model_version: u64,
     /// Whether admission has stopped (dataset done, group limit reached, or a drain).
     pub admission_closed: bool,
-    /// Whether admission is paused ([`Engine::pause`](super::Engine::pause)).
+    /// Whether admission is paused ([`Engine::pause`](crate::Engine::pause)).
     pub paused: bool,
     /// Why no server can take requests, when none can (every one down or ejected).
     pub servers_unavailable: Option<String>,

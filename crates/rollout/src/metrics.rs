@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tool_dispatch::MetricsSnapshot;
 
-use super::{FailureCause, GeneratorStats, Health, LatencySnapshot};
+use crate::{FailureCause, GeneratorStats, Health, LatencySnapshot};
 
-/// What the loop has done and how it is doing; see [`Engine::metrics`](super::Engine::metrics).
+/// What the loop has done and how it is doing; see [`Engine::metrics`](crate::Engine::metrics).
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct Metrics {
@@ -410,7 +410,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::rollout::Stats;
+    use crate::Stats;
 
     #[derive(Debug)]
     struct Fixed(Metrics);

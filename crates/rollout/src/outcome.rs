@@ -6,8 +6,8 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::Serialize;
 
-use super::episode::Verdict;
-use crate::{Message, RolloutId, Tally, TrainingRow};
+use crate::episode::Verdict;
+use rollout_core::{Message, RolloutId, Tally, TrainingRow};
 
 /// A rollout that ended with a conversation.
 #[derive(Debug)]

@@ -6,12 +6,10 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use rollout::{DatasetError, DatasetRow, Engine, PromptMode, RolloutConfig, ScoredGroup};
 use rollout_core::{
-    ChatTokenizer, DatasetError, DatasetRow, Message, ReconcilerConfig, RenderOptions, RolloutId,
-    TrainingSample, TurnRecord,
-    parse::parser_by_name,
-    reconcile,
-    rollout::{Engine, PromptMode, RolloutConfig, ScoredGroup},
+    ChatTokenizer, Message, ReconcilerConfig, RenderOptions, RolloutId, TrainingSample, TurnRecord,
+    parse::parser_by_name, reconcile,
 };
 use scoring::{Scorer, ScorerConfig};
 use serde_json::{Map, Value, json};
@@ -20,8 +18,7 @@ use vllm_client::{Client, ClientConfig};
 use vllm_sim::{CallFormat, Sampled, SimConfig, Simulator};
 
 use crate::{
-    append::quickstart, fixture, llama31, qwen3, qwen3_as_mistral, qwen3_with_template,
-    rollout::Recorder,
+    fixture, llama31, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template, rollout::Recorder,
 };
 
 /// A bound on the run, so that a broken loop fails instead of hanging the suite.

@@ -15,16 +15,15 @@
 //! it ([`Episode::close`]) before it gives back its in-flight permit: open episodes never
 //! outnumber `max_inflight`.
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Mutex};
 
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 use tool_dispatch::ToolDispatcher;
 
-use crate::{
-    DatasetRow, Message,
-    sync::{Mutex, lock},
-};
+use rollout_core::Message;
+
+use crate::{DatasetRow, lock};
 
 /// What an environment is asked to open an episode for.
 #[derive(Debug, Clone)]
@@ -85,7 +84,7 @@ pub trait Environment: Send + Sync + 'static {
     fn open(&self, request: EpisodeRequest) -> BoxFuture<'_, Result<Box<dyn Episode>, OpenError>>;
 }
 
-/// One rollout's episode: how the loop uses it is told at [`EngineBuilder::environment`](super::EngineBuilder::environment).
+/// One rollout's episode: how the loop uses it is told at [`EngineBuilder::environment`](crate::EngineBuilder::environment).
 pub trait Episode: Send + 'static {
     /// Messages that start the conversation, before the dataset row's prompt.
     fn initial_messages(&self) -> Vec<Message>;

@@ -2,22 +2,29 @@
 //! advantages computed and its samples sent out through the output slot it reserved when it
 //! was admitted.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+};
 
 use scoring::{Completion, Group, GroupAdvantages, GroupScores};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
-use super::{
-    PromptMode, Shared,
+use crate::{
+    PromptMode,
     generator::Generator,
     health::Counters,
+    lock,
     outcome::{FailureCause, Finished, RolloutFailure, Stop},
+    shared::Shared,
 };
-use crate::{
-    DatasetRow, Message, RenderError, RenderState, TrainingSample,
-    sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering, lock},
-};
+use rollout_core::{Message, RenderError, RenderState, TrainingSample};
+
+use crate::DatasetRow;
 
 /// A scored group: its training samples, and the rollouts that failed.
 #[derive(Debug, Clone)]
@@ -91,7 +98,7 @@ impl GroupState {
             last = self.complete(
                 index,
                 Err(RolloutFailure {
-                    rollout_id: crate::RolloutId(rollout_base + index as u64),
+                    rollout_id: rollout_core::RolloutId(rollout_base + index as u64),
                     group_id: self.group_id,
                     line: self.row.line,
                     attempts: 0,

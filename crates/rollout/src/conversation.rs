@@ -13,18 +13,20 @@ use std::{panic::AssertUnwindSafe, slice};
 use futures::FutureExt;
 use serde_json::Value;
 
-use super::{
-    PromptMode, Shared,
+use crate::{
+    PromptMode,
     agent::{Agent, AgentRun, SampleRefused, Sampled, Sampler},
     episode::{EpisodeRequest, EpisodeSlot, EpisodeStatus, Lease},
     generator::{Finish, GenerateRequest, Generator},
     group::GroupState,
     health::Counters,
+    lock,
     outcome::{Failure, FailureCause, Finished, RolloutFailure, Stop},
+    shared::Shared,
 };
-use crate::{
+use rollout_core::{
     IncrementalRender, Message, NoExactDelta, ParsedCall, Reconciler, RenderError, RenderState,
-    RolloutId, TurnRecord, parse::split_reasoning, sync::lock,
+    RolloutId, TurnRecord, parse::split_reasoning,
 };
 
 /// Runs a rollout with its retries, its deadline and cancellation.
@@ -395,7 +397,7 @@ impl<G: Generator> Conversation<'_, G> {
         let Some(tools) = tools.filter(|_| !calls.is_empty()) else {
             return Ok(false);
         };
-        let calls: Vec<tool_dispatch::ToolCall> = calls.into_iter().map(Into::into).collect();
+        let calls: Vec<tool_dispatch::ToolCall> = calls.into_iter().map(tool_call).collect();
         self.finished.tool_calls += calls.len() as u64;
         Counters::add(&shared.counters.tool_calls, calls.len() as u64);
         let results = tools
@@ -408,7 +410,7 @@ impl<G: Generator> Conversation<'_, G> {
                 self.finished.tool_errors += 1;
                 Counters::add(&shared.counters.tool_errors, 1);
             }
-            self.finished.messages.push(Message::from(&result));
+            self.finished.messages.push(tool_message(&result));
         }
         self.render.push(&self.finished.messages[start..]);
         Ok(true)
@@ -718,17 +720,13 @@ async fn sample_answer<G: Generator>(
 }
 
 /// A parsed call as the dispatcher runs it.
-impl From<crate::ParsedCall> for tool_dispatch::ToolCall {
-    fn from(call: crate::ParsedCall) -> Self {
-        tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id)
-    }
+fn tool_call(call: ParsedCall) -> tool_dispatch::ToolCall {
+    tool_dispatch::ToolCall::new(call.name, call.arguments).with_id(call.id)
 }
 
 /// A tool's result as the conversation's next message.
-impl From<&tool_dispatch::ToolResult> for Message {
-    fn from(result: &tool_dispatch::ToolResult) -> Self {
-        Message::tool_result(&result.name, &result.content, result.call_id.clone())
-    }
+fn tool_message(result: &tool_dispatch::ToolResult) -> Message {
+    Message::tool_result(&result.name, &result.content, result.call_id.clone())
 }
 
 #[cfg(test)]

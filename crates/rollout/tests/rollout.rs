@@ -7,7 +7,6 @@ use std::{
     collections::{HashMap, HashSet},
     convert::Infallible,
     fmt::{self, Write as _},
-    future::Future,
     sync::{
         Arc, LazyLock, Mutex, MutexGuard,
         atomic::{AtomicUsize, Ordering},
@@ -16,18 +15,17 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use rollout_core::{
-    ChatTemplate, ChatTokenizer, DatasetError, DatasetRow, Message, RenderOptions,
-    rollout::{
-        Agent, AgentError, AgentOutcome, AgentRun, Engine, FailureCause, Finish, GenerateError,
-        GenerateRequest, Generation, Generator, Groups, RolloutConfig, SampleRefused, Sampled,
-        ScoredGroup,
-    },
+use rollout::{
+    Agent, AgentError, AgentOutcome, AgentRun, DatasetError, DatasetRow, Engine, FailureCause,
+    Finish, GenerateError, GenerateRequest, Generation, Generator, Groups, RolloutConfig,
+    SampleRefused, Sampled, ScoredGroup,
 };
+use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderOptions};
 use scoring::{
     AdvantageConfig, CompletionReward, Group, Reward, Scorer, ScorerConfig, group_advantages,
 };
 use serde_json::{Map, Value, json};
+use test_support::{wait_until, within};
 use tokenizers::Tokenizer;
 use tokio::sync::watch;
 use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
@@ -424,25 +422,10 @@ fn start(
     builder.start(rows).expect("the loop starts")
 }
 
-async fn within<F: Future>(what: &str, future: F) -> F::Output {
-    tokio::time::timeout(PATIENCE, future)
-        .await
-        .unwrap_or_else(|_| panic!("still waiting after {PATIENCE:?} for {what}"))
-}
-
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    within(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-}
-
 /// Every group until the output ends.
 async fn collect(groups: &mut Groups) -> Vec<ScoredGroup> {
     let mut out = Vec::new();
-    while let Some(group) = within("the next group", groups.recv()).await {
+    while let Some(group) = within(PATIENCE, "the next group", groups.recv()).await {
         out.push(group);
     }
     out
@@ -832,7 +815,7 @@ async fn a_slow_consumer_stops_admission_at_the_reserved_slots_and_loses_nothing
     // ceil(max_inflight / num_generations) + 1 + output_buffer of them.
     let bound = 3usize.div_ceil(2) as u64 + 1 + 1;
     let (engine, mut groups) = start(&generator, None, config, rows(12));
-    wait_until("the reserved slots to fill", || {
+    wait_until(PATIENCE, "the reserved slots to fill", || {
         engine.health().stats.groups_completed >= bound
     })
     .await;
@@ -868,7 +851,10 @@ async fn turns_record_the_model_version_they_were_sampled_under() {
     );
     // The second turns are held by the tool before their requests are made (a turn's
     // version is read when its request is sent).
-    wait_until("both first turns", || engine.health().stats.turns == 2).await;
+    wait_until(PATIENCE, "both first turns", || {
+        engine.health().stats.turns == 2
+    })
+    .await;
     engine.set_model_version(3).expect("versions grow");
     assert_eq!(engine.health().model_version, 3);
     gate.open();
@@ -901,7 +887,10 @@ async fn a_group_that_falls_more_than_max_staleness_behind_is_cancelled_at_once(
     config.max_inflight = 2;
     config.max_staleness = Some(1);
     let (engine, mut groups) = start(&generator, None, config, rows(2));
-    wait_until("group 0 to be in flight", || generator.hanging() == 2).await;
+    wait_until(PATIENCE, "group 0 to be in flight", || {
+        generator.hanging() == 2
+    })
+    .await;
     engine.set_model_version(1).expect("versions grow");
     // One version behind is within the bound: the group keeps running.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -938,13 +927,25 @@ async fn a_drain_past_its_deadline_cancels_and_drops_every_hanging_request() {
     let mut config = config(2);
     config.max_inflight = 4;
     let (engine, mut groups) = start(&generator, None, config, rows(5));
-    wait_until("every slot to hang", || generator.hanging() == 4).await;
+    wait_until(PATIENCE, "every slot to hang", || generator.hanging() == 4).await;
     // A third group is admitted and waits for slots: it is cancelled before it starts.
-    wait_until("a group waiting for slots", || engine.health().queued == 2).await;
-    let report = within("the drain", engine.shutdown(Duration::from_millis(200))).await;
+    wait_until(PATIENCE, "a group waiting for slots", || {
+        engine.health().queued == 2
+    })
+    .await;
+    let report = within(
+        PATIENCE,
+        "the drain",
+        engine.shutdown(Duration::from_millis(200)),
+    )
+    .await;
     assert!(!report.clean);
     assert_eq!(report.cancelled_at_deadline, 4);
-    assert!(within("the output to end", groups.recv()).await.is_none());
+    assert!(
+        within(PATIENCE, "the output to end", groups.recv())
+            .await
+            .is_none()
+    );
     assert_eq!(generator.hanging(), 4);
     assert_eq!(
         generator.hangs_dropped(),
@@ -972,12 +973,21 @@ async fn a_group_admitted_but_not_started_when_a_drain_begins_is_counted_as_canc
     let mut config = config(2);
     config.max_inflight = 2;
     let (engine, mut groups) = start(&generator, None, config, rows(3));
-    wait_until("the second group to wait for slots", || {
+    wait_until(PATIENCE, "the second group to wait for slots", || {
         generator.hanging() == 2 && engine.health().queued == 2
     })
     .await;
-    let report = within("the drain", engine.shutdown(Duration::from_millis(50))).await;
-    assert!(within("the output to end", groups.recv()).await.is_none());
+    let report = within(
+        PATIENCE,
+        "the drain",
+        engine.shutdown(Duration::from_millis(50)),
+    )
+    .await;
+    assert!(
+        within(PATIENCE, "the output to end", groups.recv())
+            .await
+            .is_none()
+    );
     let stats = report.stats;
     assert_eq!(stats.groups_admitted, 2, "{stats:?}");
     assert_eq!(stats.groups_cancelled, 2, "{stats:?}");
@@ -991,17 +1001,26 @@ async fn a_drain_waits_for_rollouts_that_finish_in_time() {
     let mut config = config(2);
     config.max_inflight = 4;
     let (engine, mut groups) = start(&generator, None, config, rows(5));
-    wait_until("the first requests", || engine.health().in_flight == 4).await;
-    wait_until("a group waiting for slots", || engine.health().queued == 2).await;
+    wait_until(PATIENCE, "the first requests", || {
+        engine.health().in_flight == 4
+    })
+    .await;
+    wait_until(PATIENCE, "a group waiting for slots", || {
+        engine.health().queued == 2
+    })
+    .await;
     let engine = Arc::new(engine);
     let drain = tokio::spawn({
         let engine = Arc::clone(&engine);
         async move { engine.shutdown(Duration::from_secs(30)).await }
     });
-    wait_until("admission to close", || engine.health().admission_closed).await;
+    wait_until(PATIENCE, "admission to close", || {
+        engine.health().admission_closed
+    })
+    .await;
     generator.open_gate();
     let out = collect(&mut groups).await;
-    let report = within("the drain", drain)
+    let report = within(PATIENCE, "the drain", drain)
         .await
         .expect("the drain task ran");
     assert!(report.clean, "{report:?}");
@@ -1136,7 +1155,7 @@ async fn the_heartbeat_keeps_beating_while_sync_tools_block() {
         config,
         rows(1),
     );
-    wait_until("four tools blocking at once", || {
+    wait_until(PATIENCE, "four tools blocking at once", || {
         block.0.load(Ordering::SeqCst) == 4
     })
     .await;

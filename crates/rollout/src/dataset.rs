@@ -14,11 +14,12 @@ use std::{
     fs::File,
     io::{self, BufRead, BufReader},
     path::Path,
+    sync::Arc,
 };
 
 use serde_json::{Map, Value};
 
-use crate::{message::Message, parse::kind, sync::Arc};
+use rollout_core::{Message, parse::kind};
 
 /// One dataset row.
 #[derive(Debug, Clone, PartialEq)]

@@ -28,14 +28,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rollout_core::{
-    ChatTemplate, ChatTokenizer, DatasetError, DatasetRow, Message,
-    rollout::{
-        Engine, Finish, GenerateError, GenerateRequest, Generation, Generator, RolloutConfig,
-    },
+use rollout::{
+    DatasetError, DatasetRow, Engine, Finish, GenerateError, GenerateRequest, Generation,
+    Generator, RolloutConfig,
 };
+use rollout_core::{ChatTemplate, ChatTokenizer, Message};
 use scoring::{Scorer, ScorerConfig, builtin};
 use serde_json::{Map, Value, json};
+use test_support::cpu_seconds;
 use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
 use vllm_client::{Client, ClientConfig};
 use vllm_sim::{SimConfig, Simulator, training_tokenizer};
@@ -46,21 +46,6 @@ const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | toj
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 const SCENARIOS: [&str; 5] = ["zero", "1024", "4096", "4096-loop", "blocking"];
-
-/// This process's CPU seconds (user + system).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // Fields 14 and 15 of the stat line (utime, stime), counted after the name.
-    (ticks(11) + ticks(12)) / 100.0
-}
 
 /// This process's resident memory.
 fn resident_bytes() -> u64 {

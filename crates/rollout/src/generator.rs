@@ -2,8 +2,8 @@
 
 use std::{fmt, future::Future};
 
-use super::ConfigError;
-use crate::RolloutId;
+use crate::ConfigError;
+use rollout_core::RolloutId;
 
 /// Sampling settings shared by every request of a run (settings file keys and, with the
 /// `clap` feature, flags of the same names).
@@ -203,7 +203,7 @@ pub trait Generator: Send + Sync + 'static {
 
     /// Why no request can be served now (every server down, with the last error), or `None`
     /// when one can. The loop admits no group while this says why, and stops the run when it
-    /// lasts longer than [`RolloutConfig::server_wait`](super::RolloutConfig::server_wait).
+    /// lasts longer than [`RolloutConfig::server_wait`](crate::RolloutConfig::server_wait).
     fn unavailable(&self) -> Option<String> {
         None
     }
@@ -245,7 +245,7 @@ mod vllm {
     use vllm_client::{Client, FinishReason, GenerateParams, SamplingParams};
 
     use super::{Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats};
-    use crate::RolloutId;
+    use rollout_core::RolloutId;
 
     fn sticky_key(rollout: RolloutId) -> String {
         format!("rollout-{}", rollout.0)

@@ -20,8 +20,10 @@ use std::{collections::BTreeMap, fmt};
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Finish, episode::Verdict};
-use crate::{DatasetRow, Message, RolloutId};
+use crate::{Finish, episode::Verdict};
+use rollout_core::{Message, RolloutId};
+
+use crate::DatasetRow;
 
 /// A loop-owning agent: one run per rollout attempt.
 pub trait Agent: Send + Sync + 'static {

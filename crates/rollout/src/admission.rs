@@ -1,0 +1,193 @@
+//! Admission: one group per dataset row while output slots, in-flight slots and rows last.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use rollout_core::RolloutId;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use crate::{
+    DatasetError, Generator, ScoredGroup,
+    builder::wait_for_generator,
+    conversation, group,
+    group::GroupState,
+    health::Counters,
+    lock,
+    shared::{ReadOk, ReadRow, Shared},
+};
+
+/// Admission: one group per row while output slots, in-flight slots and rows last.
+pub(crate) async fn admit<G: Generator>(
+    shared: Arc<Shared<G>>,
+    mut rows: mpsc::Receiver<ReadRow>,
+    output: mpsc::Sender<ScoredGroup>,
+) {
+    let config = &shared.config;
+    let n = config.num_generations;
+    let first_version = shared.model_version();
+    let mut admitted = 0u64;
+    loop {
+        if config.max_groups.is_some_and(|max| admitted >= max) {
+            break;
+        }
+        if !admission_open(&shared, admitted, first_version).await {
+            break;
+        }
+        if !wait_for_generator(&shared).await {
+            break;
+        }
+        // The group's output slot first: a consumer that falls behind holds admission here.
+        let slot = tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => break,
+            slot = output.clone().reserve_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
+        let Some((group_id, row, first)) = next_row(&shared, &mut rows).await else {
+            break;
+        };
+        Counters::add(&shared.counters.groups_admitted, 1);
+        let group = Arc::new(GroupState::new(group_id, row, first, n, slot));
+        if !start_group(&shared, group).await {
+            break;
+        }
+        admitted += 1;
+    }
+    shared.admission_closed.store(true, Ordering::Release);
+}
+
+/// Waits until a group may be admitted: admission not paused, and with `max_staleness` and
+/// `groups_per_version`, AReaL's rule (the `admitted`-th group, from 0, could still be
+/// trained on within the staleness bound: `admitted < (versions since the start +
+/// max_staleness + 1) * groups_per_version`). False when admission closes meanwhile.
+pub(crate) async fn admission_open<G>(
+    shared: &Shared<G>,
+    admitted: u64,
+    first_version: u64,
+) -> bool {
+    let mut paused = shared.paused.subscribe();
+    let mut versions = shared.versions.subscribe();
+    loop {
+        let held = *paused.borrow_and_update();
+        let version = *versions.borrow_and_update();
+        if !held && shared.fresh_enough(admitted, version.saturating_sub(first_version)) {
+            return true;
+        }
+        // The senders live in `shared`: neither channel closes while this runs.
+        tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return false,
+            _ = paused.changed() => {}
+            _ = versions.changed() => {}
+        }
+    }
+}
+
+/// `permits` in-flight slots, once admission is not paused; `None` when admission closes.
+/// A pause that comes while it waits holds it again.
+pub(crate) async fn acquire<G>(shared: &Shared<G>, permits: u32) -> Option<OwnedSemaphorePermit> {
+    let mut paused = shared.paused.subscribe();
+    loop {
+        if *paused.borrow_and_update() {
+            tokio::select! {
+                biased;
+                () = shared.admission.cancelled() => return None,
+                _ = paused.changed() => continue,
+            }
+        }
+        tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return None,
+            _ = paused.changed() => {}
+            acquired = Arc::clone(&shared.in_flight).acquire_many_owned(permits) => return acquired.ok(),
+        }
+    }
+}
+
+/// The next dataset row to admit, its prompt rendered; bad rows skipped with
+/// `skip_bad_rows`. `None` at the end of the dataset, on an error (recorded) or when
+/// admission closes.
+pub(crate) async fn next_row<G>(
+    shared: &Shared<G>,
+    rows: &mut mpsc::Receiver<ReadRow>,
+) -> Option<ReadOk> {
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return None,
+            next = rows.recv() => next?,
+        };
+        match next {
+            Ok(read) => return Some(read),
+            Err(error)
+                if shared.config.skip_bad_rows && matches!(error, DatasetError::Row { .. }) =>
+            {
+                Counters::add(&shared.counters.bad_rows, 1);
+                tracing::warn!(%error, "skipping a bad dataset row");
+                let mut bad = lock(&shared.bad_rows);
+                if bad.len() < 100 {
+                    bad.push(error.to_string());
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "stopping admission");
+                *lock(&shared.error) = Some(error.to_string());
+                return None;
+            }
+        }
+    }
+}
+
+/// Starts a group's rollouts as slots in flight free up. `false` when admission closed
+/// before every rollout started (the rest are cancelled, and the group finished if none
+/// runs).
+pub(crate) async fn start_group<G: Generator>(
+    shared: &Arc<Shared<G>>,
+    group: Arc<GroupState>,
+) -> bool {
+    let n = shared.config.num_generations;
+    let base = group.group_id * n as u64;
+    shared.queued.fetch_add(n, Ordering::Relaxed);
+    // A group that fits takes its slots all at once, so that a drain never finds it half
+    // started (its started rollouts would be thrown away with it); a group larger than
+    // `max_inflight` can only start rollout by rollout.
+    let mut whole = None;
+    if let Ok(count) = u32::try_from(n)
+        && n <= shared.config.max_inflight
+    {
+        whole = acquire(shared, count).await;
+    }
+    for index in 0..n {
+        let permit = match whole.as_mut() {
+            Some(permits) if index + 1 < n => permits.split(1),
+            Some(_) => whole.take(),
+            None => acquire(shared, 1).await,
+        };
+        let Some(permit) = permit else {
+            shared.queued.fetch_sub(n - index, Ordering::Relaxed);
+            Counters::add(&shared.counters.rollouts_cancelled, (n - index) as u64);
+            // Even with no rollout started the group must be finished: that counts it as
+            // cancelled, so admitted groups always add up.
+            if group.abandon_from(index, base) {
+                group::finish(shared, &group).await;
+            }
+            return false;
+        };
+        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        let rollout_shared = Arc::clone(shared);
+        let group = Arc::clone(&group);
+        shared.tracker.spawn(async move {
+            let shared = rollout_shared;
+            let rollout_id = RolloutId(base + index as u64);
+            let outcome = conversation::run(&shared, &group, rollout_id).await;
+            drop(permit);
+            shared.generator.release(rollout_id);
+            shared.rollout_ended(&outcome);
+            if group.complete(index, outcome) {
+                group::finish(&shared, &group).await;
+            }
+        });
+    }
+    true
+}

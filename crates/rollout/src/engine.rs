@@ -1,0 +1,280 @@
+//! [`Engine`]: the running loop's handle (versions, pause, metrics, drain) and its output.
+
+use std::{
+    fmt,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use rollout_core::{ChatTokenizer, RenderError, RenderOptions};
+use scoring::Scorer;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tool_dispatch::{ShutdownReport, ToolDispatcher};
+
+use crate::{
+    Generator, Health, Metrics, RolloutFailure, ScoredGroup, Stats,
+    builder::EngineBuilder,
+    config::{ConfigError, PauseMode, RolloutConfig},
+    lock,
+    shared::Shared,
+};
+
+/// The loop could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A setting cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The chat template could not be found or compiled.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// No thread could be started to read the dataset.
+    #[error("could not start the dataset reader: {0}")]
+    Thread(std::io::Error),
+}
+
+/// What [`Engine::shutdown`] did.
+#[derive(Debug, Clone)]
+pub struct DrainReport {
+    /// How long the drain took.
+    pub elapsed: Duration,
+    /// Whether every rollout in flight finished before the deadline (and none was ended by
+    /// [`Engine::cancel`]) and every tool thread was joined.
+    pub clean: bool,
+    /// Rollouts still running at the deadline, or when [`Engine::cancel`] was called,
+    /// cancelled.
+    pub cancelled_at_deadline: u64,
+    /// Counters at the end.
+    pub stats: Stats,
+    /// What the tool pool's shutdown did.
+    pub tools: Option<ShutdownReport>,
+    /// Why the run stopped early or failed, if it did: a bad dataset row, an unreadable
+    /// file, no server past `server_wait`, or more failed rollouts than `max_failure_rate`.
+    pub error: Option<String>,
+    /// The bad rows skipped (with `skip_bad_rows`), each with its file, line and reason;
+    /// the first 100.
+    pub bad_rows: Vec<String>,
+    /// Rollouts that failed after their retries, with their causes; the first 100 (those of
+    /// dropped groups included, which no [`ScoredGroup`] carries).
+    pub failures: Vec<RolloutFailure>,
+}
+
+/// The loop's output: scored groups, in the order they complete. It ends when the dataset
+/// is done (or the group limit reached) and every group is out, or after a drain.
+#[derive(Debug)]
+pub struct Groups {
+    pub(crate) receiver: mpsc::Receiver<ScoredGroup>,
+}
+
+impl Groups {
+    /// The next scored group; `None` once the loop has ended and every group was received.
+    pub async fn recv(&mut self) -> Option<ScoredGroup> {
+        self.receiver.recv().await
+    }
+
+    /// The next scored group, blocking the thread (for a writer thread of its own); do not
+    /// call it on the runtime.
+    pub fn blocking_recv(&mut self) -> Option<ScoredGroup> {
+        self.receiver.blocking_recv()
+    }
+}
+
+/// A running rollout loop; see the [crate docs](crate).
+///
+/// Dropping it cancels what runs; [`Engine::shutdown`] drains instead.
+pub struct Engine<G: Generator> {
+    pub(crate) shared: Arc<Shared<G>>,
+}
+
+impl<G: Generator> fmt::Debug for Engine<G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<G: Generator> Engine<G> {
+    /// An engine sampling with `generator`, rendering with `tokenizer`'s chat template and
+    /// scoring with `scorer`.
+    pub fn builder(generator: G, tokenizer: ChatTokenizer, scorer: Scorer) -> EngineBuilder<G> {
+        EngineBuilder {
+            generator,
+            tokenizer,
+            scorer,
+            tools: None,
+            environment: None,
+            agent: None,
+            parser: None,
+            options: RenderOptions::generation(),
+            config: RolloutConfig::default(),
+        }
+    }
+
+    /// Turns sampled from now on record `version` (call it when the server's weights
+    /// change); with `max_staleness`, groups left too far behind are cancelled. Versions only
+    /// grow: a lower one than the current is refused with the current one
+    /// (`Err(current)`); the current one again is a no-op.
+    pub fn set_model_version(&self, version: u64) -> Result<(), u64> {
+        let mut refused = None;
+        self.shared.versions.send_if_modified(|current| {
+            if version < *current {
+                refused = Some(*current);
+            }
+            let newer = version > *current;
+            if newer {
+                *current = version;
+            }
+            newer
+        });
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// The model version turns are sampled under now.
+    pub fn model_version(&self) -> u64 {
+        self.shared.model_version()
+    }
+
+    /// The context length the loop clips turns to, if known.
+    pub fn max_model_len(&self) -> Option<u32> {
+        self.shared.max_model_len
+    }
+
+    /// How the loop is doing. Cheap; call it as often as needed.
+    pub fn health(&self) -> Health {
+        let shared = &self.shared;
+        let (scheduler_lag_p99, scheduler_lag_max) = shared.heartbeat.lag();
+        Health {
+            heartbeat_age: shared.heartbeat.age(),
+            scheduler_lag_p99,
+            scheduler_lag_max,
+            in_flight: shared.config.max_inflight - shared.in_flight.available_permits(),
+            queued: shared.queued.load(Ordering::Relaxed),
+            model_version: shared.model_version(),
+            admission_closed: shared.admission_closed.load(Ordering::Acquire),
+            paused: *shared.paused.borrow(),
+            servers_unavailable: shared.generator.unavailable(),
+            stats: shared.counters.snapshot(),
+        }
+    }
+
+    /// Everything the loop counts, at this moment: what metrics and reports read.
+    pub fn metrics(&self) -> Metrics {
+        let shared = &self.shared;
+        Metrics {
+            health: self.health(),
+            failures: shared.failures_by_cause.snapshot(),
+            generation_latency: shared.generation_latency.snapshot(),
+            generator: shared.generator.stats(),
+            tools: shared.tools.as_ref().map(ToolDispatcher::metrics),
+        }
+    }
+
+    /// Pauses admission: no group is admitted and no admitted group starts until
+    /// [`Engine::resume`]. With [`PauseMode::Wait`] the rollouts in flight run to their end;
+    /// with [`PauseMode::Abort`] they are cancelled (their groups dropped, counted as
+    /// cancelled). Returns once no rollout is in flight. Pausing a paused loop is harmless.
+    pub async fn pause(&self, mode: PauseMode) {
+        let shared = &self.shared;
+        shared.paused.send_replace(true);
+        if mode == PauseMode::Abort {
+            let mut abort = lock(&shared.abort);
+            abort.cancel();
+            *abort = CancellationToken::new();
+        }
+        while shared.in_flight.available_permits() < shared.config.max_inflight {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Resumes admission after [`Engine::pause`].
+    pub fn resume(&self) {
+        self.shared.paused.send_replace(false);
+    }
+
+    /// The tool dispatcher, for its metrics.
+    pub fn tools(&self) -> Option<&ToolDispatcher> {
+        self.shared.tools.as_ref()
+    }
+
+    /// The scorer, for its statistics.
+    pub fn scorer(&self) -> &Scorer {
+        &self.shared.scorer
+    }
+
+    /// Stops admission and cancels every rollout in flight at once (their requests are
+    /// dropped); a drain under way then ends without waiting for its deadline. Groups
+    /// already complete are still scored and sent.
+    pub fn cancel(&self) {
+        let shared = &self.shared;
+        shared.admission.cancel();
+        if !shared.cancel.is_cancelled() {
+            let in_flight = shared.config.max_inflight - shared.in_flight.available_permits();
+            shared
+                .cancelled_in_flight
+                .fetch_add(in_flight as u64, Ordering::Relaxed);
+        }
+        shared.cancel.cancel();
+    }
+
+    /// Drains: stops admission, lets rollouts in flight finish until `deadline`, then
+    /// cancels the rest (their requests are dropped, which aborts them on the server);
+    /// scores and sends every complete group; closes the output and the tool pool. Also the
+    /// way to close a loop that ended by itself. Calling it again reports again.
+    pub async fn shutdown(&self, deadline: Duration) -> DrainReport {
+        let shared = &self.shared;
+        let start = Instant::now();
+        shared.admission.cancel();
+        shared.tracker.close();
+        let in_time = tokio::time::timeout(deadline, shared.tracker.wait())
+            .await
+            .is_ok();
+        let mut cancelled_at_deadline = 0;
+        if !in_time {
+            cancelled_at_deadline =
+                (shared.config.max_inflight - shared.in_flight.available_permits()) as u64;
+            tracing::warn!(
+                rollouts = cancelled_at_deadline,
+                "drain deadline reached: cancelling the rollouts still running"
+            );
+            shared.cancel.cancel();
+            shared.tracker.wait().await;
+        }
+        shared.stop_heartbeat.cancel();
+        let tools = match &shared.tools {
+            Some(tools) => {
+                let left = deadline
+                    .saturating_sub(start.elapsed())
+                    .max(Duration::from_millis(100));
+                Some(tools.shutdown(left).await)
+            }
+            None => None,
+        };
+        if let Some(reason) = shared.failure_rate_exceeded(true) {
+            shared.stop_run(reason);
+        }
+        let threads_clean = tools.as_ref().is_none_or(|t| t.threads_detached == 0);
+        // Rollouts that `cancel` ended did not finish either, however soon the wait was over.
+        let cancelled_early = shared.cancelled_in_flight.load(Ordering::Relaxed);
+        DrainReport {
+            elapsed: start.elapsed(),
+            clean: in_time && cancelled_early == 0 && threads_clean,
+            cancelled_at_deadline: cancelled_at_deadline + cancelled_early,
+            stats: shared.counters.snapshot(),
+            tools,
+            error: lock(&shared.error).clone(),
+            bad_rows: lock(&shared.bad_rows).clone(),
+            failures: lock(&shared.failures).clone(),
+        }
+    }
+}
+
+impl<G: Generator> Drop for Engine<G> {
+    fn drop(&mut self) {
+        self.shared.admission.cancel();
+        self.shared.cancel.cancel();
+        self.shared.stop_heartbeat.cancel();
+    }
+}

@@ -1,0 +1,235 @@
+//! The state the driver, the rollouts and the heartbeat share, and the rules they apply to it:
+//! prompt rendering and size, the failure rate, staleness.
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, AtomicU64, AtomicUsize},
+};
+
+use rollout_core::{
+    ChatTokenizer, Message, NoExactDelta, RenderError, RenderOptions, RenderState, ToolCallParser,
+};
+use scoring::Scorer;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tool_dispatch::ToolDispatcher;
+
+use crate::{
+    Agent, DatasetError, DatasetRow, Environment, FailureCause, RolloutFailure,
+    config::RolloutConfig,
+    group::GroupState,
+    health::{Counters, Failures, Heartbeat, Latency},
+    lock,
+};
+
+/// Rollouts that must have ended before [`RolloutConfig::max_failure_rate`] is judged during
+/// a run (at the end it is judged on however many there were).
+pub const FAILURE_RATE_MIN_ROLLOUTS: u64 = 16;
+
+/// A dataset row read ahead, its prompt rendered (or refused) on the reader thread.
+pub(crate) type ReadRow = Result<ReadOk, DatasetError>;
+/// A row that parsed with its group id, and its prompt rendered or why it could not be.
+pub(crate) type ReadOk = (u64, DatasetRow, Result<RenderState, RenderError>);
+
+/// State shared by the driver, the rollouts and the heartbeat.
+pub(crate) struct Shared<G> {
+    pub(crate) generator: G,
+    pub(crate) tokenizer: ChatTokenizer,
+    pub(crate) options: RenderOptions,
+    pub(crate) parser: Box<dyn ToolCallParser>,
+    pub(crate) tools: Option<ToolDispatcher>,
+    /// Where each rollout opens its episode, when it runs in an environment.
+    pub(crate) environment: Option<Arc<dyn Environment>>,
+    /// What runs each rollout's conversation, when a loop-owning agent does.
+    pub(crate) agent: Option<Arc<dyn Agent>>,
+    pub(crate) scorer: Scorer,
+    pub(crate) config: RolloutConfig,
+    pub(crate) max_model_len: Option<u32>,
+    /// The conversation with no message (the tools' system block, for most templates),
+    /// rendered once: every group's prompt starts from it and tokenizes only what it adds.
+    pub(crate) base: Option<RenderState>,
+    /// Bytes of the vocabulary's longest token: a text of `n` bytes is at least
+    /// `n / max_token_bytes` tokens.
+    pub(crate) max_token_bytes: usize,
+    pub(crate) counters: Counters,
+    /// Rollouts that failed, by cause.
+    pub(crate) failures_by_cause: Failures,
+    /// How long generation requests take.
+    pub(crate) generation_latency: Latency,
+    pub(crate) cancel: CancellationToken,
+    /// Whether admission is paused ([`Engine::pause`]).
+    pub(crate) paused: watch::Sender<bool>,
+    /// Cancelled by a pause in [`PauseMode::Abort`] (then replaced): every rollout attempt
+    /// watches the token current when it started.
+    pub(crate) abort: Mutex<CancellationToken>,
+    /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
+    pub(crate) cancelled_in_flight: AtomicU64,
+    /// The chat template's name, for messages about it.
+    pub(crate) template_name: String,
+    /// Why append mode fell back to re-rendering, by reason: each is warned about once.
+    pub(crate) fallbacks_warned: Mutex<Vec<&'static str>>,
+    /// The model version; rollouts waiting on staleness subscribe to it.
+    pub(crate) versions: watch::Sender<u64>,
+    pub(crate) admission: CancellationToken,
+    pub(crate) admission_closed: AtomicBool,
+    pub(crate) heartbeat: Heartbeat,
+    pub(crate) stop_heartbeat: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) in_flight: Arc<Semaphore>,
+    pub(crate) queued: AtomicUsize,
+    pub(crate) error: Mutex<Option<String>>,
+    pub(crate) bad_rows: Mutex<Vec<String>>,
+    pub(crate) failures: Mutex<Vec<RolloutFailure>>,
+}
+
+impl<G> Shared<G> {
+    /// A group's prompt, rendered once for all its rollouts.
+    pub(crate) fn render_prompt(&self, row: &DatasetRow) -> Result<RenderState, RenderError> {
+        let mut render = match &self.base {
+            Some(base) => self.tokenizer.resume(base.clone())?,
+            None => self.tokenizer.incremental(self.options.clone())?,
+        };
+        render.push(&row.prompt);
+        render.prompt()?;
+        Ok(render.state())
+    }
+
+    /// Refuses a row whose prompt could not fit in the context whatever the tokenization:
+    /// its text alone needs more tokens than `max_model_len` at the longest token of the
+    /// vocabulary. Checked before tokenizing, which for a huge prompt costs gigabytes.
+    pub(crate) fn check_prompt_size(&self, row: &DatasetRow) -> Result<(), String> {
+        let Some(max_model_len) = self.max_model_len else {
+            return Ok(());
+        };
+        let bytes: usize = row.prompt.iter().map(Message::text_len).sum();
+        let fits = (max_model_len as usize).saturating_mul(self.max_token_bytes.max(1));
+        if bytes > fits {
+            return Err(format!(
+                "the prompt is {bytes} bytes of text: at least {} tokens, more than \
+                 max_model_len {max_model_len} (no token of this tokenizer is longer than {} \
+                 bytes)",
+                bytes.div_ceil(self.max_token_bytes.max(1)),
+                self.max_token_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why the run must stop for its failure rate, if it must. `at_end`: judge however few
+    /// rollouts ended.
+    pub(crate) fn failure_rate_exceeded(&self, at_end: bool) -> Option<String> {
+        let max = self.config.max_failure_rate?;
+        let stats = self.counters.snapshot();
+        let failed = stats
+            .rollouts_failed
+            .saturating_sub(stats.rollouts_unavailable);
+        let ended = failed + stats.rollouts_completed;
+        if ended == 0 || (!at_end && ended < FAILURE_RATE_MIN_ROLLOUTS) {
+            return None;
+        }
+        let rate = failed as f64 / ended as f64;
+        if rate <= max {
+            return None;
+        }
+        let last = lock(&self.failures)
+            .iter()
+            .rev()
+            .find(|f| f.cause != FailureCause::Unavailable)
+            .map_or_else(String::new, |f| format!("; one of them: {f}"));
+        Some(format!(
+            "{failed} of {ended} rollouts failed ({:.0}%, more than max_failure_rate {:.0}%){last}",
+            rate * 100.0,
+            max * 100.0
+        ))
+    }
+
+    /// Records why the run stops (the first reason wins) and stops admission.
+    pub(crate) fn stop_run(&self, reason: String) {
+        let mut error = lock(&self.error);
+        if error.is_none() {
+            tracing::error!(%reason, "stopping the run");
+            *error = Some(reason);
+        }
+        self.admission.cancel();
+    }
+
+    pub(crate) fn model_version(&self) -> u64 {
+        *self.versions.borrow()
+    }
+
+    /// AReaL's rule: whether the `admitted`-th group may start `versions` versions after the
+    /// start. Always with no bound set.
+    pub(crate) fn fresh_enough(&self, admitted: u64, versions: u64) -> bool {
+        match (self.config.max_staleness, self.config.groups_per_version) {
+            (Some(staleness), Some(per_version)) => {
+                let allowed = versions
+                    .saturating_add(staleness)
+                    .saturating_add(1)
+                    .saturating_mul(per_version);
+                admitted < allowed
+            }
+            _ => true,
+        }
+    }
+
+    /// Resolves once `group`'s first turn is more than `max_staleness` versions behind.
+    pub(crate) async fn stale(&self, group: &GroupState, max_staleness: u64) {
+        let mut versions = self.versions.subscribe();
+        loop {
+            let first = group.first_version();
+            if first.is_some_and(|first| {
+                *versions.borrow_and_update() > first.saturating_add(max_staleness)
+            }) {
+                return;
+            }
+            if versions.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Notes a turn whose next prompt append mode could not build (counted by the caller),
+    /// warning once per reason.
+    pub(crate) fn fell_back(&self, reason: &NoExactDelta) {
+        Counters::add(&self.counters.append_fallbacks, 1);
+        let mut warned = lock(&self.fallbacks_warned);
+        if !warned.contains(&reason.kind()) {
+            warned.push(reason.kind());
+            tracing::warn!(
+                template = %self.template_name,
+                reason = %reason,
+                "append mode: no exact token delta after an assistant turn; such turns are re-rendered whole (counted in fallback_turns); warned once per reason"
+            );
+        }
+    }
+}
+
+impl<G> Shared<G> {
+    /// Counts a rollout that ended, keeps its failure for the report, and stops the run
+    /// when failures pass `max_failure_rate`.
+    pub(crate) fn rollout_ended(&self, outcome: &Result<crate::outcome::Finished, RolloutFailure>) {
+        match outcome {
+            Ok(_) => Counters::add(&self.counters.rollouts_completed, 1),
+            Err(failure) if failure.cause == FailureCause::Cancelled => {
+                Counters::add(&self.counters.rollouts_cancelled, 1);
+            }
+            Err(failure) => {
+                Counters::add(&self.counters.rollouts_failed, 1);
+                self.failures_by_cause.add(failure.cause);
+                if failure.cause == FailureCause::Unavailable {
+                    Counters::add(&self.counters.rollouts_unavailable, 1);
+                }
+                tracing::warn!(%failure, "rollout failed");
+                {
+                    let mut failures = lock(&self.failures);
+                    if failures.len() < 100 {
+                        failures.push(failure.clone());
+                    }
+                }
+                if let Some(reason) = self.failure_rate_exceeded(false) {
+                    self.stop_run(reason);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Integration tests of the rollout engine: one test binary, one module per area.
+//!
+//! `rollout` runs the loop against scripted in-process generators and the simulator;
+//! `prompt_modes` compares the two prompt modes on the real tokenizers that `cargo xtask
+//! fixtures` fetches into the cache (it runs in the `fixtures` nextest profile).
+
+#[cfg(feature = "vllm-client")]
+mod prompt_modes;
+mod rollout;
+#[path = "../../rollout-core/tests/tokenizers.rs"]
+mod tokenizers;
+
+pub(crate) use test_support::fixture;
+
+pub(crate) use crate::tokenizers::{
+    llama31, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template,
+};

@@ -1,0 +1,91 @@
+//! What the workspace's tests, benchmarks and tasks share, so that each exists once:
+//!
+//! - [`cache_dir`] and [`fixture`]: where `cargo xtask fixtures` keeps the real tokenizers,
+//!   templates and venvs (xtask's own tasks read the same function);
+//! - [`within`] and [`wait_until`] (feature `wait`): waits bounded in real time that fail
+//!   the test with what was awaited, never by a hang, with the test clock paused or not;
+//! - [`cpu_seconds`]: this process's CPU time, for the benchmarks' per-turn figures.
+
+use std::path::PathBuf;
+#[cfg(feature = "wait")]
+use std::time::{Duration, Instant};
+
+/// `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`: where everything heavy
+/// the project fetches goes, never inside the repository.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE").filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"))
+        .join("async-grpo")
+}
+
+/// A file or folder of the fixture cache; fails with what to run when the cache lacks it.
+#[track_caller]
+pub fn fixture(relative: &str) -> PathBuf {
+    let path = cache_dir().join(relative);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo xtask fixtures` to fetch the real tokenizers, templates and \
+         venvs (the suites that need them run in the `fixtures` nextest profile)",
+        path.display()
+    );
+    path
+}
+
+/// Awaits `future`; fails the test, naming `what`, if it is not done within `patience` of
+/// real time. A thread keeps the time, so a paused test clock (which jumps to the next
+/// timer whenever the runtime idles) neither ends the wait early nor stretches it.
+#[cfg(feature = "wait")]
+pub async fn within<F: Future>(patience: Duration, what: &str, future: F) -> F::Output {
+    let (expire, expired) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("test-watchdog".to_owned())
+        .spawn(move || {
+            std::thread::sleep(patience);
+            let _ = expire.send(());
+        })
+        .expect("a watchdog thread starts");
+    tokio::select! {
+        biased;
+        output = future => output,
+        _ = expired => panic!("{what}: not done after {patience:?}"),
+    }
+}
+
+/// Waits until `condition` holds, checking every millisecond of real time while the
+/// runtime's other tasks run; fails the test, naming `what`, after `patience`. It never
+/// sleeps on the runtime's clock, so a paused clock does not move while it waits.
+#[cfg(feature = "wait")]
+pub async fn wait_until(patience: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not so after {patience:?}"
+        );
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// This process's CPU seconds (user + system, all threads), from `/proc/self/stat`; 0 where
+/// there is no `/proc`.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Fields 14 and 15 of stat(5) (utime, stime), counted after the command's `)`, in
+    // clock ticks (`sysconf(_SC_CLK_TCK)`: 100 on every Linux this runs on).
+    (ticks(11) + ticks(12)) / 100.0
+}
