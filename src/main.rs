@@ -1,12 +1,11 @@
 //! The `async-grpo` binary: the reference wiring of every layer of the engine.
 //!
-//! Built with the `cli` feature, which brings every crate it wires; the simulator (`simulate`,
-//! and the server of a rollout given none) with `sim`.
+//! Built with the `cli` feature, which brings every crate it wires, the simulator (`simulate`,
+//! and the server of a rollout given none) and Parquet included.
 
 mod layered;
 mod render;
 mod rollout;
-#[cfg(feature = "sim")]
 mod simulate;
 
 use std::process::ExitCode;
@@ -33,7 +32,6 @@ enum Command {
     /// transformers' `apply_chat_template` does; prints `{"text": ..., "ids": [...]}`.
     Render(render::RenderArgs),
     /// Serve the vLLM-compatible simulator: scripted answers, not a model, for demos and tests
-    #[cfg(feature = "sim")]
     Simulate(simulate::SimulateArgs),
     /// Inside an agent's sandbox: listen on the proxy's port, run the agent, hand each
     /// connection to the proxy's socket (started by `rollout`, not by hand)
@@ -80,7 +78,6 @@ fn main() -> anyhow::Result<ExitCode> {
             rollout::run::run(resolved)
         }
         Some(Command::Render(args)) => render::run(&args).map(|()| ExitCode::SUCCESS),
-        #[cfg(feature = "sim")]
         Some(Command::Simulate(args)) => simulate::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::AgentForward(args)) => rollout::agent::forward(args),
         None => {

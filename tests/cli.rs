@@ -41,7 +41,6 @@ fn an_unknown_flag_is_an_error() {
 }
 
 #[test]
-#[cfg(feature = "sim")]
 fn the_simulator_serves_vllm_json_until_stopped() {
     use std::{io::Read, net::TcpStream, time::Duration};
 
@@ -83,7 +82,6 @@ fn the_simulator_serves_vllm_json_until_stopped() {
 }
 
 #[test]
-#[cfg(feature = "sim")]
 fn simulator_flags_are_checked() {
     let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["simulate", "--error-503", "0.7", "--malformed", "0.5"])
@@ -95,65 +93,4 @@ fn simulator_flags_are_checked() {
         stderr.contains("the fault fractions add up to 1.2, more than 1"),
         "{stderr}"
     );
-}
-
-#[test]
-#[cfg(not(feature = "sim"))]
-fn without_the_simulator_a_run_without_a_server_says_what_to_pass() {
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/quickstart.toml");
-    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
-        .args(["rollout", "--config", config])
-        .output()
-        .expect("the binary starts");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("no --server given")
-            && stderr.contains("no built-in simulator")
-            && stderr.contains("pass --server URL"),
-        "{stderr}"
-    );
-}
-
-#[test]
-#[cfg(not(feature = "sim"))]
-fn without_the_simulator_there_is_no_simulate_command() {
-    let (ok, _) = async_grpo(&["simulate", "--port", "0"]);
-    assert!(!ok);
-    let (_, help) = async_grpo(&["--help"]);
-    assert!(!help.contains("simulate"), "{help}");
-}
-
-#[test]
-#[cfg(not(feature = "parquet"))]
-fn without_parquet_a_parquet_output_or_dataset_is_refused_in_the_checks_with_the_feature_named() {
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/quickstart.toml");
-    let dir = std::env::temp_dir().join(format!("async-grpo-cli-parquet-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    let dataset = dir.join("train.parquet");
-    std::fs::write(&dataset, b"").expect("a dataset file");
-    let out = dir.join("rows.parquet");
-    let dataset = dataset.to_str().expect("utf-8");
-    let out = out.to_str().expect("utf-8");
-    for args in [["--out", out], ["--dataset", dataset]] {
-        let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
-            .args([
-                "rollout",
-                "--config",
-                config,
-                "--server",
-                "http://127.0.0.1:1",
-                "--check",
-            ])
-            .args(args)
-            .output()
-            .expect("the binary runs");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains("`parquet` feature") && stderr.contains("--features parquet"),
-            "{args:?}: {stderr}"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,8 +3,6 @@
 //! rebinding) and web pages of other origins refused, model versions bounded without a token.
 //! The real binary against its built-in simulator, over real HTTP.
 
-#![cfg(feature = "sim")]
-
 use std::{net::SocketAddr, process::Stdio, time::Duration};
 
 use reqwest::{StatusCode, header};

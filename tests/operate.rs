@@ -846,7 +846,6 @@ fn operating_settings_that_cannot_work_are_refused_with_where_they_came_from() {
     }
 }
 
-#[cfg(feature = "parquet")]
 mod parquet_files {
     use std::{io::Cursor, sync::Arc};
 
@@ -1041,7 +1040,6 @@ mod parquet_files {
 }
 
 /// The journal a Parquet output is written from.
-#[cfg(feature = "parquet")]
 fn journal(out: &std::path::Path) -> std::path::PathBuf {
     let mut name = out.as_os_str().to_owned();
     name.push(".partial.jsonl");

@@ -35,7 +35,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use rollout::{ConfigError, RolloutConfig, Sampling};
+use rollout::{ConfigError, RolloutConfig, Sampling, Shard};
 use rollout_core::ReconcilerConfig;
 use scoring::{AdvantageConfig, Reward, builtin};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -43,7 +43,6 @@ use tool_dispatch::{
     Registry,
     builtin::{ToolConfig, ToolKind},
 };
-#[cfg(feature = "sim")]
 use vllm_sim::SimSettings;
 
 use super::{agent::AgentSettings, control, environment::EnvironmentSettings};
@@ -83,56 +82,6 @@ pub(crate) enum Progress {
     Log,
     /// Nothing.
     Off,
-}
-
-/// One shard of the dataset: `index` of `count` (`I/N`, I from 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Shard {
-    /// Which shard, from 0.
-    pub(crate) index: u64,
-    /// How many shards.
-    pub(crate) count: u64,
-}
-
-impl Shard {
-    /// Whether the dataset row at `row` (its index among the rows, from 0) is this shard's.
-    pub(crate) fn holds(self, row: u64) -> bool {
-        row % self.count == self.index
-    }
-}
-
-impl std::str::FromStr for Shard {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Shard, String> {
-        let expected = || format!("expected I/N with 0 <= I < N, such as 0/4; got '{text}'");
-        let (index, count) = text.split_once('/').ok_or_else(expected)?;
-        let index: u64 = index.trim().parse().map_err(|_| expected())?;
-        let count: u64 = count.trim().parse().map_err(|_| expected())?;
-        if count == 0 || index >= count {
-            return Err(expected());
-        }
-        Ok(Shard { index, count })
-    }
-}
-
-impl std::fmt::Display for Shard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
-
-impl Serialize for Shard {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Shard {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Shard, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 /// The binary's own settings; `engine` holds the rollout loop's. Each field is a key of the
@@ -241,15 +190,8 @@ pub(crate) struct Settings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) agent: Option<AgentSettings>,
     /// The simulator's behaviour (`[simulator]`; file only; used only without servers).
-    #[cfg(feature = "sim")]
     #[arg(skip)]
     pub(crate) simulator: SimSettings,
-    /// A build without the simulator still reads a file written for one: its `[simulator]`
-    /// is kept as written and unused (a run without servers is refused in the checks).
-    #[cfg(not(feature = "sim"))]
-    #[arg(skip)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) simulator: Option<toml::Table>,
     /// The rollout loop's settings, read from the same table of the file.
     #[command(flatten)]
     #[serde(skip)]
@@ -282,10 +224,7 @@ impl Default for Settings {
             tools: Vec::new(),
             environment: None,
             agent: None,
-            #[cfg(feature = "sim")]
             simulator: SimSettings::default(),
-            #[cfg(not(feature = "sim"))]
-            simulator: None,
             engine: RolloutConfig::default(),
         }
     }
@@ -552,7 +491,6 @@ impl Settings {
         let sandbox = run_sandbox(&settings, source.as_ref().map(|s| s.path.as_path()));
         let rewards = build_rewards(&settings, &places, base, &file_name, &sandbox)?;
         check_tools(&settings.tools, &places)?;
-        #[cfg(feature = "sim")]
         check_simulator(&settings.simulator, &places)?;
         Ok(Resolved {
             settings,
@@ -676,7 +614,7 @@ fn run_sandbox(settings: &Settings, config_file: Option<&Path>) -> process::Sand
     let mut sandbox = process::Sandbox::default()
         .hide(&settings.dataset)
         .hide(&settings.out)
-        .hide(super::output::journal_path(&settings.out));
+        .hide(rollout::output::journal_path(&settings.out));
     if let Some(file) = config_file {
         sandbox = sandbox.hide(file);
     }
@@ -769,7 +707,6 @@ fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> 
 }
 
 /// The simulator's fractions are fractions.
-#[cfg(feature = "sim")]
 fn check_simulator(simulator: &SimSettings, places: &Places<'_>) -> anyhow::Result<()> {
     simulator.validate().map_err(|e| {
         let place = places

@@ -8,11 +8,7 @@
 pub(crate) mod agent;
 pub(crate) mod config;
 pub(crate) mod control;
-pub(crate) mod data;
 pub(crate) mod environment;
-pub(crate) mod output;
-#[cfg(feature = "parquet")]
-pub(crate) mod parquet;
 pub(crate) mod preflight;
 pub(crate) mod progress;
 pub(crate) mod run;

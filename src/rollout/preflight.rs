@@ -5,17 +5,14 @@
 use std::{collections::BTreeSet, time::Instant};
 
 use anyhow::bail;
-use rollout::DatasetError;
-use rollout_core::{ChatTokenizer, RenderOptions};
-
-use super::{
-    config::{Resolved, Settings},
+use rollout::{
+    DatasetError,
     data::{self, Format},
     output,
 };
+use rollout_core::{ChatTokenizer, RenderOptions};
 
-/// Why a run without servers cannot go on in a build without the simulator.
-pub(crate) const NO_SIMULATOR: &str = "no --server given (`servers` in the config file), and this build has no built-in simulator to stand in for one (async-grpo's `sim` feature): pass --server URL, or build with `--features sim`";
+use super::config::{Resolved, Settings};
 
 /// What the checks found, for the run to use.
 #[derive(Debug)]
@@ -31,9 +28,6 @@ pub(crate) struct Checked {
 /// Runs every check that needs no server; the first failure is the error.
 pub(crate) fn check(resolved: &Resolved) -> anyhow::Result<Checked> {
     let settings = &resolved.settings;
-    if settings.servers.is_empty() && !cfg!(feature = "sim") {
-        bail!("{NO_SIMULATOR}");
-    }
     let tokenizer = load_tokenizer(settings)?;
     let (rows, bad_rows) = scan_dataset(resolved)?;
     check_output(settings)?;
@@ -59,10 +53,6 @@ pub(crate) fn load_tokenizer(settings: &Settings) -> anyhow::Result<ChatTokenize
 /// or continues them (`--resume`); a Parquet output's journal, left by a run that did not
 /// finish, likewise.
 fn check_output(settings: &Settings) -> anyhow::Result<()> {
-    #[cfg(not(feature = "parquet"))]
-    if Format::of(&settings.out) == Format::Parquet {
-        bail!("--out {}: {}", settings.out.display(), data::NO_PARQUET);
-    }
     if settings.writes_stdout() || settings.resume || settings.overwrite {
         return Ok(());
     }

@@ -9,19 +9,20 @@ use std::{
 
 use anyhow::{Context, bail};
 use harness::proxy::{Proxy, ProxyConfig};
-use rollout::{DrainReport, Engine, EngineBuilder, Groups};
+use rollout::{
+    DrainReport, Engine, EngineBuilder, FileError, Groups,
+    data::Plan,
+    output::{self, Output, Resumed},
+};
 use rollout_core::{ChatTokenizer, parse::parser_by_name};
 use scoring::{Scorer, ScorerConfig};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
 use vllm_client::{Client, ClientConfig};
-#[cfg(feature = "sim")]
 use vllm_sim::{SimConfig, Simulator};
 
 use super::{
     config::{Resolved, Settings, listen_address},
     control::ControlEndpoint,
-    data::Plan,
-    output::{self, Output, Resumed},
     preflight::{self, Checked},
     progress::{Progress, Totals},
 };
@@ -64,7 +65,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     };
     let tokenizer = checked.tokenizer;
     let resumed = if settings.resume {
-        output::resume(settings)?
+        output::resume(&settings.out)?
     } else {
         Resumed::default()
     };
@@ -74,12 +75,20 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         .engine
         .max_groups
         .map(|n| n.saturating_sub(resumed.done.len() as u64));
-    let plan = Plan::new(settings, checked.rows, resumed.done.clone());
+    let plan = Plan::new(
+        checked.rows,
+        settings.epochs,
+        settings
+            .shuffle
+            .then(|| settings.engine.sampling.seed.unwrap_or(0)),
+        settings.shard,
+        resumed.done.clone(),
+    );
     let groups_planned = plan.groups();
     let total = Some(max_groups.map_or(groups_planned, |g| g.min(groups_planned)));
     if total == Some(0) {
         // Opened all the same: what was dropped is cut off, and a Parquet output is written.
-        Output::open(settings, &resumed)?.finish()?;
+        open_output(settings, &resumed)?.finish()?;
         eprintln!(
             "async-grpo: every group of this run is already in {}: nothing left to roll out",
             settings.out.display()
@@ -103,7 +112,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     // as one answers.
     let health_checks = client.spawn_health_checks(Duration::from_secs(2));
     // Only now is the output touched: every check that could fail has passed.
-    let sink = Output::open(settings, &resumed)?;
+    let sink = open_output(settings, &resumed)?;
     let items = plan.items(&settings.dataset)?;
     let proxy = match &settings.agent {
         Some(_) => Some(start_proxy(settings).await?),
@@ -309,7 +318,6 @@ async fn start_proxy(settings: &Settings) -> anyhow::Result<Arc<Proxy>> {
 }
 
 /// The built-in simulator, answering in the run's tokenizer and calling its first tool.
-#[cfg(feature = "sim")]
 async fn start_simulator(
     settings: &Settings,
     tokenizer: &ChatTokenizer,
@@ -337,32 +345,15 @@ async fn start_simulator(
     Ok(simulator)
 }
 
-/// Without the `sim` feature there is no simulator to start (the checks refuse a run without
-/// servers before this point).
-#[cfg(not(feature = "sim"))]
-async fn start_simulator(_: &Settings, _: &ChatTokenizer) -> anyhow::Result<NoSimulator> {
-    bail!("{}", preflight::NO_SIMULATOR)
-}
-
-/// The simulator a build without the `sim` feature never has.
-#[cfg(not(feature = "sim"))]
-enum NoSimulator {}
-
-#[cfg(not(feature = "sim"))]
-type Simulator = NoSimulator;
-
-#[cfg(not(feature = "sim"))]
-impl NoSimulator {
-    fn url(&self) -> String {
-        match *self {}
-    }
-
-    async fn stop(self) {
-        match self {}
-    }
-}
-
 /// Says what a resumed output already held and what was dropped of it.
+/// The output of `settings`: stdout, or `--out` created, emptied or (`--resume`) continued.
+fn open_output(settings: &Settings, resumed: &Resumed) -> Result<Output, FileError> {
+    if settings.writes_stdout() {
+        return Ok(Output::stdout());
+    }
+    Output::open(&settings.out, settings.resume, resumed)
+}
+
 fn say_resumed(settings: &Settings, resumed: &Resumed) {
     if !settings.resume {
         return;
@@ -404,7 +395,7 @@ fn write_groups(
             totals.add_reward(*reward);
         }
     }
-    sink.finish()
+    Ok(sink.finish()?)
 }
 
 /// Ctrl-C and SIGTERM, as one stream, listened for from the start of the run.

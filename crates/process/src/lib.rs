@@ -38,12 +38,24 @@
 
 mod run;
 mod sandbox;
-mod sync;
 
 pub use self::{
     run::{Finished, ProcessGroup, Program, tail},
     sandbox::{ENGINE_SECRETS, Isolation, Limits, Sandbox},
 };
+
+/// What a panic of in-process code the policy's output reached (a sync tool, a reward
+/// function) says: its message when it has one. The in-process counterpart of a program's
+/// [`Finished`], so that tools and rewards report a panic in the same words.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}
 
 /// Why a program could not be run to its end.
 #[derive(Debug, thiserror::Error)]

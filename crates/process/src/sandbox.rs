@@ -8,7 +8,9 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, sync::OnceLock};
+use std::sync::OnceLock;
+
+use crate::Error;
 
 /// Environment variables of the engine that no program it starts ever sees, sandboxed or not:
 /// the control endpoint's token.

@@ -14,8 +14,9 @@
 //!   so that the next prompt can be the previous one + the ids sampled as sampled + these
 //!   (the rollout engine's default, `rollout::PromptMode::Append`); [`NoExactDelta`] says
 //!   why a turn has none.
-//! - **Output** ([`TrainingSample`], [`JsonlSink`]): one JSON line per training row, written
-//!   a group at a time with one write and a flush.
+//! - **Training samples** ([`TrainingSample`]): a training row with its prompt, completion,
+//!   rewards, advantage and metrics, as the engine writes it (one JSON line, or one Parquet
+//!   row).
 //! - **Tool-call parsing** ([`parse`]): hermes/Qwen, Qwen3-Coder XML, Llama-3 JSON and
 //!   Mistral outputs into content and [`ParsedCall`]s; a malformed call stays content and is
 //!   reported, never a panic.
@@ -107,6 +108,6 @@ pub use crate::{
         ChatTemplate, ChatTokenizer, IncrementalRender, NoExactDelta, RenderError, RenderOptions,
         RenderState, Rendered,
     },
-    sample::{JsonlSink, TrainingSample},
+    sample::TrainingSample,
     turn::TurnRecord,
 };

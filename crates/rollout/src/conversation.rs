@@ -66,7 +66,10 @@ pub(crate) async fn run<G: Generator>(
                 AssertUnwindSafe(converse(shared, group, rollout_id, attempt, &episode)).catch_unwind(),
             ) => match outcome {
                 Ok(Ok(outcome)) => outcome,
-                Ok(Err(panic)) => Err((FailureCause::Panic, panic_message(&*panic))),
+                Ok(Err(panic)) => Err((
+                    FailureCause::Panic,
+                    format!("panicked: {}", process::panic_message(&*panic)),
+                )),
                 Err(_) => Err((
                     FailureCause::Deadline,
                     format!("still running after the rollout timeout of {:?}", config.rollout_timeout),
@@ -98,16 +101,6 @@ pub(crate) async fn run<G: Generator>(
             }
         }
     }
-}
-
-/// A panic's message, as far as it has one.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)");
-    format!("panicked: {text}")
 }
 
 /// Most continuations of an answer the server aborted part-way (a pause for a weight update

@@ -38,6 +38,7 @@
 //! | feature | default | what it adds | dependencies |
 //! |---|---|---|---|
 //! | `vllm-client` | yes | [`Generator`] for vllm-client's `Client` | vllm-client |
+//! | `parquet` | no | Parquet datasets and outputs ([`data::open`], [`output::Output`]) | parquet, arrow |
 //! | `prometheus` | no | [`Metrics::encode`]: the metrics as a Prometheus exposition | prometheus-client |
 //! | `clap` | no | `clap::Args` for [`RolloutConfig`] and what it holds, so that a program declares none of its flags again | clap |
 
@@ -46,14 +47,18 @@ mod agent;
 mod builder;
 mod config;
 mod conversation;
-mod dataset;
+pub mod data;
 mod engine;
 mod episode;
+mod file_error;
 mod generator;
 mod group;
 mod health;
 mod metrics;
 mod outcome;
+pub mod output;
+#[cfg(feature = "parquet")]
+mod parquet;
 mod shared;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -65,9 +70,10 @@ pub use crate::{
     },
     builder::EngineBuilder,
     config::{ConfigError, PauseMode, PromptMode, RolloutConfig},
-    dataset::{DatasetError, DatasetReader, DatasetRow},
+    data::{DatasetError, DatasetReader, DatasetRow, Shard},
     engine::{DrainReport, Engine, EngineError, Groups},
     episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
+    file_error::FileError,
     generator::{
         Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats, Sampling,
     },

@@ -101,7 +101,6 @@ mod pool;
 mod reward;
 #[cfg(feature = "scorer")]
 mod scorer;
-mod sync;
 
 #[cfg(feature = "scorer")]
 pub use crate::scorer::{

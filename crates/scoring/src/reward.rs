@@ -4,7 +4,9 @@ use std::{fmt, future::Future, time::Duration};
 
 use futures::future::BoxFuture;
 
-use crate::{group::Group, sync::Arc};
+use std::sync::Arc;
+
+use crate::group::Group;
 
 /// The error type reward functions return.
 pub type RewardError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,8 +1,18 @@
 //! [`Scorer`]: runs every reward function of a group concurrently and combines their columns.
 
-use std::{any::Any, collections::BTreeMap, fmt, panic::AssertUnwindSafe, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use futures::{FutureExt, future::join_all};
+use process::panic_message;
 use serde::Serialize;
 
 use crate::{
@@ -10,7 +20,6 @@ use crate::{
     group::Group,
     pool::RewardPool,
     reward::{Reward, Runner, Scores},
-    sync::{Arc, AtomicU64, Mutex, Ordering},
 };
 
 /// How a [`Scorer`] is sized.
@@ -536,14 +545,4 @@ fn failure(kind: FailureKind, message: String) -> ColumnFailure {
 
 fn timed_out(timeout: Duration) -> ColumnFailure {
     failure(FailureKind::Timeout, format!("timed out after {timeout:?}"))
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(text) = panic.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = panic.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "a non-string panic payload".to_owned()
-    }
 }

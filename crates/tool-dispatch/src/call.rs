@@ -8,6 +8,7 @@ use std::{
 };
 
 use futures::FutureExt;
+use process::panic_message;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -354,16 +355,6 @@ fn panicked(name: &str, panic: &(dyn Any + Send)) -> Ended {
         Outcome::Panicked,
         &format!("tool '{name}' panicked: {}", panic_message(panic)),
     )
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    if let Some(text) = panic.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = panic.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "a non-string panic payload".to_owned()
-    }
 }
 
 /// `now + duration`, or a year from now when that overflows (`Duration::MAX` = no limit).

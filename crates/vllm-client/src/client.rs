@@ -3,6 +3,10 @@
 use std::{
     collections::HashMap,
     fmt,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak,
+        atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -13,7 +17,6 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     error::Error,
     retry::RetryPolicy,
-    sync::{Arc, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock, Weak, lock},
     types::{
         ChatRequest, ChatResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
         DetokenizeResponse, FinishReason, ModelCard, ModelList, PauseMode, Prompt, SamplingParams,
@@ -1157,6 +1160,12 @@ impl fmt::Debug for Client {
             .field("retry", &self.inner.retry)
             .finish()
     }
+}
+
+/// Locks `mutex`, recovering the guard if a holder panicked (no critical section here can
+/// leave the data half-updated).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -44,7 +44,6 @@
 mod client;
 mod error;
 mod retry;
-mod sync;
 pub mod types;
 
 pub use crate::{

@@ -50,16 +50,21 @@
 
 mod server;
 mod settings;
-mod sync;
 
 pub use settings::{InvalidSimSettings, SimSettings};
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use tokenizers::Tokenizer;
 use tokio::sync::watch;
-
-use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// Fractions of requests that fail on purpose (each in `[0, 1]`, drawn per request).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -338,7 +343,7 @@ impl Simulator {
 
     /// Every completion answered so far, in order (empty unless `record` was set).
     pub fn transcript(&self) -> Vec<Sampled> {
-        crate::sync::lock(&self.state.transcript).clone()
+        lock(&self.state.transcript).clone()
     }
 
     /// Stops accepting connections and ends the server task. Connections already open run on
@@ -410,4 +415,10 @@ pub fn training_tokenizer() -> Tokenizer {
 
 fn pause_channel() -> (watch::Sender<Pause>, watch::Receiver<Pause>) {
     watch::channel(Pause::default())
+}
+
+/// Locks `mutex`, recovering the guard if a holder panicked (no critical section here can
+/// leave the data half-updated).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

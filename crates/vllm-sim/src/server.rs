@@ -19,7 +19,12 @@ use vllm_client::types::{
     ChatRequest, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest,
 };
 
-use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
+};
+
+use crate::lock;
 
 /// Words the final answers are made of (and the test tokenizer is trained on).
 pub(super) const WORDS: &[&str] = &[

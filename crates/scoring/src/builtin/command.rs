@@ -2,13 +2,14 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use process::{Program, Sandbox};
 
 use crate::{
     group::Group,
     reward::{AsyncReward, RewardError, Scores},
-    sync::Arc,
 };
 
 /// Runs a program per group: the group goes to its stdin as JSON (`{"prompt", "completions":

@@ -1,6 +1,6 @@
 //! The `env` column: the reward an environment gave each rollout's episode.
 
-use crate::sync::Arc;
+use std::sync::Arc;
 
 use crate::{group::Group, reward::Reward};
 

@@ -1,11 +1,12 @@
 //! `numeric:COLUMN`: the answer's number equals the column's, within a tolerance.
 
+use std::sync::LazyLock;
+
 use regex::Regex;
 
 use crate::{
     group::Group,
     reward::{RewardError, Scores, SyncReward},
-    sync::LazyLock,
 };
 
 /// A number: with thousands separators (`1,234.5`), plain (`-12`, `3.5`) or a bare fraction

@@ -1,27 +1,29 @@
 //! What a run rolls out, in which order: the dataset's rows (JSON Lines or Parquet, by the
-//! file's extension), repeated `--epochs` times, each pass shuffled with `--seed` under
-//! `--shuffle`, kept to one `--shard`, less the groups a resumed output already holds.
+//! file's extension), repeated for each epoch, each pass shuffled with a seed when asked,
+//! kept to one [`Shard`], less the groups a resumed output already holds ([`Plan`]).
 //!
 //! Every group's id is its place in the whole run (`epoch * rows + position in the epoch`),
 //! whatever is skipped, so that shards and resumed runs write the ids (and, with a seed, the
 //! request seeds) one run over everything would.
 
+mod jsonl;
+
 use std::{collections::HashSet, path::Path, sync::Arc};
 
-use anyhow::bail;
-use rollout::{DatasetError, DatasetReader, DatasetRow};
+use serde::{Deserialize, Serialize};
 
-use super::config::{Settings, Shard};
+pub use self::jsonl::{DatasetError, DatasetReader, DatasetRow};
+use crate::{FileError, file_error::bail};
 
 /// Dataset rows, read lazily.
-pub(crate) type Rows = Box<dyn Iterator<Item = Result<DatasetRow, DatasetError>> + Send>;
+pub type Rows = Box<dyn Iterator<Item = Result<DatasetRow, DatasetError>> + Send>;
 
 /// The groups to roll out: each row with its group's id.
-pub(crate) type Items = Box<dyn Iterator<Item = Result<(u64, DatasetRow), DatasetError>> + Send>;
+pub type Items = Box<dyn Iterator<Item = Result<(u64, DatasetRow), DatasetError>> + Send>;
 
 /// A dataset's format, from its file's extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Format {
+pub enum Format {
     /// JSON Lines (any extension but `.parquet`).
     JsonLines,
     /// Apache Parquet (`.parquet`).
@@ -29,7 +31,8 @@ pub(crate) enum Format {
 }
 
 impl Format {
-    pub(crate) fn of(path: &Path) -> Format {
+    /// The format of the file at `path`, by its extension.
+    pub fn of(path: &Path) -> Format {
         match path.extension().and_then(|e| e.to_str()) {
             Some(ext) if ext.eq_ignore_ascii_case("parquet") => Format::Parquet,
             _ => Format::JsonLines,
@@ -38,7 +41,7 @@ impl Format {
 }
 
 /// The rows of the dataset at `path`.
-pub(crate) fn open(path: &Path) -> anyhow::Result<Rows> {
+pub fn open(path: &Path) -> Result<Rows, FileError> {
     match Format::of(path) {
         Format::JsonLines => Ok(Box::new(DatasetReader::open(path)?)),
         Format::Parquet => open_parquet(path),
@@ -46,48 +49,110 @@ pub(crate) fn open(path: &Path) -> anyhow::Result<Rows> {
 }
 
 #[cfg(feature = "parquet")]
-fn open_parquet(path: &Path) -> anyhow::Result<Rows> {
-    Ok(Box::new(super::parquet::rows(path)?))
+fn open_parquet(path: &Path) -> Result<Rows, FileError> {
+    Ok(Box::new(crate::parquet::rows(path)?))
 }
 
 #[cfg(not(feature = "parquet"))]
-fn open_parquet(path: &Path) -> anyhow::Result<Rows> {
+fn open_parquet(path: &Path) -> Result<Rows, FileError> {
     bail!("{}: {}", path.display(), NO_PARQUET)
 }
 
 /// Why a `.parquet` path cannot be used by a build without the `parquet` feature.
 #[cfg(not(feature = "parquet"))]
 pub(crate) const NO_PARQUET: &str = "a Parquet file, and this build reads and writes no Parquet \
-     (async-grpo's `parquet` feature): use JSON Lines instead, or build with `--features parquet`";
+     (the `rollout` crate's `parquet` feature): use JSON Lines instead";
+
+/// One shard of the dataset: `index` of `count` (`I/N`, I from 0): the rows whose index
+/// modulo `count` is `index`, so that `count` workers share a dataset without overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// Which shard, from 0.
+    pub index: u64,
+    /// How many shards.
+    pub count: u64,
+}
+
+impl Shard {
+    /// Whether the dataset row at `row` (its index among the rows, from 0) is this shard's.
+    pub fn holds(self, row: u64) -> bool {
+        row % self.count == self.index
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Shard, String> {
+        let expected = || format!("expected I/N with 0 <= I < N, such as 0/4; got '{text}'");
+        let (index, count) = text.split_once('/').ok_or_else(expected)?;
+        let index: u64 = index.trim().parse().map_err(|_| expected())?;
+        let count: u64 = count.trim().parse().map_err(|_| expected())?;
+        if count == 0 || index >= count {
+            return Err(expected());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Serialize for Shard {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Shard {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Shard, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 /// The run's passes over the dataset.
+///
+/// Every group's id is its place in the whole run (`epoch * rows + position in the epoch`),
+/// whatever is skipped, so that shards and resumed runs write the ids (and, with a seed, the
+/// request seeds) one run over everything would.
 #[derive(Debug, Clone)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// Rows the dataset holds (bad rows set aside not counted).
-    pub(crate) rows: u64,
-    pub(crate) epochs: u64,
-    /// The seed of the shuffle, when the rows are shuffled.
-    pub(crate) shuffle: Option<u64>,
-    pub(crate) shard: Option<Shard>,
+    pub rows: u64,
+    /// Passes over the dataset.
+    pub epochs: u64,
+    /// The seed of the shuffle, when the rows are shuffled (each pass anew).
+    pub shuffle: Option<u64>,
+    /// The one shard rolled out, if not all.
+    pub shard: Option<Shard>,
     /// Groups already written (a resumed run): not rolled out again.
-    pub(crate) done: Arc<HashSet<u64>>,
+    pub done: Arc<HashSet<u64>>,
 }
 
 impl Plan {
-    pub(crate) fn new(settings: &Settings, rows: u64, done: HashSet<u64>) -> Plan {
+    /// `epochs` passes over a dataset of `rows` rows, less the groups `done`.
+    pub fn new(
+        rows: u64,
+        epochs: u64,
+        shuffle: Option<u64>,
+        shard: Option<Shard>,
+        done: HashSet<u64>,
+    ) -> Plan {
         Plan {
             rows,
-            epochs: settings.epochs,
-            shuffle: settings
-                .shuffle
-                .then(|| settings.engine.sampling.seed.unwrap_or(0)),
-            shard: settings.shard,
+            epochs,
+            shuffle,
+            shard,
             done: Arc::new(done),
         }
     }
 
     /// The groups this run rolls out: every pass's rows of its shard, less those done.
-    pub(crate) fn groups(&self) -> u64 {
+    pub fn groups(&self) -> u64 {
         let mut count = 0;
         for epoch in 0..self.epochs {
             for (position, row) in self.order(epoch).into_iter().enumerate() {
@@ -115,12 +180,12 @@ impl Plan {
     /// The groups to roll out, each with its id, reading the dataset again for each pass
     /// (all at once when shuffled). A bad row is passed on once, in the first pass, for the
     /// loop to stop at or skip.
-    pub(crate) fn items(self, path: &Path) -> anyhow::Result<Items> {
+    pub fn items(self, path: &Path) -> Result<Items, FileError> {
         if self.rows == 0 {
             bail!("{}: no row to roll out", path.display());
         }
         let path = path.to_path_buf();
-        if let Some(seed) = self.shuffle {
+        if self.shuffle.is_some() {
             let rows: Vec<DatasetRow> = open(&path)?.filter_map(Result::ok).collect();
             if rows.len() as u64 != self.rows {
                 bail!(
@@ -130,21 +195,7 @@ impl Plan {
                     self.rows
                 );
             }
-            let rows = Arc::new(rows);
-            let plan = self;
-            return Ok(Box::new((0..plan.epochs).flat_map(move |epoch| {
-                let order = permutation(plan.rows, seed, epoch);
-                debug_assert_eq!(order, plan.order(epoch));
-                let (rows, plan) = (Arc::clone(&rows), plan.clone());
-                order
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(move |(position, row)| {
-                        let position = position as u64;
-                        plan.takes(epoch, row, position)
-                            .then(|| Ok((epoch * plan.rows + position, rows[row as usize].clone())))
-                    })
-            })));
+            return Ok(self.items_of(Arc::new(rows)));
         }
         let plan = self;
         let mut epoch = 0;
@@ -188,13 +239,39 @@ impl Plan {
             }
         })))
     }
+
+    /// The groups to roll out from rows already in memory (all of the dataset's, in its
+    /// order), each with its id.
+    ///
+    /// # Panics
+    ///
+    /// When `rows` does not hold the plan's [`Plan::rows`] rows.
+    pub fn items_of(self, rows: Arc<Vec<DatasetRow>>) -> Items {
+        assert_eq!(
+            rows.len() as u64,
+            self.rows,
+            "the plan's rows are the rows given"
+        );
+        let plan = self;
+        Box::new((0..plan.epochs).flat_map(move |epoch| {
+            let (rows, plan) = (Arc::clone(&rows), plan.clone());
+            plan.order(epoch)
+                .into_iter()
+                .enumerate()
+                .filter_map(move |(position, row)| {
+                    let position = position as u64;
+                    plan.takes(epoch, row, position)
+                        .then(|| Ok((epoch * plan.rows + position, rows[row as usize].clone())))
+                })
+        }))
+    }
 }
 
 /// The order of `rows` rows in pass `epoch` of a run shuffled with `seed`: a Fisher-Yates
 /// shuffle driven by SplitMix64. Written here rather than taken from `rand`, whose shuffles
 /// may change between versions: a resumed run and every shard must find the order of the
 /// run they continue, whatever version of the program wrote it.
-pub(crate) fn permutation(rows: u64, seed: u64, epoch: u64) -> Vec<u64> {
+pub fn permutation(rows: u64, seed: u64, epoch: u64) -> Vec<u64> {
     let mut state = seed ^ epoch.wrapping_mul(0xa076_1d64_78bd_642f);
     let mut next = move || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);

@@ -14,7 +14,6 @@ use std::{
     sync::Arc,
 };
 
-use anyhow::Context;
 use arrow_array::{
     Array, ArrayRef, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array,
     types::{Float32Type, UInt8Type, UInt32Type},
@@ -25,8 +24,9 @@ use parquet::{
     basic::Compression,
     file::properties::WriterProperties,
 };
-use rollout::{DatasetError, DatasetRow};
 use rollout_core::TrainingSample;
+
+use crate::{DatasetError, DatasetRow, FileError, file_error::Context};
 
 /// Dataset rows of a Parquet file, batch by batch.
 pub(crate) struct ParquetRows {
@@ -120,14 +120,15 @@ fn schema() -> SchemaRef {
 }
 
 /// Samples as one record batch of [`schema`].
-fn batch(samples: &[TrainingSample]) -> anyhow::Result<RecordBatch> {
+fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
     let u64s = |f: fn(&TrainingSample) -> u64| -> ArrayRef {
         Arc::new(UInt64Array::from_iter_values(samples.iter().map(f)))
     };
-    let json = |f: fn(&TrainingSample) -> serde_json::Result<String>| -> anyhow::Result<ArrayRef> {
-        let texts = samples.iter().map(f).collect::<Result<Vec<_>, _>>()?;
-        Ok(Arc::new(StringArray::from(texts)))
-    };
+    let json =
+        |f: fn(&TrainingSample) -> serde_json::Result<String>| -> Result<ArrayRef, FileError> {
+            let texts = samples.iter().map(f).collect::<Result<Vec<_>, _>>()?;
+            Ok(Arc::new(StringArray::from(texts)))
+        };
     let columns: Vec<ArrayRef> = vec![
         u64s(|s| s.group_id),
         u64s(|s| s.group_samples),
@@ -170,7 +171,7 @@ pub(crate) fn write(
     out: &Path,
     previous: Option<&Path>,
     journal: &Path,
-) -> anyhow::Result<(u64, u64)> {
+) -> Result<(u64, u64), FileError> {
     let partial = out.with_extension("parquet.tmp");
     let file =
         File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
@@ -213,7 +214,7 @@ pub(crate) fn write(
 }
 
 /// The `(group_id, group_samples)` of every row of a Parquet output this program wrote.
-pub(crate) fn groups(path: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
+pub(crate) fn groups(path: &Path) -> Result<Vec<(u64, u64)>, FileError> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(
         File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
     )

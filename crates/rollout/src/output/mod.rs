@@ -1,5 +1,5 @@
-//! Where the training rows go: a JSON Lines file, stdout (`--out -`), or a Parquet file; and
-//! `--resume`, which reads back what an earlier run of the same output wrote.
+//! Where the training rows go: a JSON Lines file, stdout, or a Parquet file ([`Output`]);
+//! and [`resume`], which reads back what an earlier run of the same output wrote.
 //!
 //! A JSON Lines output gets each group in one write and a flush. A Parquet file is readable
 //! only once its footer, written last, is there, so a Parquet output is written when the run
@@ -7,7 +7,7 @@
 //! as it would to a JSON Lines output: a killed run leaves the journal, which `--resume`
 //! continues.
 //!
-//! On `--resume`, a torn last line (a write cut short) is dropped, and so is a group with
+//! On resume, a torn last line (a write cut short) is dropped, and so is a group with
 //! fewer rows in the file than its `group_samples`, which only the last group can be: each
 //! is said. The groups left are done; the run rolls out the others and appends.
 
@@ -18,21 +18,31 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, bail};
-use rollout_core::{JsonlSink, TrainingSample};
+use rollout_core::TrainingSample;
 
-use super::{config::Settings, data::Format};
+pub use self::sink::JsonlSink;
+use crate::{
+    FileError,
+    data::Format,
+    file_error::{Context, bail},
+};
+
+mod sink;
 
 /// An open output.
-pub(crate) enum Output {
+#[derive(Debug)]
+pub enum Output {
     /// A JSON Lines file.
     Jsonl(JsonlSink<File>),
     /// JSON Lines on stdout.
     Stdout(JsonlSink<io::Stdout>),
     /// A Parquet file, written at the end from its journal.
     Parquet {
+        /// The journal the run appends to.
         journal: JsonlSink<File>,
+        /// Where the journal is.
         journal_path: PathBuf,
+        /// The Parquet file.
         out: PathBuf,
         /// A complete Parquet output a resumed run continues, whose rows come first.
         previous: Option<PathBuf>,
@@ -40,7 +50,7 @@ pub(crate) enum Output {
 }
 
 /// The journal of a Parquet output.
-pub(crate) fn journal_path(out: &Path) -> PathBuf {
+pub fn journal_path(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
     name.push(".partial.jsonl");
     PathBuf::from(name)
@@ -48,13 +58,13 @@ pub(crate) fn journal_path(out: &Path) -> PathBuf {
 
 /// What an output held when a run resumed it.
 #[derive(Debug, Default)]
-pub(crate) struct Resumed {
+pub struct Resumed {
     /// Groups whole in the output: not rolled out again.
-    pub(crate) done: HashSet<u64>,
+    pub done: HashSet<u64>,
     /// Rows of those groups.
-    pub(crate) samples: u64,
+    pub samples: u64,
     /// What was dropped, for the user.
-    pub(crate) dropped: Vec<String>,
+    pub dropped: Vec<String>,
     /// Where the JSON Lines kept end (bytes): the rest is cut off before appending.
     keep: Option<u64>,
     /// A complete Parquet output a Parquet run continues.
@@ -62,25 +72,27 @@ pub(crate) struct Resumed {
 }
 
 impl Output {
-    /// Opens the output of `settings`: created (or emptied), or, resuming, continued.
-    pub(crate) fn open(settings: &Settings, resumed: &Resumed) -> anyhow::Result<Output> {
-        if settings.writes_stdout() {
-            return Ok(Output::Stdout(JsonlSink::new(io::stdout())));
-        }
-        let out = &settings.out;
+    /// JSON Lines on stdout.
+    pub fn stdout() -> Output {
+        Output::Stdout(JsonlSink::new(io::stdout()))
+    }
+
+    /// Opens the output `out`: created (or emptied), or, with `resume`, continued after
+    /// what `resumed` (from [`resume`]) found whole.
+    pub fn open(out: &Path, resume: bool, resumed: &Resumed) -> Result<Output, FileError> {
         if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("cannot create {}", parent.display()))?;
         }
         match Format::of(out) {
-            Format::JsonLines => Ok(Output::Jsonl(open_jsonl(out, settings.resume, resumed)?)),
+            Format::JsonLines => Ok(Output::Jsonl(open_jsonl(out, resume, resumed)?)),
             Format::Parquet => {
                 check_parquet()?;
                 let journal_path = journal_path(out);
                 Ok(Output::Parquet {
-                    journal: open_jsonl(&journal_path, settings.resume, resumed)?,
+                    journal: open_jsonl(&journal_path, resume, resumed)?,
                     journal_path,
-                    out: out.clone(),
+                    out: out.to_path_buf(),
                     previous: resumed.previous.clone(),
                 })
             }
@@ -88,7 +100,7 @@ impl Output {
     }
 
     /// Writes one group (one write and a flush).
-    pub(crate) fn write_group(&mut self, samples: &[TrainingSample]) -> io::Result<()> {
+    pub fn write_group(&mut self, samples: &[TrainingSample]) -> io::Result<()> {
         match self {
             Output::Jsonl(sink) => sink.write_group(samples),
             Output::Stdout(sink) => sink.write_group(samples),
@@ -98,7 +110,7 @@ impl Output {
 
     /// Closes the output (a Parquet one is written now); returns the groups and samples
     /// this run wrote.
-    pub(crate) fn finish(self) -> anyhow::Result<(u64, u64)> {
+    pub fn finish(self) -> Result<(u64, u64), FileError> {
         match self {
             Output::Jsonl(sink) => Ok(sink.written()),
             Output::Stdout(sink) => Ok(sink.written()),
@@ -120,7 +132,7 @@ impl Output {
 }
 
 /// A JSON Lines file created, or continued where the resumed scan says it ends.
-fn open_jsonl(path: &Path, resume: bool, resumed: &Resumed) -> anyhow::Result<JsonlSink<File>> {
+fn open_jsonl(path: &Path, resume: bool, resumed: &Resumed) -> Result<JsonlSink<File>, FileError> {
     if !resume {
         return JsonlSink::create(path)
             .with_context(|| format!("cannot create {}", path.display()));
@@ -138,29 +150,27 @@ fn open_jsonl(path: &Path, resume: bool, resumed: &Resumed) -> anyhow::Result<Js
 }
 
 #[cfg(feature = "parquet")]
-fn check_parquet() -> anyhow::Result<()> {
+fn check_parquet() -> Result<(), FileError> {
     Ok(())
 }
 
 #[cfg(not(feature = "parquet"))]
-fn check_parquet() -> anyhow::Result<()> {
-    bail!("--out: {}", super::data::NO_PARQUET)
+fn check_parquet() -> Result<(), FileError> {
+    bail!("--out: {}", crate::data::NO_PARQUET)
 }
 
 #[cfg(feature = "parquet")]
-fn write_parquet(out: &Path, previous: Option<&Path>, journal: &Path) -> anyhow::Result<()> {
-    super::parquet::write(out, previous, journal).map(|_| ())
+fn write_parquet(out: &Path, previous: Option<&Path>, journal: &Path) -> Result<(), FileError> {
+    crate::parquet::write(out, previous, journal).map(|_| ())
 }
 
 #[cfg(not(feature = "parquet"))]
-fn write_parquet(_: &Path, _: Option<&Path>, _: &Path) -> anyhow::Result<()> {
-    bail!("--out: {}", super::data::NO_PARQUET)
+fn write_parquet(_: &Path, _: Option<&Path>, _: &Path) -> Result<(), FileError> {
+    bail!("--out: {}", crate::data::NO_PARQUET)
 }
 
-/// What the output of `settings` already holds, for `--resume` (nothing when it does not
-/// exist yet).
-pub(crate) fn resume(settings: &Settings) -> anyhow::Result<Resumed> {
-    let out = &settings.out;
+/// What the output `out` already holds, to resume it (nothing when it does not exist yet).
+pub fn resume(out: &Path) -> Result<Resumed, FileError> {
     match Format::of(out) {
         Format::JsonLines if out.exists() => scan_jsonl(out),
         Format::JsonLines => Ok(Resumed::default()),
@@ -176,7 +186,7 @@ pub(crate) fn resume(settings: &Settings) -> anyhow::Result<Resumed> {
                 let done = parquet_groups(out)?;
                 resumed.samples += done.values().sum::<u64>();
                 resumed.done.extend(done.keys());
-                resumed.previous = Some(out.clone());
+                resumed.previous = Some(out.to_path_buf());
             }
             Ok(resumed)
         }
@@ -184,17 +194,17 @@ pub(crate) fn resume(settings: &Settings) -> anyhow::Result<Resumed> {
 }
 
 #[cfg(feature = "parquet")]
-fn parquet_groups(path: &Path) -> anyhow::Result<HashMap<u64, u64>> {
+fn parquet_groups(path: &Path) -> Result<HashMap<u64, u64>, FileError> {
     let mut groups = HashMap::new();
-    for (group, _) in super::parquet::groups(path)? {
+    for (group, _) in crate::parquet::groups(path)? {
         *groups.entry(group).or_insert(0) += 1;
     }
     Ok(groups)
 }
 
 #[cfg(not(feature = "parquet"))]
-fn parquet_groups(_: &Path) -> anyhow::Result<HashMap<u64, u64>> {
-    bail!("--out: {}", super::data::NO_PARQUET)
+fn parquet_groups(_: &Path) -> Result<HashMap<u64, u64>, FileError> {
+    bail!("--out: {}", crate::data::NO_PARQUET)
 }
 
 /// A group as a resumed scan finds it.
@@ -210,7 +220,7 @@ struct Seen {
 }
 
 /// Reads back a JSON Lines output: its whole groups, and where what follows them starts.
-fn scan_jsonl(path: &Path) -> anyhow::Result<Resumed> {
+fn scan_jsonl(path: &Path) -> Result<Resumed, FileError> {
     let mut file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
