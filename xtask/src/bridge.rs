@@ -17,6 +17,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use test_support::cache_dir;
 
 use crate::{fixtures, root, vllm};
 
@@ -27,7 +28,7 @@ const TRL_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "trl==1.16.0
 
 pub(crate) fn pytest() -> anyhow::Result<()> {
     check_fixtures()?;
-    let venv = fixtures::cache_dir().join("bridge-venv");
+    let venv = cache_dir().join("bridge-venv");
     let python = ensure_venv(&venv, SUITE_PACKAGES, None)?;
     install_bridge(&venv)?;
     run_pytest(&python, &["tests", "--ignore", "tests/trl"])
@@ -36,14 +37,14 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
 pub(crate) fn trl() -> anyhow::Result<()> {
     check_fixtures()?;
     let torch = vllm::site_packages()?;
-    let venv = fixtures::cache_dir().join("trl-venv");
+    let venv = cache_dir().join("trl-venv");
     let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
     install_bridge(&venv)?;
     run_pytest(&python, &["tests/trl"])
 }
 
 fn check_fixtures() -> anyhow::Result<()> {
-    let tokenizer = fixtures::cache_dir().join("qwen3").join("tokenizer.json");
+    let tokenizer = cache_dir().join("qwen3").join("tokenizer.json");
     if !tokenizer.is_file() {
         fixtures::run()?;
     }

