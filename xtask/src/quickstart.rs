@@ -2,7 +2,9 @@
 //!
 //! - `examples/quickstart/tokenizer.json`: the tokenizer `vllm_sim::training_tokenizer`
 //!   trains (its training is deterministic: the same vocabulary and merges on every run,
-//!   which the root package's `quickstart` test checks against the committed file);
+//!   which the root package's `quickstart` test checks against the committed file), written
+//!   by vllm-sim's example `quickstart_files` (run through cargo, so that xtask itself does
+//!   not build the simulator and its tokenizer library);
 //! - `examples/quickstart/arithmetic.jsonl`: 64 questions `What is A op B?` with their
 //!   answers, `op` cycling through `+ - *`, operands in 2..=99 drawn from a fixed seed.
 //!
@@ -13,7 +15,7 @@ use std::{fmt::Write as _, path::Path};
 
 use anyhow::Context;
 
-use crate::root;
+use crate::{cargo, root, run_checked};
 
 /// Rows of the arithmetic dataset.
 const ROWS: usize = 64;
@@ -22,11 +24,16 @@ pub(crate) fn run() -> anyhow::Result<()> {
     let dir = root().join("examples/quickstart");
     std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
 
-    let tokenizer_path = dir.join("tokenizer.json");
-    vllm_sim::training_tokenizer()
-        .save(&tokenizer_path, true)
-        .map_err(|e| anyhow::anyhow!("could not write {}: {e}", tokenizer_path.display()))?;
-    eprintln!("quickstart: wrote {}", shown(&tokenizer_path));
+    let mut write_tokenizer = cargo(&[
+        "run",
+        "--package",
+        "vllm-sim",
+        "--example",
+        "quickstart_files",
+        "--",
+    ]);
+    run_checked(write_tokenizer.arg(&dir))?;
+    eprintln!("quickstart: wrote {}", shown(&dir.join("tokenizer.json")));
 
     let dataset_path = dir.join("arithmetic.jsonl");
     std::fs::write(&dataset_path, arithmetic_rows())
