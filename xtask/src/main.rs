@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | features | loom | bench | quickstart | tidy | environment | agent | pytest | trl | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | bench | quickstart | tidy | environment | agent | pytest | trl | e2e | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -165,4 +165,59 @@ fn describe(command: &Command) -> String {
         text.push_str(&arg.to_string_lossy());
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::HELP;
+
+    /// The tasks `main` dispatches, read from its `match` arms (`Some("task") => ...`).
+    fn dispatched() -> BTreeSet<&'static str> {
+        let source = include_str!("main.rs");
+        let body = &source[source.find("fn main()").expect("main")..];
+        let body = &body[..body.find("\n}\n").expect("the end of main")];
+        body.lines()
+            .filter_map(|line| line.trim_start().strip_prefix("Some(\"")?.split_once('"'))
+            .map(|(task, _)| task)
+            .filter(|task| *task != "help")
+            .collect()
+    }
+
+    /// The ` | `-separated list after `cargo xtask ` in `text`, up to `end`.
+    fn listed(text: &'static str, end: char) -> BTreeSet<&'static str> {
+        let start = text.find("cargo xtask ").expect("a list of tasks") + "cargo xtask ".len();
+        let list = &text[start..];
+        list[..list.find(end).expect("the list's end")]
+            .split(" | ")
+            .collect()
+    }
+
+    #[test]
+    fn every_list_of_tasks_names_the_tasks_main_dispatches() {
+        let tasks = dispatched();
+        assert!(
+            tasks.contains("ci") && tasks.contains("vllm-cpu"),
+            "{tasks:?}"
+        );
+        let doc = include_str!("main.rs")
+            .lines()
+            .next()
+            .expect("the //! line");
+        assert_eq!(listed(doc, '`'), tasks, "main.rs's //! line");
+        let manifest = include_str!("../Cargo.toml");
+        let description = manifest
+            .lines()
+            .find(|line| line.starts_with("description"))
+            .expect("a description");
+        assert_eq!(listed(description, '"'), tasks, "Cargo.toml's description");
+        let help: BTreeSet<&str> = HELP
+            .lines()
+            .filter_map(|line| line.strip_prefix("  "))
+            .filter(|line| !line.starts_with(' '))
+            .filter_map(|line| line.split_whitespace().next())
+            .collect();
+        assert_eq!(help, tasks, "HELP");
+    }
 }
