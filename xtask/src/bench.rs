@@ -26,7 +26,7 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
     let benches = [
         ("tool-dispatch", "dispatch", ""),
         ("scoring", "scoring", ""),
-        ("vllm-client", "client", ""),
+        ("vllm-sim", "client", ""),
         ("rollout-core", "turns", ""),
         ("rollout", "rollout", ""),
         ("harness", "sessions", ""),

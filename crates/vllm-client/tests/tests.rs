@@ -1,55 +1,7 @@
-//! Integration tests of the vLLM client against the simulator: one test binary, one module
-//! per area. (The suite against a real vLLM server is `e2e`, run by `cargo xtask e2e`.)
+//! Integration tests of the vLLM client that need no server: every response recorded from a
+//! real vLLM server decodes into the client's types. The client against a server is tested
+//! in vllm-sim's suite (against the simulator, which depends on this crate's wire types, so
+//! the suite lives there to keep the dependency one-way) and in `e2e` (a real vLLM server,
+//! `cargo xtask e2e`).
 
-mod arithmetic;
-mod availability;
-mod chat;
-mod generate;
-mod limits;
-mod pause;
-mod replicas;
-mod retry;
 mod wire;
-
-use std::time::Duration;
-
-use vllm_client::{Client, ClientConfig, RetryPolicy};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
-
-/// A simulator on a free loopback port, with `configure` applied to the defaults.
-pub(crate) async fn simulator(configure: impl FnOnce(&mut SimConfig)) -> Simulator {
-    let mut config = SimConfig::new(training_tokenizer());
-    configure(&mut config);
-    Simulator::start(config, "127.0.0.1:0".parse().expect("an address"))
-        .await
-        .expect("the simulator starts")
-}
-
-/// A client of `servers` for the simulator's model, retrying fast.
-pub(crate) fn client(servers: &[&Simulator], retry: RetryPolicy) -> Client {
-    let config = ClientConfig::with_servers(servers.iter().map(|s| s.url()))
-        .model("sim")
-        .retry(retry);
-    Client::new(config).expect("the client starts")
-}
-
-/// Retries quickly: 10 ms doubling to 50 ms, 8 attempts, 10 s deadline.
-pub(crate) fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        max_attempts: 8,
-        base_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(50),
-        deadline: Duration::from_secs(10),
-    }
-}
-
-/// Polls `condition` every 5 ms for up to ten seconds.
-pub(crate) async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
-    for _ in 0..2000 {
-        if condition() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    condition()
-}
