@@ -54,38 +54,14 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     // Listening from the start: a signal before the loop runs ends the start-up.
     let mut signals = Signals::new()?;
     // Served from now on: `/health` answers while the run waits for its servers.
-    let control = match &settings.listen {
-        Some(address) => {
-            let address = listen_address(address).map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
-            let control = ControlEndpoint::start(address, settings.listen_token.clone())?;
-            tracing::info!(address = %control.address(), "control endpoint listening");
-            Some(control)
-        }
-        None => None,
-    };
+    let control = start_control(settings)?;
     let tokenizer = checked.tokenizer;
-    let resumed = if settings.resume {
-        output::resume(&settings.out)?
-    } else {
-        Resumed::default()
-    };
-    say_resumed(settings, &resumed);
-    // `--groups N` counts the whole run's groups: those a resumed output holds are of them.
-    let max_groups = settings
-        .engine
-        .max_groups
-        .map(|n| n.saturating_sub(resumed.done.len() as u64));
-    let plan = Plan::new(
-        checked.rows,
-        settings.epochs,
-        settings
-            .shuffle
-            .then(|| settings.engine.sampling.seed.unwrap_or(0)),
-        settings.shard,
-        resumed.done.clone(),
-    );
-    let groups_planned = plan.groups();
-    let total = Some(max_groups.map_or(groups_planned, |g| g.min(groups_planned)));
+    let Planned {
+        resumed,
+        plan,
+        max_groups,
+        total,
+    } = plan(settings, checked.rows)?;
     if total == Some(0) {
         // Opened all the same: what was dropped is cut off, and a Parquet output is written.
         open_output(settings, &resumed)?.finish()?;
@@ -140,18 +116,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         "rolling out"
     );
 
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let writer = {
-        let totals = Arc::clone(&totals);
-        std::thread::Builder::new()
-            .name("rollout-writer".to_owned())
-            .spawn(move || {
-                let result = write_groups(groups, sink, &totals);
-                let _ = done_tx.send(());
-                result
-            })
-            .context("cannot start the writer thread")?
-    };
+    let (writer, done_rx) = start_writer(groups, sink, Arc::clone(&totals))?;
     let progress = Progress::start(
         settings.progress,
         total,
@@ -178,8 +143,92 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         simulator.stop().await;
     }
     summary(settings, &report, &totals, started.elapsed());
-    let (groups_written, samples_written) =
-        written.with_context(|| format!("cannot write {}", settings.out.display()))?;
+    let written = written.with_context(|| format!("cannot write {}", settings.out.display()))?;
+    exit_code(settings, &report, interrupted, written)
+}
+
+/// The control endpoint, when `--listen` asks for one.
+fn start_control(settings: &Settings) -> anyhow::Result<Option<ControlEndpoint>> {
+    let Some(address) = &settings.listen else {
+        return Ok(None);
+    };
+    let address = listen_address(address).map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+    let control = ControlEndpoint::start(address, settings.listen_token.clone())?;
+    tracing::info!(address = %control.address(), "control endpoint listening");
+    Ok(Some(control))
+}
+
+/// What a run rolls out: the plan, what a resumed output already holds, and the groups.
+struct Planned {
+    resumed: Resumed,
+    plan: Plan,
+    /// `--groups`, less the groups a resumed output holds.
+    max_groups: Option<u64>,
+    /// The groups this run will write.
+    total: Option<u64>,
+}
+
+/// Reads back a resumed output (and says what it found), then plans the run's groups.
+fn plan(settings: &Settings, rows: u64) -> anyhow::Result<Planned> {
+    let resumed = if settings.resume {
+        output::resume(&settings.out)?
+    } else {
+        Resumed::default()
+    };
+    say_resumed(settings, &resumed);
+    // `--groups N` counts the whole run's groups: those a resumed output holds are of them.
+    let max_groups = settings
+        .engine
+        .max_groups
+        .map(|n| n.saturating_sub(resumed.done.len() as u64));
+    let plan = Plan::new(
+        rows,
+        settings.epochs,
+        settings
+            .shuffle
+            .then(|| settings.engine.sampling.seed.unwrap_or(0)),
+        settings.shard,
+        resumed.done.clone(),
+    );
+    let groups_planned = plan.groups();
+    let total = Some(max_groups.map_or(groups_planned, |g| g.min(groups_planned)));
+    Ok(Planned {
+        resumed,
+        plan,
+        max_groups,
+        total,
+    })
+}
+
+/// The writer thread (files block): every scored group to the output, one write each; the
+/// receiver hears when the output has ended.
+type Writer = std::thread::JoinHandle<anyhow::Result<(u64, u64)>>;
+
+fn start_writer(
+    groups: Groups,
+    sink: Output,
+    totals: Arc<Totals>,
+) -> anyhow::Result<(Writer, tokio::sync::oneshot::Receiver<()>)> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let writer = std::thread::Builder::new()
+        .name("rollout-writer".to_owned())
+        .spawn(move || {
+            let result = write_groups(groups, sink, &totals);
+            let _ = done_tx.send(());
+            result
+        })
+        .context("cannot start the writer thread")?;
+    Ok((writer, done_rx))
+}
+
+/// What the run's exit says: the rows written, and success unless it stopped early, a drain
+/// after a signal had to cancel rollouts, or nothing was written.
+fn exit_code(
+    settings: &Settings,
+    report: &DrainReport,
+    interrupted: bool,
+    (groups_written, samples_written): (u64, u64),
+) -> anyhow::Result<ExitCode> {
     eprintln!(
         "async-grpo: wrote {samples_written} training rows of {groups_written} groups to {}",
         settings.out.display()
