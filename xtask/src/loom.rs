@@ -25,6 +25,11 @@ use anyhow::{Context, bail};
 
 use crate::{cargo, root, run_checked};
 
+/// The package whose sync primitives loom model-checks: in its `src/`, only `sync.rs` names
+/// `std::sync` (the others import from it, so that loom's types can be swapped in), which
+/// `cargo xtask tidy` checks.
+pub(crate) const PACKAGE: &str = "tool-dispatch";
+
 /// One planted bug: the fault, the model that must catch it, and the text of the assertion
 /// that must fail.
 struct Planted {
@@ -106,7 +111,7 @@ const PLANTED: &[Planted] = &[
 const UNKNOWN_FAULT: &str = "in TOOL_DISPATCH_LOOM_FAULTS; known faults: ";
 
 fn loom_test(extra: &[&str]) -> Command {
-    let mut args = vec!["test", "--package", "tool-dispatch", "--release", "--lib"];
+    let mut args = vec!["test", "--package", PACKAGE, "--release", "--lib"];
     args.extend_from_slice(extra);
     let mut command = cargo(&args);
     let rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();

@@ -38,7 +38,9 @@ tasks:
             endpoint's cost, the release binary with and without --listen)
   quickstart
             rewrite examples/quickstart's generated files (tokenizer.json, arithmetic.jsonl)
-  tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests
+  tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests,
+            the workspace lints in every crate, std::sync named only in sync.rs in the crate
+            loom checks (tool-dispatch)
   environment
             the MCP environment example (examples/environment/) on the built-in simulator,
             its Python MCP SDK installed into <cache>/venv-mcp on first use
