@@ -1,14 +1,15 @@
 //! Admission: one group per dataset row while output slots, in-flight slots and rows last.
 
-use std::sync::{Arc, atomic::Ordering};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
 
 use rollout_core::RolloutId;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::{
-    DatasetError, Generator, ScoredGroup,
-    builder::wait_for_generator,
-    conversation, group,
+    DatasetError, Generator, ScoredGroup, conversation, group,
     group::GroupState,
     health::Counters,
     lock,
@@ -190,4 +191,40 @@ pub(crate) async fn start_group<G: Generator>(
         });
     }
     true
+}
+
+/// Waits while the generator says no server can take requests, saying so every few seconds.
+/// False when the run must stop: admission was cancelled, or the wait passed `server_wait`.
+pub(crate) async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool {
+    let Some(mut reason) = shared.generator.unavailable() else {
+        return true;
+    };
+    let wait = shared.config.server_wait;
+    let started = Instant::now();
+    let mut said = started;
+    tracing::warn!(%reason, ?wait, "no server can take requests: admission paused until one answers");
+    loop {
+        tokio::select! {
+            biased;
+            () = shared.admission.cancelled() => return false,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        match shared.generator.unavailable() {
+            None => {
+                tracing::info!(waited = ?started.elapsed(), "a server answers again: admission resumes");
+                return true;
+            }
+            Some(now) => reason = now,
+        }
+        if started.elapsed() >= wait {
+            shared.stop_run(format!(
+                "no server could take requests for {wait:?} (--server-wait); the last error: {reason}"
+            ));
+            return false;
+        }
+        if said.elapsed() >= Duration::from_secs(5) {
+            said = Instant::now();
+            tracing::warn!(%reason, waited = ?started.elapsed(), ?wait, "still no server: admission paused");
+        }
+    }
 }

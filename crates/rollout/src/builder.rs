@@ -7,7 +7,6 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, AtomicUsize},
     },
-    time::{Duration, Instant},
 };
 
 use rollout_core::{
@@ -46,6 +45,24 @@ impl<G> fmt::Debug for EngineBuilder<G> {
         f.debug_struct("EngineBuilder")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+impl<G: Generator> Engine<G> {
+    /// An engine sampling with `generator`, rendering with `tokenizer`'s chat template and
+    /// scoring with `scorer`.
+    pub fn builder(generator: G, tokenizer: ChatTokenizer, scorer: Scorer) -> EngineBuilder<G> {
+        EngineBuilder {
+            generator,
+            tokenizer,
+            scorer,
+            tools: None,
+            environment: None,
+            agent: None,
+            parser: None,
+            options: RenderOptions::generation(),
+            config: RolloutConfig::default(),
+        }
     }
 }
 
@@ -249,40 +266,4 @@ where
             }
         })?;
     Ok(receiver)
-}
-
-/// Waits while the generator says no server can take requests, saying so every few seconds.
-/// False when the run must stop: admission was cancelled, or the wait passed `server_wait`.
-pub(crate) async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool {
-    let Some(mut reason) = shared.generator.unavailable() else {
-        return true;
-    };
-    let wait = shared.config.server_wait;
-    let started = Instant::now();
-    let mut said = started;
-    tracing::warn!(%reason, ?wait, "no server can take requests: admission paused until one answers");
-    loop {
-        tokio::select! {
-            biased;
-            () = shared.admission.cancelled() => return false,
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-        match shared.generator.unavailable() {
-            None => {
-                tracing::info!(waited = ?started.elapsed(), "a server answers again: admission resumes");
-                return true;
-            }
-            Some(now) => reason = now,
-        }
-        if started.elapsed() >= wait {
-            shared.stop_run(format!(
-                "no server could take requests for {wait:?} (--server-wait); the last error: {reason}"
-            ));
-            return false;
-        }
-        if said.elapsed() >= Duration::from_secs(5) {
-            said = Instant::now();
-            tracing::warn!(%reason, waited = ?started.elapsed(), ?wait, "still no server: admission paused");
-        }
-    }
 }

@@ -53,7 +53,7 @@ pub(crate) async fn run<G: Generator>(
                 Counters::add(&shared.counters.rollouts_aborted, 1);
                 Err((FailureCause::Cancelled, "aborted by a pause".to_owned()))
             }
-            () = shared.stale(group, config.max_staleness.unwrap_or(0)), if config.max_staleness.is_some() => {
+            () = group.stale(shared, config.max_staleness.unwrap_or(0)), if config.max_staleness.is_some() => {
                 Err((FailureCause::Stale, format!(
                     "the group's first turn was sampled under version {}, more than {} behind the current {}",
                     group.first_version().unwrap_or(0),

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rollout_core::{ChatTokenizer, RenderError, RenderOptions};
+use rollout_core::RenderError;
 use scoring::Scorer;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -14,8 +14,7 @@ use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 use crate::{
     Generator, Health, Metrics, RolloutFailure, ScoredGroup, Stats,
-    builder::EngineBuilder,
-    config::{ConfigError, PauseMode, RolloutConfig},
+    config::{ConfigError, PauseMode},
     lock,
     shared::Shared,
 };
@@ -97,22 +96,6 @@ impl<G: Generator> fmt::Debug for Engine<G> {
 }
 
 impl<G: Generator> Engine<G> {
-    /// An engine sampling with `generator`, rendering with `tokenizer`'s chat template and
-    /// scoring with `scorer`.
-    pub fn builder(generator: G, tokenizer: ChatTokenizer, scorer: Scorer) -> EngineBuilder<G> {
-        EngineBuilder {
-            generator,
-            tokenizer,
-            scorer,
-            tools: None,
-            environment: None,
-            agent: None,
-            parser: None,
-            options: RenderOptions::generation(),
-            config: RolloutConfig::default(),
-        }
-    }
-
     /// Turns sampled from now on record `version` (call it when the server's weights
     /// change); with `max_staleness`, groups left too far behind are cancelled. Versions only
     /// grow: a lower one than the current is refused with the current one

@@ -54,6 +54,23 @@ pub(crate) struct GroupState {
 }
 
 impl GroupState {
+    /// Resolves once the group's first turn is more than `max_staleness` versions behind
+    /// the model version of `shared`.
+    pub(crate) async fn stale<G>(&self, shared: &Shared<G>, max_staleness: u64) {
+        let mut versions = shared.versions.subscribe();
+        loop {
+            let first = self.first_version();
+            if first.is_some_and(|first| {
+                *versions.borrow_and_update() > first.saturating_add(max_staleness)
+            }) {
+                return;
+            }
+            if versions.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     pub(crate) fn new(
         group_id: u64,
         row: DatasetRow,

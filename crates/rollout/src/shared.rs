@@ -17,7 +17,6 @@ use tool_dispatch::ToolDispatcher;
 use crate::{
     Agent, DatasetError, DatasetRow, Environment, FailureCause, RolloutFailure,
     config::RolloutConfig,
-    group::GroupState,
     health::{Counters, Failures, Heartbeat, Latency},
     lock,
 };
@@ -169,22 +168,6 @@ impl<G> Shared<G> {
                 admitted < allowed
             }
             _ => true,
-        }
-    }
-
-    /// Resolves once `group`'s first turn is more than `max_staleness` versions behind.
-    pub(crate) async fn stale(&self, group: &GroupState, max_staleness: u64) {
-        let mut versions = self.versions.subscribe();
-        loop {
-            let first = group.first_version();
-            if first.is_some_and(|first| {
-                *versions.borrow_and_update() > first.saturating_add(max_staleness)
-            }) {
-                return;
-            }
-            if versions.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
         }
     }
 
