@@ -12,9 +12,7 @@
 //! 2. `cargo test --lib --bins`: the unit tests pass;
 //! 3. `cargo test --doc`: the doc tests build and pass.
 //!
-//! The whole suites run once, with every feature, in `cargo xtask ci`'s test step. A few
-//! integration tests are about a feature being off and run here, in the combination they
-//! are for ([`EXTRA`]): the binary without `sim`.
+//! The whole suites run once, with every feature, in `cargo xtask ci`'s test step.
 
 use std::{
     collections::BTreeMap,
@@ -27,16 +25,6 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::{cargo, describe, root, run_checked};
-
-/// Integration tests run in one combination besides the unit tests: (package, feature alone,
-/// the arguments after `cargo test`).
-const EXTRA: &[(&str, &str, &[&str])] = &[(
-    "async-grpo",
-    "cli",
-    // The command line in a build without the simulator: no `simulate`, and a rollout
-    // without `--server` says what to pass.
-    &["--test", "tests", "--", "cli::"],
-)];
 
 /// A package and the features it declares (`default` left out).
 struct Package {
@@ -136,7 +124,6 @@ pub(crate) fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     let packages = packages()?;
     let mut combinations = 0;
-    let mut extras_run = 0;
     for package in &packages {
         let alone = std::iter::once(None).chain(package.features.iter().map(Some));
         for feature in alone {
@@ -168,27 +155,12 @@ pub(crate) fn run() -> anyhow::Result<()> {
                 };
                 result.with_context(|| format!("{label}: `{}` failed", describe(&command)))?;
             }
-            for (_, _, args) in EXTRA.iter().filter(|(name, extra, _)| {
-                *name == package.name && feature.is_some_and(|f| f == extra)
-            }) {
-                let mut command = cargo(&[&["test"], features.as_slice(), args].concat());
-                run_checked(&mut command)
-                    .with_context(|| format!("{label}: `{}` failed", describe(&command)))?;
-                extras_run += 1;
-            }
             combinations += 1;
             eprintln!(
                 "features: {label} ok ({:.1?})",
                 combination_started.elapsed()
             );
         }
-    }
-    if extras_run != EXTRA.len() {
-        bail!(
-            "{} of the {} extra test runs found no package and feature of theirs: update EXTRA",
-            EXTRA.len() - extras_run,
-            EXTRA.len()
-        );
     }
     eprintln!(
         "features: {combinations} combinations of {} packages built and tested in {:.1?}",
