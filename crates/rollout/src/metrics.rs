@@ -96,7 +96,7 @@ mod prometheus {
 
     use prometheus_client::{
         encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet},
-        metrics::MetricType,
+        metrics::MetricType::{self, Counter, Gauge},
     };
 
     use super::{LatencySnapshot, Metrics};
@@ -168,9 +168,18 @@ mod prometheus {
         /// rollouts in flight and queued, staleness drops, the model version, append-mode
         /// fallbacks. Call it from a `prometheus_client::collector::Collector`.
         pub fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
-            use MetricType::{Counter, Gauge};
-            let health = &self.health;
-            let stats = &health.stats;
+            self.encode_rollouts(encoder)?;
+            self.encode_failures(encoder)?;
+            self.encode_groups(encoder)?;
+            self.encode_counters(encoder)?;
+            self.encode_tools(encoder)?;
+            self.encode_generation_latency(encoder)?;
+            self.encode_gauges(encoder)
+        }
+
+        /// Rollouts by outcome, and the attempts started, retried and aborted by a pause.
+        fn encode_rollouts(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+            let stats = &self.health.stats;
             let n = |value: u64| value as f64;
             labelled(
                 encoder,
@@ -203,11 +212,15 @@ mod prometheus {
                 "Rollouts a pause in abort mode cancelled (also cancelled rollouts).",
                 Counter,
                 n(stats.rollouts_aborted),
-            )?;
+            )
+        }
+
+        /// Rollouts that failed after their retries, one sample per cause.
+        fn encode_failures(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
             let causes: Vec<([(&str, &str); 1], f64)> = self
                 .failures
                 .iter()
-                .map(|(cause, count)| ([("cause", cause.as_str())], n(*count)))
+                .map(|(cause, count)| ([("cause", cause.as_str())], *count as f64))
                 .collect();
             let causes: Vec<(&[(&str, &str)], f64)> = causes
                 .iter()
@@ -219,7 +232,13 @@ mod prometheus {
                 "Rollouts that failed after their retries, by cause.",
                 Counter,
                 &causes,
-            )?;
+            )
+        }
+
+        /// Admission: the groups admitted, and how each ended (completed or why dropped).
+        fn encode_groups(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+            let stats = &self.health.stats;
+            let n = |value: u64| value as f64;
             single(
                 encoder,
                 "async_grpo_groups_admitted",
@@ -244,7 +263,13 @@ mod prometheus {
                     (&[("outcome", "cancelled")], n(stats.groups_cancelled)),
                     (&[("outcome", "stale")], n(stats.groups_stale)),
                 ],
-            )?;
+            )
+        }
+
+        /// The work done, one counter each: turns, tokens, samples, unreadable tool calls,
+        /// forks, append-mode fallbacks, bad rows, and the client's retries and ejections.
+        fn encode_counters(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+            let stats = &self.health.stats;
             for (name, help, value) in [
                 ("async_grpo_turns", "Generation calls.", stats.turns),
                 (
@@ -293,16 +318,26 @@ mod prometheus {
                     self.generator.ejections,
                 ),
             ] {
-                single(encoder, name, help, Counter, n(value))?;
+                single(encoder, name, help, Counter, value as f64)?;
             }
-            self.encode_tools(encoder)?;
+            Ok(())
+        }
+
+        /// The generation latency histogram.
+        fn encode_generation_latency(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
             let mut metric = encoder.encode_descriptor(
                 "async_grpo_generation_duration_seconds",
                 "How long each generation request took.",
                 None,
                 MetricType::Histogram,
             )?;
-            histogram(&mut metric, &self.generation_latency)?;
+            histogram(&mut metric, &self.generation_latency)
+        }
+
+        /// The gauges: rollouts in flight and queued, the model version, whether admission is
+        /// paused or closed, the heartbeat's age and the scheduler's lag.
+        fn encode_gauges(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+            let health = &self.health;
             for (name, help, value) in [
                 (
                     "async_grpo_rollouts_in_flight",

@@ -415,71 +415,23 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
             Ok(request) => request,
             Err(response) => return *response,
         };
-    let prompt = match &request.prompt {
-        Prompt::Tokens(ids) => ids.clone(),
-        Prompt::Text(text) => {
-            match state.encode(text, request.add_special_tokens.unwrap_or(true)) {
-                Ok(ids) => ids,
-                Err(e) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        &e,
-                        "BadRequestError",
-                        Some("prompt"),
-                    );
-                }
-            }
-        }
+    let prompt = match prompt_ids(state, &request) {
+        Ok(ids) => ids,
+        Err(response) => return *response,
     };
     let max_tokens = match state.room(prompt.len(), request.max_tokens) {
         Ok(max_tokens) => max_tokens as usize,
         Err(response) => return *response,
     };
     let seed = request.sampling.seed.unwrap_or(sequence);
-    // Reading the prompt costs a decode: only when the script has tool rounds to play.
-    let text = if state.config.tool_rounds == 0 {
-        String::new()
-    } else {
-        state.decode(&prompt)
-    };
-    let reading = state.read(&text);
-    let calling = reading.calls < state.config.tool_rounds;
-    let mut ids = state.answer(&reading, calling, seed).ids;
-    let mut finish = "stop";
-    if ids.len() > max_tokens {
-        ids.truncate(max_tokens);
-        finish = "length";
-    }
-    if let Some(done) = state.generate(ids.len()).await {
-        ids.truncate(done);
-        finish = "abort";
-    }
+    let (ids, finish) = sample(state, &prompt, max_tokens, seed).await;
     let as_ids = request.return_tokens_as_token_ids == Some(true);
     // Typed and borrowed: the simulator must cost little next to the client it measures.
     let tokens: Vec<std::borrow::Cow<'_, str>> =
         ids.iter().map(|id| state.token_text(*id, as_ids)).collect();
-    let logprobs = request.logprobs.map(|_| {
-        let mut offset = 0u32;
-        let text_offset = tokens
-            .iter()
-            .map(|t| {
-                let at = offset;
-                offset += t.len() as u32;
-                at
-            })
-            .collect();
-        let token_logprobs = ids
-            .iter()
-            .enumerate()
-            .map(|(i, id)| State::logprob(seed, i, *id))
-            .collect();
-        SimLogprobs {
-            tokens: &tokens,
-            token_logprobs,
-            text_offset,
-            top_logprobs: None,
-        }
-    });
+    let logprobs = request
+        .logprobs
+        .map(|_| completion_logprobs(&tokens, &ids, seed));
     if state.config.record {
         lock(&state.transcript).push(super::Sampled {
             prompt_ids: prompt.clone(),
@@ -514,6 +466,82 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         },
     };
     Json(body).into_response()
+}
+
+/// A completion's prompt as ids: given, or its text encoded (special tokens added unless the
+/// request says not to); `Err` is the 400 for a text the tokenizer refuses.
+fn prompt_ids(state: &State, request: &CompletionRequest) -> Result<Vec<u32>, Box<Response>> {
+    match &request.prompt {
+        Prompt::Tokens(ids) => Ok(ids.clone()),
+        Prompt::Text(text) => state
+            .encode(text, request.add_special_tokens.unwrap_or(true))
+            .map_err(|e| {
+                Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    &e,
+                    "BadRequestError",
+                    Some("prompt"),
+                ))
+            }),
+    }
+}
+
+/// The policy's answer to `prompt`, cut at `max_tokens` and by a pause that aborts it, with
+/// why it ended (`stop`, `length` or `abort`).
+async fn sample(
+    state: &State,
+    prompt: &[u32],
+    max_tokens: usize,
+    seed: u64,
+) -> (Vec<u32>, &'static str) {
+    // Reading the prompt costs a decode: only when the script has tool rounds to play.
+    let text = if state.config.tool_rounds == 0 {
+        String::new()
+    } else {
+        state.decode(prompt)
+    };
+    let reading = state.read(&text);
+    let calling = reading.calls < state.config.tool_rounds;
+    let mut ids = state.answer(&reading, calling, seed).ids;
+    let mut finish = "stop";
+    if ids.len() > max_tokens {
+        ids.truncate(max_tokens);
+        finish = "length";
+    }
+    if let Some(done) = state.generate(ids.len()).await {
+        ids.truncate(done);
+        finish = "abort";
+    }
+    (ids, finish)
+}
+
+/// The logprobs of sampled `ids` spelled as `tokens`: each one's logprob (drawn from `seed`)
+/// and where its text starts in the completion.
+fn completion_logprobs<'a>(
+    tokens: &'a [std::borrow::Cow<'a, str>],
+    ids: &[u32],
+    seed: u64,
+) -> SimLogprobs<'a> {
+    let mut offset = 0u32;
+    let text_offset = tokens
+        .iter()
+        .map(|t| {
+            let at = offset;
+            offset += t.len() as u32;
+            at
+        })
+        .collect();
+    let token_logprobs = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| State::logprob(seed, i, *id))
+        .collect();
+    SimLogprobs {
+        tokens,
+        token_logprobs,
+        text_offset,
+        top_logprobs: None,
+    }
 }
 
 #[derive(serde::Serialize)]

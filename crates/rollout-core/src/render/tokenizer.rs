@@ -62,110 +62,16 @@ impl ChatTokenizer {
     /// (which take precedence, as in transformers).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, RenderError> {
         let dir = dir.as_ref();
-        let tokenizer_path = dir.join("tokenizer.json");
-        if !tokenizer_path.is_file() {
-            return Err(RenderError::Load {
-                path: dir.to_owned(),
-                message: "expected a Hugging Face tokenizer folder holding tokenizer.json".into(),
-                cause: None,
-            });
-        }
-        let tokenizer =
-            Tokenizer::from_file(&tokenizer_path).map_err(|error| RenderError::Load {
-                path: tokenizer_path.clone(),
-                message: "not a tokenizers tokenizer.json".into(),
-                cause: Some(Cause::new(error)),
-            })?;
+        let tokenizer = read_tokenizer(dir)?;
         let config_path = dir.join("tokenizer_config.json");
-        let config = if config_path.is_file() {
-            let text = read(&config_path)?;
-            match serde_json::from_str::<Value>(&text) {
-                Ok(Value::Object(config)) => config,
-                Ok(_) => return Err(load_error(&config_path, "expected a JSON object")),
-                Err(error) => {
-                    return Err(RenderError::Load {
-                        path: config_path,
-                        message: "invalid JSON".into(),
-                        cause: Some(Cause::new(error)),
-                    });
-                }
-            }
-        } else {
-            Map::new()
-        };
-        let mut special_tokens = Map::new();
-        for key in SPECIAL_TOKEN_KEYS {
-            let content = match config.get(key) {
-                Some(Value::String(token)) => Some(token.clone()),
-                Some(Value::Object(token)) => token
-                    .get("content")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                _ => None,
-            };
-            if let Some(content) = content {
-                special_tokens.insert(key.to_owned(), Value::from(content));
-            }
-        }
-
-        let mut templates = Vec::new();
+        let config = read_config(&config_path)?;
+        let special_tokens = special_tokens_of(&config);
         let jinja = dir.join("chat_template.jinja");
-        if jinja.is_file() {
-            templates.push((
-                "default".to_owned(),
-                ChatTemplate::new(display(&jinja), read(&jinja)?)?,
-            ));
-            let extra = dir.join("additional_chat_templates");
-            if let Ok(entries) = std::fs::read_dir(&extra) {
-                let mut paths: Vec<PathBuf> =
-                    entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-                paths.sort();
-                for path in paths
-                    .into_iter()
-                    .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
-                {
-                    let name = path
-                        .file_stem()
-                        .map(|s| s.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    templates.push((name, ChatTemplate::new(display(&path), read(&path)?)?));
-                }
-            }
+        let templates = if jinja.is_file() {
+            templates_from_files(dir, &jinja)?
         } else {
-            match config.get("chat_template") {
-                Some(Value::String(source)) => templates.push((
-                    "default".to_owned(),
-                    ChatTemplate::new(
-                        format!("{}#chat_template", display(&config_path)),
-                        source.clone(),
-                    )?,
-                )),
-                Some(Value::Array(list)) => {
-                    for entry in list {
-                        let (Some(name), Some(source)) = (
-                            entry.get("name").and_then(Value::as_str),
-                            entry.get("template").and_then(Value::as_str),
-                        ) else {
-                            return Err(load_error(
-                                &config_path,
-                                "expected chat_template entries as {\"name\": .., \"template\": ..}",
-                            ));
-                        };
-                        templates.push((
-                            name.to_owned(),
-                            ChatTemplate::new(format!("{}#{name}", display(&config_path)), source)?,
-                        ));
-                    }
-                }
-                Some(_) => {
-                    return Err(load_error(
-                        &config_path,
-                        "expected chat_template to be a string or a list of named templates",
-                    ));
-                }
-                None => {}
-            }
-        }
+            templates_from_config(&config, &config_path)?
+        };
         Ok(Self::assemble(tokenizer, templates, special_tokens))
     }
 
@@ -389,6 +295,130 @@ impl ChatTokenizer {
         let template = self.template(&options)?;
         Ok(IncrementalRender::new(self, template, options))
     }
+}
+
+/// The folder's `tokenizer.json`, which it must have.
+fn read_tokenizer(dir: &Path) -> Result<Tokenizer, RenderError> {
+    let path = dir.join("tokenizer.json");
+    if !path.is_file() {
+        return Err(RenderError::Load {
+            path: dir.to_owned(),
+            message: "expected a Hugging Face tokenizer folder holding tokenizer.json".into(),
+            cause: None,
+        });
+    }
+    Tokenizer::from_file(&path).map_err(|error| RenderError::Load {
+        path,
+        message: "not a tokenizers tokenizer.json".into(),
+        cause: Some(Cause::new(error)),
+    })
+}
+
+/// The JSON object in `tokenizer_config.json`; empty when the folder has no such file.
+fn read_config(path: &Path) -> Result<Map<String, Value>, RenderError> {
+    if !path.is_file() {
+        return Ok(Map::new());
+    }
+    let text = read(path)?;
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(config)) => Ok(config),
+        Ok(_) => Err(load_error(path, "expected a JSON object")),
+        Err(error) => Err(RenderError::Load {
+            path: path.to_owned(),
+            message: "invalid JSON".into(),
+            cause: Some(Cause::new(error)),
+        }),
+    }
+}
+
+/// The special tokens the config sets, each as a string or as an added token's `content`.
+fn special_tokens_of(config: &Map<String, Value>) -> Map<String, Value> {
+    let mut special_tokens = Map::new();
+    for key in SPECIAL_TOKEN_KEYS {
+        let content = match config.get(key) {
+            Some(Value::String(token)) => Some(token.clone()),
+            Some(Value::Object(token)) => token
+                .get("content")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            _ => None,
+        };
+        if let Some(content) = content {
+            special_tokens.insert(key.to_owned(), Value::from(content));
+        }
+    }
+    special_tokens
+}
+
+/// The templates of the folder's files: `chat_template.jinja` (`jinja`) as `default`, then
+/// each `additional_chat_templates/NAME.jinja` as `NAME`, in file-name order.
+fn templates_from_files(
+    dir: &Path,
+    jinja: &Path,
+) -> Result<Vec<(String, ChatTemplate)>, RenderError> {
+    let mut templates = vec![(
+        "default".to_owned(),
+        ChatTemplate::new(display(jinja), read(jinja)?)?,
+    )];
+    let extra = dir.join("additional_chat_templates");
+    if let Ok(entries) = std::fs::read_dir(&extra) {
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            templates.push((name, ChatTemplate::new(display(&path), read(&path)?)?));
+        }
+    }
+    Ok(templates)
+}
+
+/// The templates of the config's `chat_template`: one string (`default`), a list of named
+/// templates, or none at all.
+fn templates_from_config(
+    config: &Map<String, Value>,
+    config_path: &Path,
+) -> Result<Vec<(String, ChatTemplate)>, RenderError> {
+    let mut templates = Vec::new();
+    match config.get("chat_template") {
+        Some(Value::String(source)) => templates.push((
+            "default".to_owned(),
+            ChatTemplate::new(
+                format!("{}#chat_template", display(config_path)),
+                source.clone(),
+            )?,
+        )),
+        Some(Value::Array(list)) => {
+            for entry in list {
+                let (Some(name), Some(source)) = (
+                    entry.get("name").and_then(Value::as_str),
+                    entry.get("template").and_then(Value::as_str),
+                ) else {
+                    return Err(load_error(
+                        config_path,
+                        "expected chat_template entries as {\"name\": .., \"template\": ..}",
+                    ));
+                };
+                templates.push((
+                    name.to_owned(),
+                    ChatTemplate::new(format!("{}#{name}", display(config_path)), source)?,
+                ));
+            }
+        }
+        Some(_) => {
+            return Err(load_error(
+                config_path,
+                "expected chat_template to be a string or a list of named templates",
+            ));
+        }
+        None => {}
+    }
+    Ok(templates)
 }
 
 fn display(path: &Path) -> String {

@@ -131,6 +131,14 @@ pub struct ToolConfigError {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_OUTPUT: usize = 16 * 1024;
+/// How much longer the dispatcher waits for a program than the tool's own timeout, so that a
+/// program is killed and reported before its caller gives up on it.
+const PROGRAM_MARGIN: Duration = Duration::from_secs(1);
+
+/// The parameter schema of a tool that takes any object (`command` and `http` by default).
+fn open_parameters() -> Value {
+    json!({ "type": "object", "properties": {} })
+}
 
 impl ToolConfig {
     /// Builds the tool: checks that the fields fit the kind, and parses the timeout. A program
@@ -153,23 +161,45 @@ impl ToolConfig {
 
     /// [`ToolConfig::build`] with `base` as the sandbox the table changes.
     pub fn build_in(&self, base: &Sandbox) -> Result<Tool, ToolConfigError> {
-        let fail = |reason: String| ToolConfigError {
-            name: self.name.clone(),
-            reason,
-        };
-        let kind = self.kind.as_str();
-        let only = |field: &str, present: bool, for_kind: &str| {
-            if present && kind != for_kind {
-                Err(fail(format!(
-                    "`{field}` is only for kind \"{for_kind}\", not \"{kind}\""
-                )))
-            } else {
-                Ok(())
+        self.check_fields()?;
+        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(self.error("timeout must be longer than 0s: no call could finish"));
+        }
+        let max_output = self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT);
+        match self.kind {
+            ToolKind::Calculator => Ok(self.calculator_tool(timeout)),
+            ToolKind::Python => Ok(self.python_tool(self.sandbox_in(base), timeout, max_output)),
+            ToolKind::Command => self.command_tool(self.sandbox_in(base), timeout, max_output),
+            ToolKind::Http => {
+                let url = self.http_url()?;
+                self.http_tool(
+                    url,
+                    self.description_or("Call a web service"),
+                    self.parameters_or(open_parameters()),
+                    timeout,
+                    max_output,
+                )
+                .map_err(|reason| self.error(reason))
             }
-        };
-        only("command", self.command.is_some(), "command")?;
-        only("url", self.url.is_some(), "http")?;
-        only("interpreter", self.interpreter.is_some(), "python")?;
+        }
+    }
+
+    /// Refuses a field set for a kind it means nothing to (`url` on a `command`, `sandbox` on
+    /// a `calculator`, ...).
+    fn check_fields(&self) -> Result<(), ToolConfigError> {
+        let kind = self.kind.as_str();
+        for (field, present, for_kind) in [
+            ("command", self.command.is_some(), "command"),
+            ("url", self.url.is_some(), "http"),
+            ("interpreter", self.interpreter.is_some(), "python"),
+        ] {
+            if present && kind != for_kind {
+                return Err(self.error(format!(
+                    "`{field}` is only for kind \"{for_kind}\", not \"{kind}\""
+                )));
+            }
+        }
         if !self.runs_a_program() {
             for (field, present) in [
                 ("sandbox", self.sandbox.is_some()),
@@ -177,99 +207,87 @@ impl ToolConfig {
                 ("limits", self.limits.is_some()),
             ] {
                 if present {
-                    return Err(fail(format!(
+                    return Err(self.error(format!(
                         "`{field}` is only for kinds \"command\" and \"python\", not \"{kind}\""
                     )));
                 }
             }
         }
-        let sandbox = self.sandbox_in(base);
-        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        if timeout.is_zero() {
-            return Err(fail(
-                "timeout must be longer than 0s: no call could finish".to_owned(),
-            ));
-        }
-        let max_output = self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT);
-        let description = |default: &str| {
-            self.description
-                .clone()
-                .unwrap_or_else(|| default.to_owned())
-        };
-        let parameters = |default: Value| self.parameters.clone().unwrap_or(default);
-        let open = || json!({ "type": "object", "properties": {} });
-        // The dispatcher's timeout stays a little behind the tool's own, so that a program is
-        // killed and reported before its caller gives up on it.
-        let margin = Duration::from_secs(1);
+        Ok(())
+    }
 
-        let tool = match self.kind {
-            ToolKind::Calculator => Tool::new_sync(
-                ToolSpec::new(&self.name, description("Evaluate an arithmetic expression"))
-                    .parameters(parameters(calculator::parameters())),
-                calculator::call,
+    /// `calculator`: evaluated in-process, on the dispatcher's thread pool.
+    fn calculator_tool(&self, timeout: Duration) -> Tool {
+        Tool::new_sync(
+            ToolSpec::new(
+                &self.name,
+                self.description_or("Evaluate an arithmetic expression"),
             )
-            .timeout(timeout),
-            ToolKind::Python => {
-                let python = program::PythonTool {
-                    interpreter: self
-                        .interpreter
-                        .clone()
-                        .unwrap_or_else(|| "python3".to_owned()),
-                    sandbox,
-                    timeout,
-                    max_output,
-                };
-                Tool::new_async(
-                    ToolSpec::new(
-                        &self.name,
-                        description("Run Python code and see its output"),
-                    )
-                    .parameters(parameters(program::PythonTool::parameters())),
-                    move |args| python.clone().call(args),
-                )
-                .timeout(timeout + margin)
-            }
-            ToolKind::Command => {
-                let argv = self.command.clone().unwrap_or_default();
-                if argv.first().is_none_or(|program| program.trim().is_empty()) {
-                    return Err(fail(
-                        "kind \"command\" needs `command = [\"program\", \"arg\", ...]`".to_owned(),
-                    ));
-                }
-                let command = program::CommandTool {
-                    argv,
-                    sandbox,
-                    timeout,
-                    max_output,
-                };
-                Tool::new_async(
-                    ToolSpec::new(&self.name, description("Run a command"))
-                        .parameters(parameters(open())),
-                    move |args| command.clone().call(args),
-                )
-                .timeout(timeout + margin)
-            }
-            ToolKind::Http => {
-                let url = self
-                    .url
-                    .clone()
-                    .ok_or_else(|| fail("kind \"http\" needs `url = \"http://...\"`".to_owned()))?;
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(fail(format!(
-                        "url '{url}' must start with http:// or https://"
-                    )));
-                }
-                self.http_tool(
-                    url,
-                    description("Call a web service"),
-                    parameters(open()),
-                    timeout,
-                    max_output,
-                )
-                .map_err(fail)?
-            }
+            .parameters(self.parameters_or(calculator::parameters())),
+            calculator::call,
+        )
+        .timeout(timeout)
+    }
+
+    /// `python`: the code runs in the interpreter (default `python3`) in `sandbox`.
+    fn python_tool(&self, sandbox: Sandbox, timeout: Duration, max_output: usize) -> Tool {
+        let python = program::PythonTool {
+            interpreter: self
+                .interpreter
+                .clone()
+                .unwrap_or_else(|| "python3".to_owned()),
+            sandbox,
+            timeout,
+            max_output,
         };
-        Ok(tool)
+        Tool::new_async(
+            ToolSpec::new(
+                &self.name,
+                self.description_or("Run Python code and see its output"),
+            )
+            .parameters(self.parameters_or(program::PythonTool::parameters())),
+            move |args| python.clone().call(args),
+        )
+        .timeout(timeout + PROGRAM_MARGIN)
+    }
+
+    /// `command`: the program runs in `sandbox`; the table must name it.
+    fn command_tool(
+        &self,
+        sandbox: Sandbox,
+        timeout: Duration,
+        max_output: usize,
+    ) -> Result<Tool, ToolConfigError> {
+        let argv = self.command.clone().unwrap_or_default();
+        if argv.first().is_none_or(|program| program.trim().is_empty()) {
+            return Err(
+                self.error("kind \"command\" needs `command = [\"program\", \"arg\", ...]`")
+            );
+        }
+        let command = program::CommandTool {
+            argv,
+            sandbox,
+            timeout,
+            max_output,
+        };
+        Ok(Tool::new_async(
+            ToolSpec::new(&self.name, self.description_or("Run a command"))
+                .parameters(self.parameters_or(open_parameters())),
+            move |args| command.clone().call(args),
+        )
+        .timeout(timeout + PROGRAM_MARGIN))
+    }
+
+    /// `http`: the table's `url`, which must be there and be an http or https one.
+    fn http_url(&self) -> Result<String, ToolConfigError> {
+        let url = self
+            .url
+            .clone()
+            .ok_or_else(|| self.error("kind \"http\" needs `url = \"http://...\"`"))?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(self.error(format!("url '{url}' must start with http:// or https://")));
+        }
+        Ok(url)
     }
 
     #[cfg(feature = "http")]
@@ -299,6 +317,26 @@ impl ToolConfig {
         _: usize,
     ) -> Result<Tool, String> {
         Err("kind \"http\" needs tool-dispatch's `http` feature".to_owned())
+    }
+
+    /// The table's description, else the kind's own.
+    fn description_or(&self, default: &str) -> String {
+        self.description
+            .clone()
+            .unwrap_or_else(|| default.to_owned())
+    }
+
+    /// The table's parameter schema, else the kind's own.
+    fn parameters_or(&self, default: Value) -> Value {
+        self.parameters.clone().unwrap_or(default)
+    }
+
+    /// This table's error, saying why.
+    fn error(&self, reason: impl Into<String>) -> ToolConfigError {
+        ToolConfigError {
+            name: self.name.clone(),
+            reason: reason.into(),
+        }
     }
 }
 
