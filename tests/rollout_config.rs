@@ -538,3 +538,82 @@ fn a_bad_agent_table_says_what_is_wrong_and_where() {
     ];
     assert_each_refused(&dir, AGENT, &cases);
 }
+
+#[test]
+fn an_unknown_key_in_agent_or_environment_is_named_with_the_file_and_its_line() {
+    let dir = workspace("unknown-table-key");
+    for script in ["agent.sh", "verify.sh", "server.sh"] {
+        std::fs::write(dir.join(script), "exit 0\n").expect("write");
+    }
+    for (config, after, key) in [
+        (AGENT, "timeout = \"5s\"\n", "tmeout"),
+        (ENVIRONMENT, "weight = 2.0\n", "wieght"),
+    ] {
+        let config = config.replace(after, &format!("{after}{key} = 1\n"));
+        std::fs::write(dir.join("run.toml"), &config).expect("write");
+        let stderr = rollout(&dir, &["--config", "run.toml"]);
+        let line = config
+            .lines()
+            .position(|l| l.starts_with(&format!("{key} ")))
+            .expect("the line")
+            + 1;
+        let place = format!("{}:{line}:", dir.join("run.toml").display());
+        assert!(stderr.contains(&place), "{place} in {stderr}");
+        assert!(
+            stderr.contains(&format!("unknown field `{key}`")),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_agent_s_setup_is_one_command_or_a_list_and_check_prints_it_as_given() {
+    let dir = workspace("agent-setup");
+    for script in ["agent.sh", "verify.sh", "setup.sh"] {
+        std::fs::write(dir.join(script), "exit 0\n").expect("write");
+    }
+    let setup = quoted(&dir.join("setup.sh"));
+    for (given, printed) in [
+        (
+            "setup = [\"sh\", \"setup.sh\"]".to_owned(),
+            format!("[\"sh\", {setup}]"),
+        ),
+        (
+            "setup = [[\"sh\", \"setup.sh\"], [\"true\"]]".to_owned(),
+            format!("[[\"sh\", {setup}], [\"true\"]]"),
+        ),
+    ] {
+        let config = AGENT.replace(
+            "timeout = \"5s\"\n",
+            &format!("timeout = \"5s\"\n{given}\n"),
+        );
+        std::fs::write(dir.join("run.toml"), &config).expect("write");
+        let first = rollout(&dir, &["--config", "run.toml"]);
+        let settings = resolved(&first);
+        let agent = settings["agent"].as_table().expect("an agent table");
+        assert_eq!(agent["setup"].to_string(), printed, "{given}");
+        // The defaults harness declares, written out.
+        assert_eq!(agent["command_timeout"].to_string(), "\"2m\"");
+        assert_eq!(agent["workdir"].to_string(), "\"fresh\"");
+        std::fs::write(dir.join("printed.toml"), &first).expect("write");
+        assert_eq!(rollout(&dir, &["--config", "printed.toml"]), first);
+    }
+    let cases = [
+        (
+            "timeout = \"5s\"",
+            "timeout = \"5s\"\nsetup = [[\"sh\", \"setup.sh\"], []]",
+            "agent.setup[1]: empty; expected the program and its arguments",
+        ),
+        (
+            "timeout = \"5s\"",
+            "timeout = \"5s\"\nsetup = [\"no-such-program-here\"]",
+            "agent.setup: program 'no-such-program-here' not found",
+        ),
+        (
+            "timeout = \"5s\"",
+            "timeout = \"5s\"\nsetup = [[\"true\"], \"x\"]",
+            "not both",
+        ),
+    ];
+    assert_each_refused(&dir, AGENT, &cases);
+}

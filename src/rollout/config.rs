@@ -35,6 +35,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use harness::{agent::ProgramConfig, mcp::McpEnvironment};
 use rollout::{ConfigError, RolloutConfig, Sampling, Shard};
 use rollout_core::ReconcilerConfig;
 use scoring::{AdvantageConfig, Reward, builtin};
@@ -45,7 +46,7 @@ use tool_dispatch::{
 };
 use vllm_sim::SimSettings;
 
-use super::{agent::AgentSettings, control, environment::EnvironmentSettings};
+use super::{agent, control, environment};
 use crate::layered::{Defaults, Layer};
 
 /// `async-grpo rollout`'s command line: where the settings file is, whether to only check,
@@ -184,11 +185,11 @@ pub(crate) struct Settings {
     /// The `[environment]` every rollout runs in, if any (file only).
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) environment: Option<EnvironmentSettings>,
+    pub(crate) environment: Option<McpEnvironment>,
     /// The loop-owning `[agent]` that runs every rollout, if any (file only).
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) agent: Option<AgentSettings>,
+    pub(crate) agent: Option<ProgramConfig>,
     /// The simulator's behaviour (`[simulator]`; file only; used only without servers).
     #[arg(skip)]
     pub(crate) simulator: SimSettings,
@@ -312,8 +313,8 @@ impl Resolved {
     /// The reward functions, built (the environment's `env` column last).
     pub(crate) fn reward_functions(&self) -> Vec<Reward> {
         let mut rewards: Vec<Reward> = self.rewards.iter().map(|r| r.reward.clone()).collect();
-        rewards.extend(self.settings.environment.as_ref().map(|e| e.reward()));
-        rewards.extend(self.settings.agent.as_ref().and_then(|a| a.reward()));
+        rewards.extend(self.settings.environment.as_ref().map(environment::reward));
+        rewards.extend(self.settings.agent.as_ref().and_then(agent::reward));
         rewards
     }
 
@@ -455,12 +456,12 @@ impl Settings {
             )
             .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
         }
-        if let Some(environment) = &mut settings.environment {
+        if let Some(table) = &mut settings.environment {
             let place = places
                 .source
                 .and_then(|s| s.place(&["environment"]))
                 .unwrap_or_else(|| "environment".to_owned());
-            environment.check(base, &place)?;
+            environment::check(table, base, &place)?;
             if !settings.tools.is_empty() {
                 bail!(
                     "[[tools]] and [environment] together{file_name}: the environment's server \
@@ -469,19 +470,19 @@ impl Settings {
                 );
             }
         }
-        if let Some(agent) = &mut settings.agent {
+        if let Some(table) = &mut settings.agent {
             let place = places
                 .source
                 .and_then(|s| s.place(&["agent"]))
                 .unwrap_or_else(|| "agent".to_owned());
-            agent.check(base, &place)?;
+            agent::check(table, base, &place)?;
             if !settings.tools.is_empty() {
                 bail!(
                     "[agent] with [[tools]]{file_name}: a loop-owning agent brings its own \
                      tools and runs them itself; drop the [[tools]]"
                 );
             }
-            if settings.environment.is_some() && agent.verifies() {
+            if settings.environment.is_some() && table.verifies() {
                 bail!(
                     "[agent] verify with [environment]{file_name}: the environment's verify \
                      judges the agent's transcript; drop one of the two"
@@ -661,7 +662,7 @@ fn build_rewards(
         rewards.push(RewardSetting { reward, place });
     }
     let verified = settings.environment.is_some()
-        || settings.agent.as_ref().is_some_and(AgentSettings::verifies);
+        || settings.agent.as_ref().is_some_and(ProgramConfig::verifies);
     if rewards.is_empty() && !verified {
         bail!(
             "no reward function: a run without rewards has nothing to train on; add \

@@ -10,13 +10,17 @@
 //! the dataset row as JSON on its stdin: its reward is the number it prints, else its exit
 //! code (0 is 1.0, 1 is 0.0, anything else unscorable).
 //!
-//! Every program of an attempt runs in the [`Sandbox`] of [`ProgramConfig::sandbox`]:
+//! Every program of an attempt runs in the [`Sandbox`] given to [`ProgramAgent::new`] as the
+//! config's `sandbox`, `network` and `limits` keys change it ([`ProgramConfig::sandbox_in`]):
 //! bubblewrap by default, each in a PID namespace of its own, with the environment cleared to
 //! what the table gives, the file system read-only but its own directory and a private
-//! `/tmp`, the other attempts' directories hidden, and (by default, for a library user with
-//! no forwarder) the host's network: it must reach the proxy, which answers only this
-//! attempt's key. Nothing of one attempt is visible to another: directory, key, processes,
-//! environment.
+//! `/tmp`, the other attempts' directories hidden, and (for a library user with no forwarder,
+//! `Sandbox::default().network(true)`) the host's network: it must reach the proxy, which
+//! answers only this attempt's key. Nothing of one attempt is visible to another: directory,
+//! key, processes, environment.
+//!
+//! [`ProgramConfig`] is also the `[agent]` table of a settings file (serde, its defaults
+//! those of [`ProgramConfig::new`], checked by [`ProgramConfig::validate`]).
 //!
 //! With a [`ProgramConfig::forwarder`] and a sandbox without the host's network, the agent
 //! reaches its proxy and nothing else: it runs under the forwarder (a program that serves
@@ -30,18 +34,43 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use process::{Finished, Isolation, Program, Sandbox};
+use process::{Finished, Isolation, Limits, Program, Sandbox};
 use rollout::{Agent, AgentError, AgentOutcome, AgentRun, DatasetRow, Verdict};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::{
     io::copy_bidirectional,
     net::{TcpListener, TcpStream, UnixListener, UnixStream},
 };
 
-use crate::{proxy::Proxy, sync::Arc};
+use crate::{ConfigError, proxy::Proxy, sync::Arc};
 
-/// How to run the agent program.
-#[derive(Debug, Clone)]
+/// How to run the agent program, and the `[agent]` table of a settings file that says so:
+/// every key below but the run-time fields ([`workdir_root`](ProgramConfig::workdir_root),
+/// [`max_output`](ProgramConfig::max_output), [`forwarder`](ProgramConfig::forwarder)), with
+/// [`ProgramConfig::new`]'s defaults; an unknown key is refused.
+///
+/// ```toml
+/// [agent]
+/// command = ["opencode", "run", "--format", "json", "{prompt}"]  # {prompt} {workdir} {task_json}
+/// env = { OPENCODE_DISABLE_AUTOUPDATE = "1" }   # plus OPENAI_BASE_URL / OPENAI_API_KEY per rollout
+/// workdir = "fresh"                             # a new directory per rollout, removed after verify
+/// setup = ["./setup.sh"]                        # optional, in the workdir, before the agent
+/// verify = ["python3", "./verify.py"]          # in the workdir after the agent, the row as JSON on stdin
+/// timeout = "10m"                               # the agent's; then its process group is killed
+/// command_timeout = "2m"                        # each setup and verify command's
+/// weight = 1.0                                  # of the `env` column (verify's reward)
+/// sandbox = "bwrap"                             # or "none": with the engine's permissions
+/// network = false                               # only its proxy (true: the host's network)
+/// limits = { memory_mib = 8192 }                # process::Limits; unset fields keep defaults
+/// ```
+///
+/// `setup` is one command (`["./setup.sh", "arg"]`) or a list of them (`[["make"], ["./x"]]`);
+/// one is written back as one. `sandbox`, `network` and `limits` change the sandbox the
+/// programs are started in ([`ProgramConfig::sandbox_in`]); a key left out keeps that
+/// sandbox's value.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ProgramConfig {
     /// The agent's command line; `{prompt}` (the task's text), `{workdir}` and `{task_json}`
@@ -50,44 +79,267 @@ pub struct ProgramConfig {
     pub command: Vec<String>,
     /// More environment variables for the agent, setup and verify (the proxy's URL and key
     /// are added).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Where each attempt runs.
+    #[serde(default)]
+    pub workdir: Workdir,
     /// Commands run in the directory before the agent, in order (each must exit 0).
+    #[serde(default, with = "commands", skip_serializing_if = "Vec::is_empty")]
     pub setup: Vec<Vec<String>>,
     /// The command that judges the directory after the agent exited; the dataset row comes as
-    /// JSON on its stdin.
+    /// JSON on its stdin. Its reward is the number it prints, else its exit code (0: 1.0,
+    /// 1: 0.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<Vec<String>>,
     /// How long the agent may run before its process group is killed.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// How long each setup and verify command may run.
+    #[serde(default = "default_command_timeout", with = "humantime_serde")]
     pub command_timeout: Duration,
-    /// Where the private root of the attempts' directories is made.
+    /// The weight of the `env` reward column that `verify` gives, among the run's rewards
+    /// (for whoever builds them: the agent itself only reports the reward).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// The `sandbox` key: how the programs are isolated (`"bwrap"` or `"none"`); unset keeps
+    /// the sandbox's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Isolation>,
+    /// Whether the programs get the host's network; unset keeps the sandbox's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// The programs' resource limits; unset keeps the sandbox's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// Where the private root of the attempts' directories is made (run time, not a key: the
+    /// system's temporary directory).
+    #[serde(skip, default = "std::env::temp_dir")]
     pub workdir_root: PathBuf,
-    /// Bytes of the agent's stdout and of its stderr kept for the log.
+    /// Bytes of the agent's stdout and of its stderr kept for the log (run time, not a key).
+    #[serde(skip, default = "default_max_output")]
     pub max_output: usize,
-    /// Where the agent, setup and verify run: bubblewrap with the host's network by default.
-    pub sandbox: Sandbox,
     /// A program that serves [`forward`] (the binary's `agent-forward`, say), run inside the
     /// sandbox: with it, an agent in a sandbox without the host's network reaches its proxy
-    /// (and nothing else). Without it, such an agent reaches nothing.
+    /// (and nothing else). Without it, such an agent reaches nothing. Run time, not a key.
+    #[serde(skip)]
     pub forwarder: Option<Vec<String>>,
 }
 
+/// Where an agent runs (`workdir`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Workdir {
+    /// `"fresh"`: a new directory per rollout attempt (an unguessable name in a private root),
+    /// removed after verify.
+    #[default]
+    Fresh,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_command_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+fn default_max_output() -> usize {
+    64 * 1024
+}
+
 impl ProgramConfig {
-    /// Runs `command` with the defaults: 10 minutes, 2 minutes per setup or verify command,
-    /// directories under the system's temporary directory, 64 KiB of output kept, the default
-    /// sandbox with the host's network (to reach the proxy).
+    /// Runs `command` with the defaults (the table's when a key is left out): 10 minutes,
+    /// 2 minutes per setup or verify command, no setup, no verify, a weight of 1, the
+    /// sandbox as given; directories under the system's temporary directory, 64 KiB of
+    /// output kept, no forwarder.
     pub fn new(command: Vec<String>) -> ProgramConfig {
         ProgramConfig {
             command,
             env: BTreeMap::new(),
+            workdir: Workdir::default(),
             setup: Vec::new(),
             verify: None,
-            timeout: Duration::from_secs(600),
-            command_timeout: Duration::from_secs(120),
+            timeout: default_timeout(),
+            command_timeout: default_command_timeout(),
+            weight: default_weight(),
+            sandbox: None,
+            network: None,
+            limits: None,
             workdir_root: std::env::temp_dir(),
-            max_output: 64 * 1024,
-            sandbox: Sandbox::default().network(true),
+            max_output: default_max_output(),
             forwarder: None,
+        }
+    }
+
+    /// The sandbox the agent, setup and verify run in: `base` (the default sandbox with the
+    /// host's network, for a library user without a forwarder; a run's files hidden, for the
+    /// binary) as the `sandbox`, `network` and `limits` keys change it.
+    pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
+        base.clone()
+            .with_keys(self.sandbox, self.network, self.limits)
+    }
+
+    /// Every command line with its key, for messages: `command`, then `setup` (`setup[i]`
+    /// among several), then `verify`.
+    pub fn command_lines_mut(&mut self) -> impl Iterator<Item = (String, &mut Vec<String>)> {
+        let count = self.setup.len();
+        std::iter::once(("command".to_owned(), &mut self.command))
+            .chain(
+                self.setup
+                    .iter_mut()
+                    .enumerate()
+                    .map(move |(index, argv)| (commands::key("setup", index, count), argv)),
+            )
+            .chain(
+                self.verify
+                    .iter_mut()
+                    .map(|argv| ("verify".to_owned(), argv)),
+            )
+    }
+
+    /// Whether `verify` gives a reward (the `env` column).
+    pub fn verifies(&self) -> bool {
+        self.verify.is_some()
+    }
+
+    /// Checks the values: every command line has a program, the timeouts are longer than
+    /// zero, the weight is a finite number. Whether the programs exist and the sandbox can be
+    /// had here is the caller's to check.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let empty = |key: String| {
+            ConfigError::new(Some(key), "empty; expected the program and its arguments")
+        };
+        if self.command.is_empty() {
+            return Err(empty("command".to_owned()));
+        }
+        for (index, argv) in self.setup.iter().enumerate() {
+            if argv.is_empty() {
+                return Err(empty(commands::key("setup", index, self.setup.len())));
+            }
+        }
+        if self.verify.as_ref().is_some_and(Vec::is_empty) {
+            return Err(empty("verify".to_owned()));
+        }
+        if self.timeout.is_zero() || self.command_timeout.is_zero() {
+            return Err(ConfigError::new(
+                None,
+                "timeout and command_timeout must be longer than zero",
+            ));
+        }
+        if !self.weight.is_finite() {
+            return Err(ConfigError::new(
+                Some("weight".to_owned()),
+                format!("expected a finite number, got {}", self.weight),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The agent, run against `proxy`, its programs in `sandbox` as the table changes it
+    /// (see [`ProgramAgent::new`]).
+    pub fn agent(&self, proxy: Arc<Proxy>, sandbox: Sandbox) -> Result<ProgramAgent, AgentError> {
+        ProgramAgent::new(proxy, self.clone(), sandbox)
+    }
+}
+
+/// `setup`'s keys: one command line (`["./setup.sh", "arg"]`) or a list of them
+/// (`[["make"], ["./check.sh"]]`), one written back as one. An empty list is one empty
+/// command line, refused by [`ProgramConfig::validate`] as such.
+mod commands {
+    use serde::{
+        Deserialize, Deserializer, Serialize, Serializer,
+        de::{self, SeqAccess, Visitor},
+    };
+
+    /// The key of the `index`th of `count` command lines under `name`: `setup` for the
+    /// only one, `setup[1]` among several.
+    pub(super) fn key(name: &str, index: usize, count: usize) -> String {
+        if count == 1 {
+            name.to_owned()
+        } else {
+            format!("{name}[{index}]")
+        }
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        commands: &[Vec<String>],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match commands {
+            [one] => one.serialize(serializer),
+            many => many.serialize(serializer),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Vec<String>>, D::Error> {
+        let items = Vec::<Item>::deserialize(deserializer)?;
+        if items.iter().all(|item| matches!(item, Item::Argument(_))) {
+            let argv = items
+                .into_iter()
+                .filter_map(|item| match item {
+                    Item::Argument(arg) => Some(arg),
+                    Item::Command(_) => None,
+                })
+                .collect();
+            return Ok(vec![argv]);
+        }
+        items
+            .into_iter()
+            .map(|item| match item {
+                Item::Command(argv) => Ok(argv),
+                Item::Argument(arg) => Err(de::Error::custom(format!(
+                    "expected one command line [\"./setup.sh\", \"arg\"] or a list of them \
+                     [[\"make\"], [\"./setup.sh\"]], not both: '{arg}' is not a list"
+                ))),
+            })
+            .collect()
+    }
+
+    /// One item of the list: an argument of the one command line, or a command line.
+    enum Item {
+        Argument(String),
+        Command(Vec<String>),
+    }
+
+    impl<'de> Deserialize<'de> for Item {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Item, D::Error> {
+            deserializer.deserialize_any(ItemVisitor)
+        }
+    }
+
+    struct ItemVisitor;
+
+    impl<'de> Visitor<'de> for ItemVisitor {
+        type Value = Item;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(
+                "a string (the program or an argument) or a list of strings (a command line)",
+            )
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Item, E> {
+            Ok(Item::Argument(text.to_owned()))
+        }
+
+        fn visit_string<E: de::Error>(self, text: String) -> Result<Item, E> {
+            Ok(Item::Argument(text))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+            let mut argv = Vec::new();
+            while let Some(arg) = seq.next_element::<String>()? {
+                argv.push(arg);
+            }
+            Ok(Item::Command(argv))
         }
     }
 }
@@ -97,19 +349,32 @@ impl ProgramConfig {
 pub struct ProgramAgent {
     proxy: Arc<Proxy>,
     config: Arc<ProgramConfig>,
+    sandbox: Arc<Sandbox>,
     root: Arc<PrivateRoot>,
 }
 
 impl ProgramAgent {
-    /// Runs `config`'s program against `proxy`; makes the private root of the attempts'
-    /// directories (removed when the last clone of the agent is dropped).
-    pub fn new(proxy: Arc<Proxy>, config: ProgramConfig) -> Result<ProgramAgent, AgentError> {
+    /// Runs `config`'s program against `proxy`, in `sandbox` as `config`'s keys change it
+    /// ([`ProgramConfig::sandbox_in`]; `Sandbox::default().network(true)` for a library user
+    /// without a forwarder: the agent must reach the proxy); makes the private root of the
+    /// attempts' directories (removed when the last clone of the agent is dropped).
+    pub fn new(
+        proxy: Arc<Proxy>,
+        config: ProgramConfig,
+        sandbox: Sandbox,
+    ) -> Result<ProgramAgent, AgentError> {
         let root = PrivateRoot::new(&config.workdir_root)?;
         Ok(ProgramAgent {
             proxy,
+            sandbox: Arc::new(config.sandbox_in(&sandbox)),
             config: Arc::new(config),
             root: Arc::new(root),
         })
+    }
+
+    /// The sandbox its programs run in (each with the other attempts' directories hidden).
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
     }
 
     /// The private root of the attempts' directories.
@@ -244,9 +509,9 @@ fn random_name() -> Result<String, AgentError> {
 }
 
 /// An attempt's directory, removed when dropped.
-struct Workdir(PathBuf);
+struct AttemptDir(PathBuf);
 
-impl Drop for Workdir {
+impl Drop for AttemptDir {
     fn drop(&mut self) {
         if let Err(error) = std::fs::remove_dir_all(&self.0) {
             tracing::warn!(dir = %self.0.display(), %error, "cannot remove an agent's directory");
@@ -297,7 +562,7 @@ impl ProgramAgent {
         // under the forwarder that listens on the proxy's port in its network namespace.
         let relay = match &config.forwarder {
             Some(forwarder)
-                if config.sandbox.isolation == Isolation::Bwrap && !config.sandbox.network =>
+                if self.sandbox.isolation == Isolation::Bwrap && !self.sandbox.network =>
             {
                 let relay = Relay::start(&workdir.0, self.proxy.local_addr())?;
                 let mut wrapped = forwarder.clone();
@@ -373,7 +638,7 @@ impl ProgramAgent {
         input: Vec<u8>,
         timeout: Duration,
     ) -> Result<Finished, String> {
-        let sandbox = self.config.sandbox.clone().hide(&self.root.0);
+        let sandbox = Sandbox::clone(&self.sandbox).hide(&self.root.0);
         Program::new(argv)
             .envs(env.clone())
             .dir(place.workdir)
@@ -478,7 +743,7 @@ impl Placeholders<'_> {
 }
 
 /// A fresh directory for the attempt, with an unguessable name, in the agent's private root.
-fn make_workdir(root: &Path) -> Result<Workdir, AgentError> {
+fn make_workdir(root: &Path) -> Result<AttemptDir, AgentError> {
     let dir = root.join(random_name()?);
     std::fs::create_dir(&dir).map_err(|e| {
         AgentError(format!(
@@ -486,7 +751,7 @@ fn make_workdir(root: &Path) -> Result<Workdir, AgentError> {
             root.display()
         ))
     })?;
-    Ok(Workdir(dir))
+    Ok(AttemptDir(dir))
 }
 
 /// The task's text: the row's last user message.
@@ -507,7 +772,146 @@ fn tail(text: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn table(value: Value) -> Result<ProgramConfig, String> {
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        args.iter().map(|arg| (*arg).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_table_with_only_a_command_is_program_config_new() {
+        let read = table(json!({"command": ["agent", "{prompt}"]})).expect("a table");
+        assert_eq!(read, ProgramConfig::new(argv(&["agent", "{prompt}"])));
+        assert_eq!(read.timeout, Duration::from_secs(600));
+        assert_eq!(read.command_timeout, Duration::from_secs(120));
+        assert_eq!(read.weight, 1.0);
+        assert_eq!(read.workdir, Workdir::Fresh);
+        assert_eq!(read.max_output, 64 * 1024);
+        assert!(read.forwarder.is_none() && read.sandbox.is_none() && read.network.is_none());
+        // What is decided at run time is no key, and is not written.
+        let written = serde_json::to_value(&read).expect("written");
+        assert_eq!(
+            written,
+            json!({
+                "command": ["agent", "{prompt}"],
+                "workdir": "fresh",
+                "timeout": "10m",
+                "command_timeout": "2m",
+                "weight": 1.0,
+            })
+        );
+        for key in ["workdir_root", "max_output", "forwarder"] {
+            let refused = table(json!({"command": ["a"], key: 1})).expect_err(key);
+            assert!(
+                refused.contains(&format!("unknown field `{key}`")),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn setup_is_one_command_or_a_list_of_them_and_one_is_written_as_one() {
+        let one = table(json!({"command": ["a"], "setup": ["./setup.sh", "x"]})).expect("one");
+        assert_eq!(one.setup, vec![argv(&["./setup.sh", "x"])]);
+        assert_eq!(
+            serde_json::to_value(&one).expect("written")["setup"],
+            json!(["./setup.sh", "x"])
+        );
+        let two =
+            table(json!({"command": ["a"], "setup": [["make"], ["./x", "y"]]})).expect("a list");
+        assert_eq!(two.setup, vec![argv(&["make"]), argv(&["./x", "y"])]);
+        assert_eq!(
+            serde_json::to_value(&two).expect("written")["setup"],
+            json!([["make"], ["./x", "y"]])
+        );
+        let back: ProgramConfig =
+            serde_json::from_value(serde_json::to_value(&two).expect("written")).expect("read");
+        assert_eq!(back, two);
+        let mixed = table(json!({"command": ["a"], "setup": [["make"], "x"]})).expect_err("mixed");
+        assert!(mixed.contains("not both"), "{mixed}");
+        let number = table(json!({"command": ["a"], "setup": [1]})).expect_err("a number");
+        assert!(number.contains("expected a string"), "{number}");
+        // An empty list is one empty command line, which validate refuses as such.
+        let empty = table(json!({"command": ["a"], "setup": []})).expect("read");
+        assert_eq!(empty.setup, vec![Vec::<String>::new()]);
+        assert_eq!(
+            empty.validate().map_err(|e| e.to_string()),
+            Err("setup: empty; expected the program and its arguments".to_owned())
+        );
+    }
+
+    #[test]
+    fn validate_names_the_key_that_cannot_work() {
+        let problem = |value: Value| {
+            table(value)
+                .expect("a table")
+                .validate()
+                .map_err(|e| e.at("agent"))
+                .err()
+        };
+        assert_eq!(problem(json!({"command": ["a"], "verify": ["v"]})), None);
+        assert_eq!(
+            problem(json!({"command": []})).as_deref(),
+            Some("agent.command: empty; expected the program and its arguments")
+        );
+        assert_eq!(
+            problem(json!({"command": ["a"], "setup": [["s"], []]})).as_deref(),
+            Some("agent.setup[1]: empty; expected the program and its arguments")
+        );
+        assert_eq!(
+            problem(json!({"command": ["a"], "verify": []})).as_deref(),
+            Some("agent.verify: empty; expected the program and its arguments")
+        );
+        assert_eq!(
+            problem(json!({"command": ["a"], "command_timeout": "0s"})).as_deref(),
+            Some("agent: timeout and command_timeout must be longer than zero")
+        );
+        let mut config = ProgramConfig::new(argv(&["a"]));
+        config.weight = f64::NAN;
+        assert_eq!(
+            config.validate().map_err(|e| e.at("agent")),
+            Err("agent.weight: expected a finite number, got NaN".to_owned())
+        );
+    }
+
+    #[test]
+    fn every_command_line_comes_with_its_key() {
+        let mut config = table(json!({
+            "command": ["a"],
+            "setup": [["s"], ["t"]],
+            "verify": ["v"],
+        }))
+        .expect("a table");
+        let keys: Vec<String> = config.command_lines_mut().map(|(key, _)| key).collect();
+        assert_eq!(keys, ["command", "setup[0]", "setup[1]", "verify"]);
+        config.setup.pop();
+        let keys: Vec<String> = config.command_lines_mut().map(|(key, _)| key).collect();
+        assert_eq!(keys, ["command", "setup", "verify"]);
+    }
+
+    #[test]
+    fn the_sandbox_keys_change_the_sandbox_given_and_only_what_they_set() {
+        let base = Sandbox::default().hide("/run-files");
+        let config = table(json!({"command": ["a"]})).expect("a table");
+        assert_eq!(config.sandbox_in(&base), base);
+        let config = table(json!({
+            "command": ["a"],
+            "sandbox": "none",
+            "limits": {"memory_mib": 100},
+        }))
+        .expect("a table");
+        let sandbox = config.sandbox_in(&base);
+        assert_eq!(sandbox.isolation, Isolation::None);
+        assert!(!sandbox.network, "network kept from the base");
+        assert_eq!(sandbox.limits.memory_mib, 100);
+        assert_eq!(sandbox.hidden(), base.hidden());
+    }
 
     #[test]
     fn placeholders_are_replaced_in_one_pass() {
@@ -538,7 +942,7 @@ mod tests {
             make_workdir(&root.0).expect("made"),
             make_workdir(&root.0).expect("made"),
         );
-        let name = |dir: &Workdir| dir.0.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = |dir: &AttemptDir| dir.0.file_name().map(|n| n.to_string_lossy().into_owned());
         assert_ne!(name(&a), name(&b));
         assert!(name(&a).is_some_and(|n| n.len() == 32), "{:?}", name(&a));
         let path = root.0.clone();

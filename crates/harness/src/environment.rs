@@ -18,8 +18,17 @@ use crate::{
     sync::{Arc, Mutex, lock},
 };
 
+/// How many call timeouts one attempt at creating a session may take, by default: a server's
+/// start, then its handshake, its tool list and its reset, each bounded by the call timeout.
+/// [`HarnessConfig::for_timeout`] applies it; the `[environment]` table's `timeout` goes
+/// through it.
+pub const CREATE_TIMEOUT_CALLS: u32 = 4;
+
+/// How long a session call may take by default.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How a [`Harness`] treats its sessions.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HarnessConfig {
     /// Attempts at creating a session before the rollout fails with cause `session_create`.
@@ -34,18 +43,25 @@ pub struct HarnessConfig {
 }
 
 impl Default for HarnessConfig {
-    /// Three attempts, 200 ms apart at first, 30 s per call, 60 s per creation.
+    /// Three attempts, 200 ms apart at first, 30 s per call, and per creation
+    /// [`CREATE_TIMEOUT_CALLS`] calls' worth: 120 s (see [`HarnessConfig::for_timeout`]).
     fn default() -> Self {
-        HarnessConfig {
-            create_attempts: 3,
-            create_backoff: Duration::from_millis(200),
-            timeout: Duration::from_secs(30),
-            create_timeout: Duration::from_secs(60),
-        }
+        HarnessConfig::for_timeout(DEFAULT_TIMEOUT)
     }
 }
 
 impl HarnessConfig {
+    /// The defaults with `timeout` per session call, and [`CREATE_TIMEOUT_CALLS`] times it
+    /// per attempt at creating a session.
+    pub fn for_timeout(timeout: Duration) -> HarnessConfig {
+        HarnessConfig {
+            create_attempts: 3,
+            create_backoff: Duration::from_millis(200),
+            timeout,
+            create_timeout: timeout.saturating_mul(CREATE_TIMEOUT_CALLS),
+        }
+    }
+
     /// Sets the attempts at creating a session (at least 1).
     #[must_use]
     pub fn create_attempts(mut self, attempts: u32) -> Self {
@@ -60,7 +76,8 @@ impl HarnessConfig {
         self
     }
 
-    /// Sets the timeout of each session call.
+    /// Sets the timeout of each session call (the create timeout stays as it is; for both,
+    /// [`HarnessConfig::for_timeout`]).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

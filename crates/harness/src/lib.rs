@@ -25,6 +25,11 @@
 //! [`mcp`] (feature `mcp`, on by default): any MCP server (a process speaking stdio, or a streamable-HTTP endpoint) is an
 //! environment, through the official Rust SDK `rmcp`, so an environment needs no Rust.
 //!
+//! The settings of an agent (`agent::ProgramConfig`, a settings file's `[agent]`) and of an
+//! MCP environment (`mcp::McpEnvironment`, its `[environment]`) are serde tables declared
+//! here, with their defaults; each checks its own values (`validate`, a [`ConfigError`]
+//! naming the key).
+//!
 //! This crate alone, with a blocking environment whose episode ends when the model says the
 //! magic word (the engine's loop drives the same calls):
 //!
@@ -32,10 +37,8 @@
 //! use harness::{
 //!     Harness, SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification,
 //! };
-//! use rollout_core::{
-//!     DatasetRow, Message,
-//!     rollout::{Environment, EpisodeRequest, EpisodeStatus},
-//! };
+//! use rollout::{DatasetRow, Environment, EpisodeRequest, EpisodeStatus};
+//! use rollout_core::Message;
 //! use serde_json::{Map, Value, json};
 //! use tool_dispatch::{DispatcherConfig, Registry, ToolCall, ToolDispatcher, ToolSpec};
 //!
@@ -102,9 +105,50 @@ mod session;
 mod sync;
 
 pub use crate::{
-    environment::{Harness, HarnessConfig},
+    environment::{CREATE_TIMEOUT_CALLS, Harness, HarnessConfig},
     session::{
         Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory, Task, ToolOutput,
         Verification,
     },
 };
+
+/// A value of a settings table (`agent::ProgramConfig`, `mcp::McpEnvironment`) that cannot
+/// work: the key it is under (none: the table as a whole, two keys that exclude each other,
+/// say) and what is wrong, a phrase that follows the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key (`timeout`, `setup[1]`), or none for the table as a whole.
+    pub key: Option<String>,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl ConfigError {
+    /// `problem` under `key`.
+    pub fn new(key: Option<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError {
+            key,
+            problem: problem.into(),
+        }
+    }
+
+    /// The error said at `table`, where the table is (`agent`, `FILE:LINE: agent`):
+    /// `TABLE.KEY: PROBLEM`, or `TABLE: PROBLEM` for the table as a whole.
+    pub fn at(&self, table: &str) -> String {
+        match &self.key {
+            Some(key) => format!("{table}.{key}: {}", self.problem),
+            None => format!("{table}: {}", self.problem),
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "{key}: {}", self.problem),
+            None => f.write_str(&self.problem),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

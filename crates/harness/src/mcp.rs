@@ -24,7 +24,7 @@
 use std::{borrow::Cow, collections::BTreeMap, fmt, process::Stdio, time::Duration};
 
 use futures::future::BoxFuture;
-use process::{ProcessGroup, Program, Sandbox};
+use process::{Isolation, Limits, ProcessGroup, Program, Sandbox};
 use rmcp::{
     RoleClient, ServiceError, ServiceExt,
     model::{CallToolRequestParams, CallToolResult},
@@ -32,17 +32,23 @@ use rmcp::{
     transport::{StreamableHttpClientTransport, TokioChildProcess},
 };
 use rollout_core::Message;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncReadExt;
-use tool_dispatch::ToolSpec;
+use tool_dispatch::{ToolDispatcher, ToolSpec};
 
 use crate::{
+    ConfigError, Harness, HarnessConfig,
+    environment::DEFAULT_TIMEOUT,
     session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification},
     sync::{Mutex, lock},
 };
 
 /// The tool that receives the task, when a server has one.
 pub const RESET_TOOL: &str = "reset";
+
+/// The verify tool's name unless set.
+pub const DEFAULT_VERIFY_TOOL: &str = "verify";
 
 /// Where the MCP server is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +90,8 @@ impl McpConfig {
     pub fn new(server: McpServer) -> McpConfig {
         McpConfig {
             server,
-            verify_tool: "verify".to_owned(),
-            timeout: Duration::from_secs(30),
+            verify_tool: DEFAULT_VERIFY_TOOL.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
             stderr_cap: 16 * 1024,
             sandbox: Sandbox::none(),
         }
@@ -110,6 +116,235 @@ impl McpConfig {
     pub fn timeout(mut self, timeout: Duration) -> McpConfig {
         self.timeout = timeout;
         self
+    }
+}
+
+/// An MCP server as an environment, and the `[environment]` table of a settings file that says
+/// so (unknown keys refused; the defaults those of [`McpConfig::new`] and
+/// [`HarnessConfig::default`]):
+///
+/// ```toml
+/// [environment]
+/// kind = "mcp"
+/// command = ["python3", "env_server.py"]   # stdio: one server process per rollout
+/// # url = "http://127.0.0.1:9000/mcp"      # or streamable HTTP: one MCP session per rollout
+/// verify_tool = "verify"                   # called once at the end, never shown to the model
+/// timeout = "30s"                          # per request; a session's creation gets 4 of them
+/// weight = 1.0                             # of the `env` column among the rewards
+/// create_attempts = 3                      # tries at starting a session
+/// sandbox = "bwrap"                        # a stdio server sandboxed (default "none")
+/// network = false                          # with bwrap: the host's network or not (default false)
+/// limits = { memory_mib = 2048 }           # process::Limits (default none; with bwrap, bwrap's)
+/// ```
+///
+/// A stdio server is the user's own program, so it runs unsandboxed unless the table asks
+/// (`sandbox = "bwrap"`); see [`McpEnvironment::sandbox_in`].
+///
+/// ```
+/// use harness::mcp::{McpEnvironment, McpServer};
+///
+/// let table: McpEnvironment = serde_json::from_str(
+///     r#"{"kind": "mcp", "url": "http://127.0.0.1:9000/mcp", "timeout": "5s"}"#,
+/// )?;
+/// table.validate()?;
+/// assert_eq!(table.server(), McpServer::Url("http://127.0.0.1:9000/mcp".into()));
+/// // Each attempt at a session may take four request timeouts.
+/// assert_eq!(table.harness_config().create_timeout.as_secs(), 20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct McpEnvironment {
+    /// What serves the episodes: `mcp`.
+    pub kind: EnvironmentKind,
+    /// A stdio server: the program and its arguments (one process per rollout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// A streamable-HTTP server (one MCP session per rollout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The tool called once at the end, never shown to the model.
+    #[serde(default = "default_verify_tool")]
+    pub verify_tool: String,
+    /// How long the handshake and each request may take; a session's creation gets
+    /// [`CREATE_TIMEOUT_CALLS`](crate::CREATE_TIMEOUT_CALLS) of them.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// The weight of the `env` column among the rewards (for whoever builds them).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// Tries at starting a session.
+    #[serde(default = "default_create_attempts")]
+    pub create_attempts: u32,
+    /// A stdio server's isolation: `"none"` (the default) or `"bwrap"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Isolation>,
+    /// With `sandbox = "bwrap"`: whether the server gets the host's network (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// A stdio server's resource limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+}
+
+/// What serves an environment's episodes (`kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EnvironmentKind {
+    /// An MCP server.
+    Mcp,
+}
+
+fn default_verify_tool() -> String {
+    DEFAULT_VERIFY_TOOL.to_owned()
+}
+
+fn default_timeout() -> Duration {
+    DEFAULT_TIMEOUT
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+fn default_create_attempts() -> u32 {
+    HarnessConfig::default().create_attempts
+}
+
+impl McpEnvironment {
+    /// `server` with the defaults of every other key.
+    pub fn new(server: McpServer) -> McpEnvironment {
+        let (command, url) = match server {
+            McpServer::Command(argv) => (Some(argv), None),
+            McpServer::Url(url) => (None, Some(url)),
+        };
+        McpEnvironment {
+            kind: EnvironmentKind::Mcp,
+            command,
+            url,
+            verify_tool: default_verify_tool(),
+            timeout: default_timeout(),
+            weight: default_weight(),
+            create_attempts: default_create_attempts(),
+            sandbox: None,
+            network: None,
+            limits: None,
+        }
+    }
+
+    /// Checks the values: one server (`command` or `url`, not both), a command line with a
+    /// program, an http(s) URL, a timeout longer than zero, a finite weight, at least one
+    /// create attempt, a verify tool named, and `sandbox`, `network` and `limits` only for a
+    /// stdio server. Whether the program exists and the sandbox can be had here is the
+    /// caller's to check.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |key: Option<&str>, problem: String| {
+            Err(ConfigError::new(key.map(str::to_owned), problem))
+        };
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                return fail(
+                    None,
+                    "give command (a stdio server) or url (streamable HTTP), not both".to_owned(),
+                );
+            }
+            (None, None) => {
+                return fail(
+                    None,
+                    "no server: give command = [\"python3\", \"server.py\"] (stdio) or \
+                     url = \"http://127.0.0.1:9000/mcp\" (streamable HTTP)"
+                        .to_owned(),
+                );
+            }
+            (Some(argv), None) => {
+                if argv.is_empty() {
+                    return fail(
+                        Some("command"),
+                        "empty; expected the program and its arguments".to_owned(),
+                    );
+                }
+            }
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return fail(
+                        Some("url"),
+                        format!("'{url}' is not an http:// or https:// URL"),
+                    );
+                }
+            }
+        }
+        if self.timeout.is_zero() {
+            return fail(Some("timeout"), "must be longer than zero".to_owned());
+        }
+        if !self.weight.is_finite() {
+            return fail(
+                Some("weight"),
+                format!("expected a finite number, got {}", self.weight),
+            );
+        }
+        if self.create_attempts == 0 {
+            return fail(Some("create_attempts"), "must be at least 1".to_owned());
+        }
+        if self.verify_tool.is_empty() {
+            return fail(
+                Some("verify_tool"),
+                "must name a tool of the server".to_owned(),
+            );
+        }
+        let keys = self.sandbox.is_some() || self.network.is_some() || self.limits.is_some();
+        if keys && self.command.is_none() {
+            return fail(
+                None,
+                "sandbox, network and limits are for a stdio server (command), not a url"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The server: the command, else the URL (empty when neither is given: see
+    /// [`McpEnvironment::validate`]).
+    pub fn server(&self) -> McpServer {
+        match (&self.command, &self.url) {
+            (Some(argv), _) => McpServer::Command(argv.clone()),
+            (None, url) => McpServer::Url(url.clone().unwrap_or_default()),
+        }
+    }
+
+    /// Where a stdio server runs: unsandboxed ([`Sandbox::none`]) unless the table says
+    /// `sandbox = "bwrap"`, then in `base` (a run's files hidden, say); either way as the
+    /// `network` and `limits` keys change it.
+    pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
+        let start = match self.sandbox {
+            Some(Isolation::Bwrap) => base.clone(),
+            Some(Isolation::None) | None => Sandbox::none(),
+        };
+        start.with_keys(None, self.network, self.limits)
+    }
+
+    /// The MCP sessions' settings, a stdio server in `sandbox` as the table changes it.
+    pub fn mcp_config(&self, sandbox: &Sandbox) -> McpConfig {
+        McpConfig::new(self.server())
+            .verify_tool(self.verify_tool.clone())
+            .timeout(self.timeout)
+            .sandbox(self.sandbox_in(sandbox))
+    }
+
+    /// How the harness treats the sessions: `create_attempts`, `timeout` per call and
+    /// [`CREATE_TIMEOUT_CALLS`](crate::CREATE_TIMEOUT_CALLS) of them per attempt at creating
+    /// one (the server's start, then the handshake, tools/list and reset, each bounded by
+    /// `timeout` in the MCP session itself).
+    pub fn harness_config(&self) -> HarnessConfig {
+        HarnessConfig::for_timeout(self.timeout).create_attempts(self.create_attempts)
+    }
+
+    /// The environment, named after its server, its sessions' tools run through `pool`, a
+    /// stdio server in `sandbox` as the table changes it.
+    pub fn harness(&self, pool: ToolDispatcher, sandbox: Sandbox) -> Harness {
+        let factory = McpFactory::new(self.mcp_config(&sandbox));
+        Harness::new(self.server().to_string(), factory, pool).config(self.harness_config())
     }
 }
 
@@ -534,6 +769,150 @@ mod tests {
     use rmcp::model::ContentBlock;
 
     use super::*;
+
+    fn table(value: Value) -> Result<McpEnvironment, String> {
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_environment_table_s_defaults_are_the_library_s() {
+        let read =
+            table(json!({"kind": "mcp", "command": ["python3", "server.py"]})).expect("a table");
+        let server = McpServer::Command(vec!["python3".into(), "server.py".into()]);
+        assert_eq!(read, McpEnvironment::new(server.clone()));
+        let mcp = read.mcp_config(&Sandbox::default());
+        let library = McpConfig::new(server);
+        assert_eq!(
+            (&mcp.server, &mcp.verify_tool, mcp.timeout, mcp.stderr_cap),
+            (
+                &library.server,
+                &library.verify_tool,
+                library.timeout,
+                library.stderr_cap
+            )
+        );
+        assert_eq!(read.harness_config(), HarnessConfig::default());
+        assert_eq!(read.weight, 1.0);
+        assert_eq!(
+            serde_json::to_value(&read).expect("written"),
+            json!({
+                "kind": "mcp",
+                "command": ["python3", "server.py"],
+                "verify_tool": "verify",
+                "timeout": "30s",
+                "weight": 1.0,
+                "create_attempts": 3,
+            })
+        );
+        let refused = table(json!({"kind": "mcp", "url": "http://x", "wieght": 1}))
+            .expect_err("an unknown key");
+        assert!(refused.contains("unknown field `wieght`"), "{refused}");
+    }
+
+    #[test]
+    fn a_session_s_creation_may_take_four_request_timeouts() {
+        assert_eq!(
+            HarnessConfig::default().create_timeout,
+            Duration::from_secs(120)
+        );
+        assert_eq!(HarnessConfig::default().timeout, Duration::from_secs(30));
+        let read =
+            table(json!({"kind": "mcp", "url": "http://x", "timeout": "5s"})).expect("a table");
+        let config = read.harness_config();
+        assert_eq!(config.timeout, Duration::from_secs(5));
+        assert_eq!(config.create_timeout, Duration::from_secs(20));
+        assert_eq!(config.create_attempts, 3);
+    }
+
+    #[test]
+    fn validate_names_the_key_that_cannot_work() {
+        let problem = |value: Value| {
+            table(value)
+                .expect("a table")
+                .validate()
+                .map_err(|e| e.at("environment"))
+                .err()
+        };
+        let cases = [
+            (json!({"kind": "mcp", "url": "https://x/mcp"}), None),
+            (
+                json!({"kind": "mcp", "command": ["s"], "url": "http://x"}),
+                Some(
+                    "environment: give command (a stdio server) or url (streamable HTTP), not both",
+                ),
+            ),
+            (
+                json!({"kind": "mcp"}),
+                Some(
+                    "environment: no server: give command = [\"python3\", \"server.py\"] \
+                     (stdio) or url = \"http://127.0.0.1:9000/mcp\" (streamable HTTP)",
+                ),
+            ),
+            (
+                json!({"kind": "mcp", "command": []}),
+                Some("environment.command: empty; expected the program and its arguments"),
+            ),
+            (
+                json!({"kind": "mcp", "url": "ftp://x"}),
+                Some("environment.url: 'ftp://x' is not an http:// or https:// URL"),
+            ),
+            (
+                json!({"kind": "mcp", "url": "http://x", "timeout": "0s"}),
+                Some("environment.timeout: must be longer than zero"),
+            ),
+            (
+                json!({"kind": "mcp", "url": "http://x", "create_attempts": 0}),
+                Some("environment.create_attempts: must be at least 1"),
+            ),
+            (
+                json!({"kind": "mcp", "url": "http://x", "verify_tool": ""}),
+                Some("environment.verify_tool: must name a tool of the server"),
+            ),
+            (
+                json!({"kind": "mcp", "url": "http://x", "network": true}),
+                Some(
+                    "environment: sandbox, network and limits are for a stdio server \
+                     (command), not a url",
+                ),
+            ),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(problem(value.clone()).as_deref(), expected, "{value}");
+        }
+        let mut infinite = McpEnvironment::new(McpServer::Url("http://x".into()));
+        infinite.weight = f64::INFINITY;
+        assert_eq!(
+            infinite.validate().map_err(|e| e.to_string()),
+            Err("weight: expected a finite number, got inf".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_stdio_server_is_unsandboxed_unless_the_table_asks_for_bwrap() {
+        let base = Sandbox::default().hide("/run-files");
+        let plain =
+            table(json!({"kind": "mcp", "command": ["s"], "network": false})).expect("a table");
+        let sandbox = plain.sandbox_in(&base);
+        assert_eq!(sandbox.isolation, Isolation::None);
+        assert_eq!(sandbox.limits, Limits::none());
+        let bwrap = table(json!({
+            "kind": "mcp",
+            "command": ["s"],
+            "sandbox": "bwrap",
+            "network": true,
+            "limits": {"memory_mib": 10},
+        }))
+        .expect("a table");
+        let sandbox = bwrap.sandbox_in(&base);
+        assert_eq!(sandbox.isolation, Isolation::Bwrap);
+        assert!(sandbox.network);
+        assert_eq!(sandbox.limits.memory_mib, 10);
+        assert_eq!(
+            sandbox.hidden(),
+            base.hidden(),
+            "the run's files stay hidden"
+        );
+    }
 
     fn text(text: &str) -> CallToolResult {
         CallToolResult::success(vec![ContentBlock::text(text)])
