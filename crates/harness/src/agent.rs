@@ -30,6 +30,7 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -43,7 +44,7 @@ use tokio::{
     net::{TcpListener, TcpStream, UnixListener, UnixStream},
 };
 
-use crate::{ConfigError, proxy::Proxy, sync::Arc};
+use crate::{ConfigError, proxy::Proxy};
 
 /// How to run the agent program, and the `[agent]` table of a settings file that says so:
 /// every key below but the run-time fields ([`workdir_root`](ProgramConfig::workdir_root),
@@ -519,6 +520,30 @@ impl Drop for AttemptDir {
     }
 }
 
+/// The agent's exit code and whether it timed out, as the outcome's metrics; logged.
+fn exit_metrics(ran: &Result<Finished, String>, episode: &str) -> BTreeMap<String, f64> {
+    let mut metrics = BTreeMap::new();
+    match ran {
+        Ok(finished) => {
+            let code = finished.status.code().map_or(-1.0, f64::from);
+            metrics.insert("agent_exit_code".to_owned(), code);
+            metrics.insert("agent_timed_out".to_owned(), 0.0);
+            tracing::debug!(
+                episode,
+                status = %finished.status,
+                stdout = %tail(&finished.stdout),
+                stderr = %tail(&finished.stderr),
+                "the agent exited"
+            );
+        }
+        Err(error) => {
+            metrics.insert("agent_timed_out".to_owned(), 1.0);
+            tracing::warn!(episode, %error, "the agent did not finish");
+        }
+    }
+    metrics
+}
+
 impl ProgramAgent {
     async fn attempt(&self, run: AgentRun) -> Result<AgentOutcome, AgentError> {
         let config = &self.config;
@@ -538,72 +563,13 @@ impl ProgramAgent {
             workdir: &workdir.0,
             task: &task,
         };
-        for (index, argv) in config.setup.iter().enumerate() {
-            let finished = self
-                .program(
-                    place.fill_all(argv),
-                    &place,
-                    &env,
-                    Vec::new(),
-                    config.command_timeout,
-                )
-                .await
-                .map_err(|e| AgentError(format!("setup[{index}]: {e}")))?;
-            if !finished.status.success() {
-                return Err(AgentError(format!(
-                    "setup[{index}] exited with {}: {}",
-                    finished.status,
-                    tail(&finished.stderr)
-                )));
-            }
-        }
-        let mut argv = place.fill_all(&config.command);
-        // Only its proxy: a relay from a socket in the directory to the proxy, and the agent
-        // under the forwarder that listens on the proxy's port in its network namespace.
-        let relay = match &config.forwarder {
-            Some(forwarder)
-                if self.sandbox.isolation == Isolation::Bwrap && !self.sandbox.network =>
-            {
-                let relay = Relay::start(&workdir.0, self.proxy.local_addr())?;
-                let mut wrapped = forwarder.clone();
-                wrapped.extend([
-                    "--port".to_owned(),
-                    self.proxy.local_addr().port().to_string(),
-                    // Relative: the forwarder runs in the directory, and a socket's path must
-                    // be short (108 bytes).
-                    "--socket".to_owned(),
-                    RELAY_SOCKET.to_owned(),
-                    "--".to_owned(),
-                ]);
-                wrapped.append(&mut argv);
-                argv = wrapped;
-                Some(relay)
-            }
-            _ => None,
-        };
+        self.setup(&place, &env).await?;
+        let (argv, relay) = self.command_line(&place, &workdir)?;
         let ran = self
             .program(argv, &place, &env, Vec::new(), config.timeout)
             .await;
         drop(relay);
-        let mut metrics = BTreeMap::new();
-        match &ran {
-            Ok(finished) => {
-                let code = finished.status.code().map_or(-1.0, f64::from);
-                metrics.insert("agent_exit_code".to_owned(), code);
-                metrics.insert("agent_timed_out".to_owned(), 0.0);
-                tracing::debug!(
-                    episode = %run.episode_id,
-                    status = %finished.status,
-                    stdout = %tail(&finished.stdout),
-                    stderr = %tail(&finished.stderr),
-                    "the agent exited"
-                );
-            }
-            Err(error) => {
-                metrics.insert("agent_timed_out".to_owned(), 1.0);
-                tracing::warn!(episode = %run.episode_id, %error, "the agent did not finish");
-            }
-        }
+        let mut metrics = exit_metrics(&ran, &run.episode_id);
         let transcript = session.finish().await;
         if let Err(error) = &ran
             && transcript.stats.requests == 0
@@ -626,6 +592,64 @@ impl ProgramAgent {
         }
         drop(workdir);
         Ok(outcome)
+    }
+
+    /// Runs the setup commands in order; each must exit 0.
+    async fn setup(
+        &self,
+        place: &Placeholders<'_>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<(), AgentError> {
+        for (index, argv) in self.config.setup.iter().enumerate() {
+            let finished = self
+                .program(
+                    place.fill_all(argv),
+                    place,
+                    env,
+                    Vec::new(),
+                    self.config.command_timeout,
+                )
+                .await
+                .map_err(|e| AgentError(format!("setup[{index}]: {e}")))?;
+            if !finished.status.success() {
+                return Err(AgentError(format!(
+                    "setup[{index}] exited with {}: {}",
+                    finished.status,
+                    tail(&finished.stderr)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent's command line, and, when the agent may reach only its proxy, the relay it
+    /// reaches it through: a relay from a socket in the directory to the proxy, and the
+    /// agent under the forwarder that listens on the proxy's port in its network namespace.
+    fn command_line(
+        &self,
+        place: &Placeholders<'_>,
+        workdir: &AttemptDir,
+    ) -> Result<(Vec<String>, Option<Relay>), AgentError> {
+        let argv = place.fill_all(&self.config.command);
+        let Some(forwarder) = &self.config.forwarder else {
+            return Ok((argv, None));
+        };
+        if self.sandbox.isolation != Isolation::Bwrap || self.sandbox.network {
+            return Ok((argv, None));
+        }
+        let relay = Relay::start(&workdir.0, self.proxy.local_addr())?;
+        let mut wrapped = forwarder.clone();
+        wrapped.extend([
+            "--port".to_owned(),
+            self.proxy.local_addr().port().to_string(),
+            // Relative: the forwarder runs in the directory, and a socket's path must be
+            // short (108 bytes).
+            "--socket".to_owned(),
+            RELAY_SOCKET.to_owned(),
+            "--".to_owned(),
+        ]);
+        wrapped.extend(argv);
+        Ok((wrapped, Some(relay)))
     }
 
     /// Runs `argv` (its placeholders already replaced) in the attempt's directory and sandbox

@@ -2,7 +2,11 @@
 //! retries, the session's tools on the tool pool, `done`, `verify` and `close`, sync
 //! sessions' calls on the pool's threads and async ones awaited.
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use futures::future::BoxFuture;
 use rollout::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict};
@@ -11,11 +15,11 @@ use serde_json::{Value, json};
 use tool_dispatch::{Arguments, Registry, Tool, ToolCall, ToolDispatcher, ToolError, ToolSpec};
 
 use crate::{
+    lock,
     session::{
         Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory, Task, ToolOutput,
         Verification,
     },
-    sync::{Arc, Mutex, lock},
 };
 
 /// How many call timeouts one attempt at creating a session may take, by default: a server's

@@ -102,7 +102,6 @@ pub mod mcp;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 mod session;
-mod sync;
 
 pub use crate::{
     environment::{CREATE_TIMEOUT_CALLS, Harness, HarnessConfig},
@@ -152,3 +151,11 @@ impl std::fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Locks `mutex`, going on when a panicking holder poisoned it: every value guarded in this
+/// crate is left consistent between statements.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -21,7 +21,7 @@
 //!   that does not start, does not complete the handshake, lists no tools or lacks the
 //!   verify tool fails its creation (cause `session_create`), each naming the server.
 
-use std::{borrow::Cow, collections::BTreeMap, fmt, process::Stdio, time::Duration};
+use std::{borrow::Cow, collections::BTreeMap, fmt, process::Stdio, sync::Mutex, time::Duration};
 
 use futures::future::BoxFuture;
 use process::{Isolation, Limits, ProcessGroup, Program, Sandbox};
@@ -40,8 +40,8 @@ use tool_dispatch::{ToolDispatcher, ToolSpec};
 use crate::{
     ConfigError, Harness, HarnessConfig,
     environment::DEFAULT_TIMEOUT,
+    lock,
     session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification},
-    sync::{Mutex, lock},
 };
 
 /// The tool that receives the task, when a server has one.

@@ -30,7 +30,13 @@
 mod capture;
 mod openai;
 
-use std::{collections::HashMap, fmt, net::SocketAddr, time::SystemTime};
+use std::{
+    collections::HashMap,
+    fmt,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
 
 use axum::{
     Json, Router,
@@ -52,7 +58,7 @@ use self::{
     capture::{Capture, Model},
     openai::{Answer, ApiError, ChatRequest, CompletionRequest, Turn, check_n},
 };
-use crate::sync::{Arc, Mutex, lock};
+use crate::lock;
 
 /// What the proxy serves as.
 #[derive(Debug, Clone)]
