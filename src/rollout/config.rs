@@ -393,102 +393,8 @@ impl Settings {
             .as_ref()
             .map_or_else(String::new, |s| format!(" in {}", s.path.display()));
         settings.check_paths(&file_name)?;
-        for server in &settings.servers {
-            if !(server.starts_with("http://") || server.starts_with("https://")) {
-                bail!("server '{server}' must start with http:// or https://");
-            }
-        }
-        if let Some(name) = &settings.tool_parser {
-            rollout_core::parse::parser_by_name(name)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("tool_parser")))?;
-        }
-        let Some(advantages) = AdvantageConfig::preset(&settings.estimator) else {
-            bail!(
-                "{}: unknown estimator '{}'; expected one of {}",
-                places.of("estimator"),
-                settings.estimator,
-                scoring::PRESETS.join(", ")
-            );
-        };
-        settings.engine.advantages = advantages;
-        settings
-            .engine
-            .validate()
-            .map_err(|e| anyhow::anyhow!("{}", places.problem(&e)))?;
-        if settings.epochs == 0 {
-            bail!("{}: epochs must be at least 1", places.of("epochs"));
-        }
-        if settings.resume && settings.overwrite {
-            bail!(
-                "{} and {} together: --resume keeps the rows of --out, --overwrite replaces \
-                 them; give one",
-                places.of("resume"),
-                places.of("overwrite")
-            );
-        }
-        if settings.resume && settings.writes_stdout() {
-            bail!(
-                "{}: --resume reads back what --out holds, and --out - (stdout) holds nothing \
-                 to read",
-                places.of("resume")
-            );
-        }
-        if let Some(listen) = &settings.listen {
-            let address = listen_address(listen)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
-            if let Some(token) = &settings.listen_token {
-                control::check_token(token).map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-            control::check_address(address, settings.listen_token.is_some())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
-        }
-        if settings.tool_threads == 0 {
-            bail!(
-                "{}: tool_threads must be at least 1",
-                places.of("tool_threads")
-            );
-        }
-        if let Some(pem) = &settings.ca_cert {
-            let text = std::fs::read(pem)
-                .with_context(|| format!("--ca-cert {}: cannot read the file", pem.display()))?;
-            vllm_client::Client::new(
-                vllm_client::ClientConfig::new("https://localhost").root_certificates_pem(text),
-            )
-            .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
-        }
-        if let Some(table) = &mut settings.environment {
-            let place = places
-                .source
-                .and_then(|s| s.place(&["environment"]))
-                .unwrap_or_else(|| "environment".to_owned());
-            environment::check(table, base, &place)?;
-            if !settings.tools.is_empty() {
-                bail!(
-                    "[[tools]] and [environment] together{file_name}: the environment's server \
-                     offers the rollout's tools; serve the [[tools]] from it instead, or drop \
-                     [environment]"
-                );
-            }
-        }
-        if let Some(table) = &mut settings.agent {
-            let place = places
-                .source
-                .and_then(|s| s.place(&["agent"]))
-                .unwrap_or_else(|| "agent".to_owned());
-            agent::check(table, base, &place)?;
-            if !settings.tools.is_empty() {
-                bail!(
-                    "[agent] with [[tools]]{file_name}: a loop-owning agent brings its own \
-                     tools and runs them itself; drop the [[tools]]"
-                );
-            }
-            if settings.environment.is_some() && table.verifies() {
-                bail!(
-                    "[agent] verify with [environment]{file_name}: the environment's verify \
-                     judges the agent's transcript; drop one of the two"
-                );
-            }
-        }
+        settings.check_values(&places)?;
+        settings.check_tables(&places, base, &file_name)?;
         let sandbox = run_sandbox(&settings, source.as_ref().map(|s| s.path.as_path()));
         let rewards = build_rewards(&settings, &places, base, &file_name, &sandbox)?;
         check_tools(&settings.tools, &places)?;
@@ -498,6 +404,118 @@ impl Settings {
             rewards,
             config_file: source.map(|s| s.path),
         })
+    }
+
+    /// Checks every plain value: servers, parser, estimator (its advantages set), the
+    /// engine's settings, epochs, resume, the control endpoint, tool threads, the CA file.
+    fn check_values(&mut self, places: &Places<'_>) -> anyhow::Result<()> {
+        for server in &self.servers {
+            if !(server.starts_with("http://") || server.starts_with("https://")) {
+                bail!("server '{server}' must start with http:// or https://");
+            }
+        }
+        if let Some(name) = &self.tool_parser {
+            rollout_core::parse::parser_by_name(name)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("tool_parser")))?;
+        }
+        let Some(advantages) = AdvantageConfig::preset(&self.estimator) else {
+            bail!(
+                "{}: unknown estimator '{}'; expected one of {}",
+                places.of("estimator"),
+                self.estimator,
+                scoring::PRESETS.join(", ")
+            );
+        };
+        self.engine.advantages = advantages;
+        self.engine
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{}", places.problem(&e)))?;
+        if self.epochs == 0 {
+            bail!("{}: epochs must be at least 1", places.of("epochs"));
+        }
+        if self.resume && self.overwrite {
+            bail!(
+                "{} and {} together: --resume keeps the rows of --out, --overwrite replaces \
+                     them; give one",
+                places.of("resume"),
+                places.of("overwrite")
+            );
+        }
+        if self.resume && self.writes_stdout() {
+            bail!(
+                "{}: --resume reads back what --out holds, and --out - (stdout) holds nothing \
+                     to read",
+                places.of("resume")
+            );
+        }
+        if let Some(listen) = &self.listen {
+            let address = listen_address(listen)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
+            if let Some(token) = &self.listen_token {
+                control::check_token(token).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            control::check_address(address, self.listen_token.is_some())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
+        }
+        if self.tool_threads == 0 {
+            bail!(
+                "{}: tool_threads must be at least 1",
+                places.of("tool_threads")
+            );
+        }
+        if let Some(pem) = &self.ca_cert {
+            let text = std::fs::read(pem)
+                .with_context(|| format!("--ca-cert {}: cannot read the file", pem.display()))?;
+            vllm_client::Client::new(
+                vllm_client::ClientConfig::new("https://localhost").root_certificates_pem(text),
+            )
+            .map_err(|e| anyhow::anyhow!("--ca-cert {}: {e}", pem.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Checks `[environment]` and `[agent]` (programs beside the file made absolute from
+    /// `base`) and what they cannot be combined with.
+    fn check_tables(
+        &mut self,
+        places: &Places<'_>,
+        base: &Path,
+        file_name: &str,
+    ) -> anyhow::Result<()> {
+        if let Some(table) = &mut self.environment {
+            let place = places
+                .source
+                .and_then(|s| s.place(&["environment"]))
+                .unwrap_or_else(|| "environment".to_owned());
+            environment::check(table, base, &place)?;
+            if !self.tools.is_empty() {
+                bail!(
+                    "[[tools]] and [environment] together{file_name}: the environment's server \
+                         offers the rollout's tools; serve the [[tools]] from it instead, or drop \
+                         [environment]"
+                );
+            }
+        }
+        if let Some(table) = &mut self.agent {
+            let place = places
+                .source
+                .and_then(|s| s.place(&["agent"]))
+                .unwrap_or_else(|| "agent".to_owned());
+            agent::check(table, base, &place)?;
+            if !self.tools.is_empty() {
+                bail!(
+                    "[agent] with [[tools]]{file_name}: a loop-owning agent brings its own \
+                         tools and runs them itself; drop the [[tools]]"
+                );
+            }
+            if self.environment.is_some() && table.verifies() {
+                bail!(
+                    "[agent] verify with [environment]{file_name}: the environment's verify \
+                         judges the agent's transcript; drop one of the two"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// A flag's path against the current directory, the file's against the file's
