@@ -30,7 +30,7 @@ pub(crate) fn check(config: &mut ProgramConfig, base: &Path, place: &str) -> any
         .validate()
         .map_err(|e| anyhow::anyhow!("{}", e.at(place)))?;
     for (key, argv) in config.command_lines_mut() {
-        super::config::resolve_command(base, argv, &format!("{place}.{key}"))?;
+        super::programs::resolve_command(base, argv, &format!("{place}.{key}"))?;
     }
     config
         .sandbox_in(&Sandbox::default())

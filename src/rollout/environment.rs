@@ -29,7 +29,7 @@ pub(crate) fn check(
         .validate()
         .map_err(|e| anyhow::anyhow!("{}", e.at(place)))?;
     if let Some(argv) = &mut environment.command {
-        super::config::resolve_command(base, argv, &format!("{place}.command"))?;
+        super::programs::resolve_command(base, argv, &format!("{place}.command"))?;
     }
     environment
         .sandbox_in(&Sandbox::default())

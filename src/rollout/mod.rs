@@ -10,5 +10,6 @@ pub(crate) mod config;
 pub(crate) mod control;
 pub(crate) mod environment;
 pub(crate) mod preflight;
+pub(crate) mod programs;
 pub(crate) mod progress;
 pub(crate) mod run;

@@ -29,17 +29,7 @@ const CALL: &str = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"ex
 const ANSWER: &str = "The answer is 391.";
 
 fn qwen3() -> ChatTokenizer {
-    let cache = std::env::var_os("ASYNC_GRPO_CACHE").map_or_else(
-        || {
-            let base = std::env::var_os("XDG_CACHE_HOME").map_or_else(
-                || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"),
-                PathBuf::from,
-            );
-            base.join("async-grpo")
-        },
-        PathBuf::from,
-    );
-    ChatTokenizer::from_dir(cache.join("qwen3"))
+    ChatTokenizer::from_dir(test_support::cache_dir().join("qwen3"))
         .expect("the Qwen3 tokenizer: run `cargo xtask fixtures`")
 }
 

@@ -125,15 +125,7 @@ fn mcp_python() -> Option<PathBuf> {
     if let Some(python) = std::env::var_os("ASYNC_GRPO_MCP_PYTHON") {
         return Some(PathBuf::from(python));
     }
-    let cache = std::env::var_os("ASYNC_GRPO_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|dir| PathBuf::from(dir).join("async-grpo"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/async-grpo"))
-        })?;
-    let python = cache.join("venv-mcp/bin/python");
+    let python = test_support::cache_dir().join("venv-mcp/bin/python");
     python.is_file().then_some(python)
 }
 

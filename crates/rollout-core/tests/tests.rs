@@ -1,7 +1,8 @@
 //! Integration tests of rollout-core: one test binary, one module per area.
 //!
 //! The rendering tests use real tokenizers and templates that `cargo xtask fixtures`
-//! fetches into `${XDG_CACHE_HOME:-~/.cache}/async-grpo` (`cargo xtask ci` does it first).
+//! fetches into the fixture cache (`test_support::cache_dir`); the plain `cargo nextest run`
+//! leaves them out, the `fixtures` and `ci` profiles run them.
 
 mod append;
 mod parity;
