@@ -34,7 +34,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use harness::{agent::ProgramConfig, mcp::McpEnvironment};
 use rollout::{ConfigError, RolloutConfig, Sampling, Shard};
 use rollout_core::ReconcilerConfig;
@@ -49,6 +49,7 @@ use vllm_sim::SimSettings;
 use super::{
     agent, control, environment,
     programs::{check_program, program_path},
+    progress::Mode as Progress,
 };
 use crate::layered::{Defaults, Layer};
 
@@ -71,21 +72,6 @@ impl Defaults for Settings {
     fn defaults_table() -> toml::Table {
         settings_table(&Settings::default()).unwrap_or_default()
     }
-}
-
-/// How progress shows.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Progress {
-    /// A bar when stderr is a terminal, else log lines.
-    #[default]
-    Auto,
-    /// A progress bar (log lines when stderr is not a terminal).
-    Bar,
-    /// A log line now and then.
-    Log,
-    /// Nothing.
-    Off,
 }
 
 /// The binary's own settings; `engine` holds the rollout loop's. Each field is a key of the

@@ -10,11 +10,26 @@ use std::{
     time::{Duration, Instant},
 };
 
+use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rollout::{Engine, Health};
+use serde::{Deserialize, Serialize};
 use vllm_client::Client;
 
-use super::config::Progress as Mode;
+/// How progress shows (`--progress`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Mode {
+    /// A bar when stderr is a terminal, else log lines.
+    #[default]
+    Auto,
+    /// A progress bar (log lines when stderr is not a terminal).
+    Bar,
+    /// A log line now and then.
+    Log,
+    /// Nothing.
+    Off,
+}
 
 /// The bar on stderr, if one is shown: log lines are written with it suspended.
 static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
