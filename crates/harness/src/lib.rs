@@ -30,6 +30,14 @@
 //! here, with their defaults; each checks its own values (`validate`, a [`ConfigError`]
 //! naming the key).
 //!
+//! # Features
+//!
+//! | feature | default | what it adds | dependencies |
+//! |---|---|---|---|
+//! | `mcp` | yes | [`mcp`]: MCP servers as environments | rmcp, tokio `process` |
+//! | `proxy` | no (`agent` turns it on) | [`proxy`]: the recording OpenAI-compatible proxy | axum, getrandom |
+//! | `agent` | yes | [`agent`]: agent programs run per rollout behind the proxy | `proxy`, tokio `process` |
+//!
 //! This crate alone, with a blocking environment whose episode ends when the model says the
 //! magic word (the engine's loop drives the same calls):
 //!

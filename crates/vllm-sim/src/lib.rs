@@ -47,6 +47,12 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! | feature | default | what it adds | dependencies |
+//! |---|---|---|---|
+//! | `clap` | no | `clap::Args` for [`SimSettings`], the flags of `async-grpo simulate` | clap |
 
 mod server;
 mod settings;
