@@ -1,27 +1,30 @@
 //! `Engine`: the rollout loop on a tokio runtime of its own, as the Python worker drives it.
 //!
 //! Construction checks everything that can be checked without a server (the tokenizer and
-//! its chat template, every dataset row, the tools and rewards) and raises `ValueError`
-//! naming the argument. [`Engine::start`] starts the runtime and a driver task: it waits for
-//! the servers, starts the loop, and forwards scored groups to a channel of one group that
-//! the worker's pump thread reads with [`Engine::next_group`], never holding the GIL while it
-//! waits. [`Engine::shutdown`] drains the loop; [`Engine::close`] joins the runtime's threads.
+//! its chat template, the settings, every dataset row, the output to resume, the tools and
+//! rewards) and raises `ValueError` naming the argument or setting. [`Engine::start`] opens
+//! the output and starts the runtime and a driver task: it waits for the servers, starts the
+//! loop on the run's [`Plan`](rollout::data::Plan), and forwards scored groups to a channel
+//! of one group that the worker's pump thread reads with [`Engine::next_group`], never
+//! holding the GIL while it waits. Once the pump has handed a group to the trainer,
+//! [`Engine::delivered`] writes it to the output (on the pump's thread, without the GIL:
+//! never on the runtime's). [`Engine::shutdown`] drains the loop; [`Engine::close`] joins
+//! the runtime's threads; [`Engine::finish_output`] closes the output.
 
-use std::{collections::BTreeMap, io::Cursor, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use harness::{Harness, HarnessConfig};
 use numpy::PyArray1;
 use pyo3::{
-    exceptions::{PyRuntimeError, PyValueError},
+    exceptions::{PyOSError, PyRuntimeError, PyValueError},
     prelude::*,
     types::{PyDict, PyList},
 };
 use rollout::{
-    DatasetError, DatasetReader, DatasetRow, DrainReport, Engine as Loop, PromptMode,
-    RolloutConfig, ScoredGroup,
+    DrainReport, Engine as Loop, RolloutConfig, ScoredGroup, data::Plan, output::Output,
 };
 use rollout_core::{ChatTokenizer, TrainingSample};
-use scoring::{AdvantageConfig, Reward, Scorer, ScorerConfig};
+use scoring::{Reward, Scorer, ScorerConfig};
 use serde_json::Value;
 use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
 use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
@@ -29,7 +32,9 @@ use vllm_client::{Client, ClientConfig};
 
 use crate::{
     callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
+    data::{self, Dataset, Destination},
     environment::PyEnvironment,
+    settings::Settings,
     sync::{Arc, AtomicBool, AtomicU64, Lane, Mutex, OnceLock, Ordering, lock},
 };
 
@@ -38,30 +43,20 @@ fn bad(argument: &str, message: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{argument}: {message}"))
 }
 
-/// A duration in seconds from Python, checked.
-fn seconds(argument: &str, value: f64) -> PyResult<Duration> {
-    if value.is_finite() && value > 0.0 {
-        Ok(Duration::from_secs_f64(value))
-    } else {
-        Err(bad(
-            argument,
-            format!("must be a number of seconds > 0, got {value}"),
-        ))
-    }
-}
-
 /// Everything the loop needs, checked at construction and consumed by [`Engine::start`].
 struct Prepared {
     tokenizer: ChatTokenizer,
-    rows: Vec<DatasetRow>,
-    epochs: Option<usize>,
+    dataset: Dataset,
+    /// The run's passes over `dataset`, less the groups a resumed output holds.
+    plan: Plan,
+    /// Where delivered groups are written, if anywhere.
+    destination: Option<Destination>,
     registry: Registry,
     /// The environment each rollout runs in (its sessions' tools instead of `registry`).
     environment: Option<PyEnvironment>,
     rewards: Vec<Reward>,
     config: RolloutConfig,
     client: ClientConfig,
-    server_wait: Duration,
     tool_threads: usize,
     tool_timeout: Duration,
     reward_threads: usize,
@@ -121,6 +116,10 @@ pub(crate) struct Engine {
     state: Arc<State>,
     groups: Mutex<Option<mpsc::Receiver<ScoredGroup>>>,
     driver: Mutex<Option<JoinHandle<()>>>,
+    /// The output, from [`Engine::start`] to [`Engine::finish_output`].
+    output: Mutex<Option<Output>>,
+    /// The last group [`Engine::next_group`] handed out, written once [`Engine::delivered`].
+    handed: Mutex<Option<ScoredGroup>>,
 }
 
 /// A tool as the Python side describes it: name, description, JSON schema of the
@@ -135,11 +134,8 @@ type EnvironmentTuple = (String, Py<PyAny>, f64);
 impl Engine {
     #[new]
     #[pyo3(signature = (
-        *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, epochs, tools, rewards,
-        environment, num_generations, max_inflight, max_tokens, temperature, top_p, top_k, min_p, max_turns,
-        fork_threshold_tokens, max_staleness, estimator, tool_timeout, reward_timeout,
-        server_wait, max_failure_rate, retries, rollout_timeout, prompt_mode, seed,
-        runtime_threads, max_groups, min_group_size, python_tool_threads
+        *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, tools, rewards,
+        environment, settings
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -150,44 +146,55 @@ impl Engine {
         model: Option<String>,
         dataset_rows: Option<Vec<String>>,
         dataset_path: Option<PathBuf>,
-        epochs: Option<usize>,
         tools: Vec<ToolSpecTuple>,
         rewards: Vec<RewardTuple>,
         environment: Option<EnvironmentTuple>,
-        num_generations: usize,
-        max_inflight: usize,
-        max_tokens: u32,
-        temperature: f32,
-        top_p: Option<f32>,
-        top_k: Option<i32>,
-        min_p: Option<f32>,
-        max_turns: usize,
-        fork_threshold_tokens: usize,
-        max_staleness: Option<u64>,
-        estimator: String,
-        tool_timeout: f64,
-        reward_timeout: f64,
-        server_wait: f64,
-        max_failure_rate: Option<f64>,
-        retries: usize,
-        rollout_timeout: f64,
-        prompt_mode: String,
-        seed: Option<u64>,
-        runtime_threads: usize,
-        max_groups: Option<u64>,
-        min_group_size: usize,
-        python_tool_threads: Option<usize>,
+        settings: &Bound<'_, PyDict>,
     ) -> PyResult<Engine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
         }
+        // The mapping as JSON (what the simulator's settings go through too), then read into
+        // the engine's own types.
+        let json: String = py
+            .import("json")?
+            .call_method1("dumps", (settings,))
+            .and_then(|text| text.extract())
+            .map_err(|e| bad("settings", format!("not JSON-like: {e}")))?;
+        let value: Value = serde_json::from_str(&json).map_err(|e| bad("settings", e))?;
+        let Settings {
+            engine: mut config,
+            bridge: settings,
+        } = Settings::read(&value).map_err(PyValueError::new_err)?;
         let chat_tokenizer = py
             .detach(|| ChatTokenizer::from_dir(&tokenizer))
             .map_err(|e| bad("processing_class", e))?;
-        let rows = py.detach(|| read_rows(dataset_rows, dataset_path))?;
+        let dataset = py
+            .detach(|| Dataset::read(dataset_rows, dataset_path))
+            .map_err(|e| bad("dataset", e))?;
+        let destination = match settings.output.clone() {
+            Some(path) => Some(
+                py.detach(|| Destination::check(path, settings.resume))
+                    .map_err(|e| bad("output", e))?,
+            ),
+            None => None,
+        };
+        let done = destination
+            .as_ref()
+            .map(|d| d.done().clone())
+            .unwrap_or_default();
+        // Like the binary's `--groups`, `groups` counts the whole run's groups: those a
+        // resumed output holds are of them.
+        config.max_groups = config
+            .max_groups
+            .map(|n| n.saturating_sub(done.len() as u64));
+        let plan = data::plan(dataset.rows(), &settings, config.sampling.seed, done)
+            .map_err(PyValueError::new_err)?;
 
         let bridge = Arc::new(bridge);
-        let lane = python_tool_threads.map(|permits| Arc::new(Lane::new(permits)));
+        let lane = settings
+            .python_tool_threads
+            .map(|permits| Arc::new(Lane::new(permits)));
         let mut registry = Registry::new();
         for (name, description, parameters, function, is_async) in tools {
             let parameters: Value = serde_json::from_str(&parameters)
@@ -201,7 +208,6 @@ impl Engine {
             };
             registry.add(tool).map_err(|e| bad("tools", e))?;
         }
-        let reward_timeout = seconds("reward_timeout", reward_timeout)?;
         let mut scored = Vec::new();
         for (name, function, is_async, weight) in rewards {
             if !weight.is_finite() {
@@ -216,7 +222,7 @@ impl Engine {
             } else {
                 Reward::from_sync(name, SyncPyReward(function))
             };
-            scored.push(reward.weight(weight).timeout(reward_timeout));
+            scored.push(reward.weight(weight).timeout(settings.reward_timeout));
         }
         let environment = match environment {
             None => None,
@@ -243,40 +249,6 @@ impl Engine {
         Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
             .map_err(|e| bad("reward_funcs", e))?;
 
-        let advantages = AdvantageConfig::preset(&estimator).ok_or_else(|| {
-            bad(
-                "estimator",
-                format!(
-                    "unknown estimator '{estimator}'; expected one of {}",
-                    scoring::PRESETS.join(", ")
-                ),
-            )
-        })?;
-        let prompt_mode: PromptMode = prompt_mode.parse().map_err(|e| bad("prompt_mode", e))?;
-        let mut config = RolloutConfig::default();
-        config.num_generations = num_generations;
-        config.max_inflight = max_inflight;
-        config.max_tokens = max_tokens;
-        config.max_turns = max_turns;
-        config.max_staleness = max_staleness;
-        config.max_failure_rate = max_failure_rate;
-        config.retries = retries;
-        config.rollout_timeout = seconds("rollout_timeout", rollout_timeout)?;
-        config.server_wait = seconds("server_wait", server_wait)?;
-        config.max_groups = max_groups;
-        config.min_group_size = min_group_size;
-        config.prompt_mode = prompt_mode;
-        config.advantages = advantages;
-        config.reconciler.fork_threshold_tokens = fork_threshold_tokens;
-        config.sampling.temperature = temperature;
-        config.sampling.top_p = top_p;
-        config.sampling.top_k = top_k;
-        config.sampling.min_p = min_p;
-        config.sampling.seed = seed;
-        config
-            .validate()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-
         let mut client = ClientConfig::with_servers(servers);
         if let Some(model) = model {
             client = client.model(model);
@@ -284,35 +256,49 @@ impl Engine {
         Ok(Engine {
             prepared: Mutex::new(Some(Prepared {
                 tokenizer: chat_tokenizer,
-                rows,
-                epochs,
+                dataset,
+                plan,
+                destination,
                 registry,
                 environment,
                 rewards: scored,
+                // A thread per rollout in flight: every rollout may be in a tool call.
+                tool_threads: config.max_inflight.clamp(1, 512),
                 config,
                 client,
-                server_wait: seconds("server_wait", server_wait)?,
-                // A thread per rollout in flight: every rollout may be in a tool call.
-                tool_threads: max_inflight.clamp(1, 512),
-                tool_timeout: seconds("tool_timeout", tool_timeout)?,
+                tool_timeout: settings.tool_timeout,
                 reward_threads: 2,
-                runtime_threads: runtime_threads.max(1),
+                runtime_threads: settings.runtime_threads,
             })),
             runtime: Mutex::new(None),
             handle: OnceLock::new(),
             state: Arc::new(State::default()),
             groups: Mutex::new(None),
             driver: Mutex::new(None),
+            output: Mutex::new(None),
+            handed: Mutex::new(None),
         })
     }
 
-    /// Starts the runtime and the loop (it waits for the servers in the background).
+    /// Opens the output (created, or continued after its whole groups), starts the runtime
+    /// and the loop (it waits for the servers in the background).
     fn start(&self, py: Python<'_>) -> PyResult<()> {
-        let Some(prepared) = lock(&self.prepared).take() else {
+        let mut slot = lock(&self.prepared);
+        let Some(prepared) = slot.take() else {
             return Err(PyRuntimeError::new_err(
                 "the engine was already started; a worker starts once",
             ));
         };
+        if let Some(destination) = &prepared.destination {
+            match py.detach(|| destination.open()) {
+                Ok(output) => *lock(&self.output) = Some(output),
+                Err(error) => {
+                    *slot = Some(prepared);
+                    return Err(PyOSError::new_err(format!("output: {error}")));
+                }
+            }
+        }
+        drop(slot);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(prepared.runtime_threads)
             .thread_name("async-grpo-rt")
@@ -354,8 +340,39 @@ impl Engine {
                 *guard = None;
                 Ok((true, None))
             }
-            Ok(Some(group)) => Ok((false, Some(group_to_python(py, &group)?))),
+            Ok(Some(group)) => {
+                let python = group_to_python(py, &group)?;
+                // Written once the pump says the trainer has it (`delivered`).
+                *lock(&self.handed) = Some(group);
+                Ok((false, Some(python)))
+            }
         }
+    }
+
+    /// The group [`Engine::next_group`] last returned reached the trainer: it is written to
+    /// the output (one write and a flush), without the GIL, on the caller's thread (the
+    /// pump's, never the runtime's). A group never said delivered (dropped by a stop with the
+    /// buffer full) is not written, so a resumed run rolls it out again.
+    fn delivered(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(group) = lock(&self.handed).take() else {
+            return Ok(());
+        };
+        py.detach(|| match lock(&self.output).as_mut() {
+            Some(output) => output.write_group(&group.samples),
+            None => Ok(()),
+        })
+        .map_err(|e| PyOSError::new_err(format!("output: cannot write a group: {e}")))
+    }
+
+    /// Closes the output (a Parquet output is written now, from its journal); returns the
+    /// groups and samples this worker wrote to it (`(0, 0)` without one). Call once the pump
+    /// has stopped. Idempotent.
+    fn finish_output(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let Some(output) = lock(&self.output).take() else {
+            return Ok((0, 0));
+        };
+        py.detach(|| output.finish())
+            .map_err(|e| PyOSError::new_err(format!("output: {e}")))
     }
 
     /// Turns sampled from now on record `version`; with `max_staleness`, groups left too far
@@ -460,23 +477,6 @@ impl Engine {
     }
 }
 
-/// Parses every dataset row now, so that a bad row is a `ValueError` at construction.
-fn read_rows(lines: Option<Vec<String>>, path: Option<PathBuf>) -> PyResult<Vec<DatasetRow>> {
-    let rows: Result<Vec<DatasetRow>, DatasetError> = match (lines, path) {
-        (Some(lines), None) => {
-            let text = lines.join("\n");
-            DatasetReader::new(Cursor::new(text.into_bytes()), "dataset").collect()
-        }
-        (None, Some(path)) => DatasetReader::open(&path).and_then(|reader| reader.collect()),
-        _ => return Err(bad("dataset", "give rows or a .jsonl path")),
-    };
-    let rows = rows.map_err(|e| bad("dataset", e))?;
-    if rows.is_empty() {
-        return Err(bad("dataset", "the dataset has no row"));
-    }
-    Ok(rows)
-}
-
 /// The driver: waits for the servers, starts the loop, forwards its groups; records why it
 /// ended when it ended on its own.
 async fn drive(prepared: Prepared, state: Arc<State>, groups_out: mpsc::Sender<ScoredGroup>) {
@@ -492,14 +492,14 @@ async fn run(
 ) -> Result<(), String> {
     let Prepared {
         tokenizer,
-        rows,
-        epochs,
+        dataset,
+        plan,
+        destination: _,
         registry,
         environment,
         rewards,
         config,
         client,
-        server_wait,
         tool_threads,
         tool_timeout,
         reward_threads,
@@ -507,6 +507,7 @@ async fn run(
     } = prepared;
     let client = Client::new(client).map_err(|e| format!("vllm_server_url: {e}"))?;
     *lock(&state.client) = Some(client.clone());
+    let server_wait = config.server_wait;
     client.wait_until_ready(server_wait).await.map_err(|e| {
         format!("the vLLM servers are not ready (server_wait {server_wait:?}): {e}")
     })?;
@@ -535,11 +536,12 @@ async fn run(
         }
         builder = builder.tools(tools);
     }
-    let source: Box<dyn Iterator<Item = Result<DatasetRow, DatasetError>> + Send> = match epochs {
-        Some(epochs) => Box::new(std::iter::repeat_n(rows, epochs).flatten().map(Ok)),
-        None => Box::new(rows.into_iter().cycle().map(Ok)),
-    };
-    let (engine, mut groups) = builder.start(source).map_err(|e| e.to_string())?;
+    // A file is opened (a shuffled one read whole) off the runtime's threads.
+    let items = tokio::task::spawn_blocking(move || dataset.items(plan))
+        .await
+        .map_err(|e| format!("the dataset's reader was lost: {e}"))?
+        .map_err(|e| format!("dataset: {e}"))?;
+    let (engine, mut groups) = builder.start_with_ids(items).map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
     // Published first, then the version applied: a version set in between reaches the loop
     // either way (versions only grow, so applying one twice is harmless).

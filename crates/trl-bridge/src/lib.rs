@@ -3,7 +3,13 @@
 //! protocol on top of it.
 //!
 //! - `engine`: `Engine`, the rollout loop on a tokio runtime of its own; the worker's pump
-//!   thread reads scored groups from it without holding the GIL.
+//!   thread reads scored groups from it without holding the GIL, and writes those it
+//!   delivered to the output.
+//! - `settings`: the engine's settings, one mapping from Python read into the engine's own
+//!   types (`RolloutConfig`, `Sampling`, `ReconcilerConfig`) and the bridge's.
+//! - `data`: the dataset (rows, or a JSON Lines or Parquet file), the plan of passes,
+//!   shuffle and shard, and the output a restarted worker resumes, through the engine's
+//!   `rollout::data` and `rollout::output`.
 //! - `callables`: Python tools and reward functions as tool-dispatch tools and scoring
 //!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
 //! - `environment`: a Python object of OpenEnv's session-factory shape as the harness's
@@ -14,8 +20,10 @@
 //! 3.10 and later.
 
 mod callables;
+mod data;
 mod engine;
 mod environment;
+mod settings;
 mod simulator;
 mod sync;
 

@@ -103,15 +103,16 @@ def _servers(url: Any) -> list[str]:
 
 
 def _dataset(dataset: Any) -> tuple[list[str] | None, str | None]:
-    """JSON lines of the rows, or a .jsonl path."""
+    """JSON lines of the rows, or a .jsonl or .parquet path."""
     if isinstance(dataset, (str, os.PathLike)):
         path = Path(dataset)
-        if path.suffix != ".jsonl" or not path.is_file():
-            raise ValueError(f"dataset: {str(path)!r} is not a .jsonl file")
+        if path.suffix not in (".jsonl", ".parquet") or not path.is_file():
+            raise ValueError(f"dataset: {str(path)!r} is not a .jsonl or .parquet file")
         return None, str(path)
     if isinstance(dataset, dict) or not isinstance(dataset, Iterable):
         raise TypeError(
-            f"dataset must be a datasets.Dataset, a list of dicts or a .jsonl path, got {type(dataset).__name__}"
+            "dataset must be a datasets.Dataset, a list of dicts or a .jsonl or .parquet path, "
+            f"got {type(dataset).__name__}"
         )
     lines = []
     for index, row in enumerate(dataset):
@@ -122,6 +123,26 @@ def _dataset(dataset: Any) -> tuple[list[str] | None, str | None]:
         except (TypeError, ValueError) as error:
             raise ValueError(f"dataset[{index}]: cannot be written as JSON: {error}") from error
     return lines, None
+
+
+def _shard(shard: Any) -> str | None:
+    """``"I/N"`` (checked by the engine) from ``"I/N"`` or ``(I, N)``."""
+    if shard is None or isinstance(shard, str):
+        return shard
+    if (
+        isinstance(shard, (tuple, list))
+        and len(shard) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in shard)
+    ):
+        return f"{shard[0]}/{shard[1]}"
+    raise TypeError(f"shard must be 'I/N' or a pair of ints (I, N), got {shard!r}")
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as the engine's duration text: ``600s``, or nanoseconds when not whole."""
+    if float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    return f"{max(1, round(seconds * 1e9))}ns"
 
 
 def _jsonable(value: Any) -> Any:
@@ -145,6 +166,28 @@ class RolloutWorker:
     episode, and what ``verify`` returns is the ``env`` reward column (weighted by
     ``environment_weight``; ``reward_funcs`` may then be empty). Every session is closed
     exactly once.
+
+    What is rolled out, in which order, as the ``async-grpo rollout`` binary plans it:
+
+    - ``dataset``: rows (a ``datasets.Dataset`` or a list of dicts, each with a
+      ``prompt``), or the path of a ``.jsonl`` or ``.parquet`` file (Parquet as Hugging Face
+      ``datasets`` writes it). Every row is checked at construction.
+    - ``epochs``: passes over the dataset; ``None`` rolls out pass after pass until
+      ``stop()``.
+    - ``shuffle``: each pass in an order of its own, seeded by ``seed`` (or 0): the same
+      order for the same seed, so that a resumed worker and every shard agree on it.
+    - ``shard``: ``"I/N"`` or ``(I, N)`` (``0 <= I < N``): only the rows whose index modulo
+      ``N`` is ``I``, so that ``N`` workers share one dataset without overlap.
+    - ``output``: a file every group handed to ``rollout_buffer`` is also written to, as
+      training rows (JSON Lines, or Parquet for a ``.parquet`` path, written at ``stop()``
+      from a ``.partial.jsonl`` journal). An existing output holding rows is refused
+      unless ``resume``.
+    - ``resume``: continue ``output``: the groups it holds whole are not rolled out again,
+      so that a worker made after ``stop()`` (or a crash) with the same dataset, ``epochs``,
+      ``shuffle``, ``seed`` and ``shard`` goes on where the last one stopped.
+
+    A group's ``group_id`` is its place in the whole run (``epoch * rows + position in the
+    pass``), whatever a shard or a resume leaves out.
     """
 
     def __init__(
@@ -183,6 +226,10 @@ class RolloutWorker:
         epochs: int | None = None,
         runtime_threads: int = 2,
         python_tool_threads: int | None = None,
+        shuffle: bool = False,
+        shard: str | tuple[int, int] | None = None,
+        output: str | os.PathLike[str] | None = None,
+        resume: bool = False,
     ) -> None:
         environment_name = None if environment is None else check_factory(environment)
         if not isinstance(model_name, str) or not model_name:
@@ -244,6 +291,12 @@ class RolloutWorker:
         ):
             _number(name, value, 0.0, 1e9, low_open=True)
         environment_weight = _number("environment_weight", environment_weight, -1e9, 1e9)
+        for name, flag in (("shuffle", shuffle), ("resume", resume)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        shard = _shard(shard)
+        if output is not None and not isinstance(output, (str, os.PathLike)):
+            raise TypeError(f"output must be a path, got {type(output).__name__}")
         rows, path = _dataset(dataset)
         tokenizer = _tokenizer_dir(processing_class)
         servers = _servers(vllm_server_url)
@@ -258,6 +311,38 @@ class RolloutWorker:
         self._drain_timeout = float(drain_timeout)
         self._loop = LoopThread()
         self._bridge = Bridge(self._loop)
+        # The engine's settings, by the names the engine reads (its settings file's, or
+        # TRL's where they differ), its values (durations as text, TRL's "off" values as
+        # None); the engine checks them and names a key it does not know.
+        settings: dict[str, Any] = {
+            "num_generations": num_generations,
+            "max_inflight_tasks": max_inflight_tasks,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p if top_p < 1.0 else None,
+            "top_k": top_k if top_k > 0 else None,
+            "min_p": min_p if min_p else None,
+            "max_turns": max_turns,
+            "fork_threshold_tokens": fork_threshold_tokens,
+            "max_staleness": max_staleness,
+            "estimator": estimator,
+            "tool_timeout": _duration(tool_timeout),
+            "reward_timeout": _duration(reward_timeout),
+            "server_wait": _duration(server_wait),
+            "max_failure_rate": max_failure_rate,
+            "retries": retries,
+            "rollout_timeout": _duration(rollout_timeout),
+            "prompt_mode": prompt_mode,
+            "seed": seed,
+            "runtime_threads": runtime_threads,
+            "min_group_size": min(2, num_generations),
+            "python_tool_threads": python_tool_threads,
+            "epochs": epochs,
+            "shuffle": shuffle,
+            "shard": shard,
+            "output": None if output is None else os.fspath(output),
+            "resume": resume,
+        }
         self._engine = _native.Engine(
             bridge=self._bridge,
             tokenizer=tokenizer,
@@ -265,36 +350,13 @@ class RolloutWorker:
             model=model_name,
             dataset_rows=rows,
             dataset_path=path,
-            epochs=epochs,
             tools=[(t.name, t.description, json.dumps(t.parameters), t.function, t.is_async) for t in entries],
             rewards=[
                 (name, func, returns_awaitable(func), weight)
                 for name, func, weight in zip(names, funcs, weights, strict=True)
             ],
             environment=None if environment is None else (environment_name, environment, environment_weight),
-            num_generations=num_generations,
-            max_inflight=max_inflight_tasks,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p if top_p < 1.0 else None,
-            top_k=top_k if top_k > 0 else None,
-            min_p=min_p if min_p else None,
-            max_turns=max_turns,
-            fork_threshold_tokens=fork_threshold_tokens,
-            max_staleness=max_staleness,
-            estimator=estimator,
-            tool_timeout=float(tool_timeout),
-            reward_timeout=float(reward_timeout),
-            server_wait=float(server_wait),
-            max_failure_rate=max_failure_rate,
-            retries=retries,
-            rollout_timeout=float(rollout_timeout),
-            prompt_mode=prompt_mode,
-            seed=seed,
-            runtime_threads=runtime_threads,
-            max_groups=None,
-            min_group_size=min(2, num_generations),
-            python_tool_threads=python_tool_threads,
+            settings=settings,
         )
         self._model_version = 0
         self._lock = threading.Lock()
@@ -339,8 +401,9 @@ class RolloutWorker:
     def stop(self) -> None:
         """Drains: no new rollouts, those in flight finish for up to ``drain_timeout`` seconds
         (then are cancelled), complete groups still reach ``rollout_buffer`` while it has
-        room; then joins every thread the worker started. Idempotent; also runs at
-        interpreter exit. A ``KeyboardInterrupt`` during the drain cancels at once."""
+        room; then joins every thread the worker started and closes ``output`` (a Parquet
+        one is written now). Idempotent; also runs at interpreter exit. A
+        ``KeyboardInterrupt`` during the drain cancels at once."""
         with self._lock:
             if self._stopped:
                 return
@@ -360,6 +423,9 @@ class RolloutWorker:
             self._engine.close(10.0)
             self._loop.stop(10.0)
         self.report["dropped_at_stop"] = self._dropped_at_stop
+        groups, samples = self._engine.finish_output()
+        self.report["output_groups"] = groups
+        self.report["output_samples"] = samples
         logger.info("RolloutWorker stopped: %s", self.report)
         if self.report.get("tool_threads_left_running"):
             logger.warning(
@@ -413,13 +479,16 @@ class RolloutWorker:
                 ended, group = self._engine.next_group(0.2)
                 if ended:
                     return
-                if group is not None:
-                    self._deliver(*group)
+                if group is not None and self._deliver(*group):
+                    # In rollout_buffer whole: written to the output, if there is one.
+                    self._engine.delivered()
         except BaseException as error:
             logger.error("the rollout worker's pump thread failed", exc_info=True)
             self._pump_error = error
 
-    def _deliver(self, samples: list[dict[str, Any]], group_metrics: dict[str, float], causes: list[str]) -> None:
+    def _deliver(self, samples: list[dict[str, Any]], group_metrics: dict[str, float], causes: list[str]) -> bool:
+        """Puts the group's samples in ``rollout_buffer``; whether every one got there."""
+        whole = True
         rates: dict[str, list[float]] = {}
         reward_std = group_metrics.get("reward_std", math.nan)
         for raw in samples:
@@ -448,24 +517,27 @@ class RolloutWorker:
                 group_id=int(raw["group_id"]),
                 metrics=metrics,
             )
-            self._put(sample)
+            whole = self._put(sample) and whole
         values: dict[str, MetricValue] = {key: (num, den) for key, (num, den) in rates.items()}
         for cause in causes:
             key = f"rollout/failures/{cause}_total"
             values[key] = float(values.get(key, 0.0)) + 1.0  # type: ignore[arg-type]
         self._push_metrics(values)
+        return whole
 
-    def _put(self, sample: Any) -> None:
+    def _put(self, sample: Any) -> bool:
+        """Puts one sample in ``rollout_buffer``, waiting for room unless stopping; whether
+        it got there."""
         while True:
             sample.enqueued_at = time.time()
             try:
                 self.rollout_buffer.put(sample, timeout=0.1)
                 self.delivered += 1
-                return
+                return True
             except queue.Full:
                 if self._stopping.is_set():
                     self._dropped_at_stop += 1
-                    return
+                    return False
 
     def _push_metrics(self, values: dict[str, MetricValue]) -> None:
         stats = self._engine.stats()
