@@ -177,7 +177,12 @@ fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
     // has asked for its parent-death signal, could outlive the engine: that window is not
     // what this test measures.)
     let deadline = Instant::now() + Duration::from_secs(60);
-    while marked_processes(&marker).iter().filter(|pid| is_sleep(pid)).count() < 4 {
+    while marked_processes(&marker)
+        .iter()
+        .filter(|pid| is_sleep(pid))
+        .count()
+        < 4
+    {
         assert!(
             Instant::now() < deadline && child.try_wait().ok().flatten().is_none(),
             "the four tool processes did not all start"

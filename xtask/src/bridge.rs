@@ -22,7 +22,13 @@ use test_support::cache_dir;
 use crate::{fixtures, root, vllm};
 
 /// What the suite's venv holds besides the package.
-const SUITE_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6"];
+const SUITE_PACKAGES: &[&str] = &[
+    "maturin==1.16.0",
+    "pytest==9.2.0",
+    "numpy==2.4.6",
+    // The Parquet datasets of the plan tests (test_data.py).
+    "pyarrow==26.0.1",
+];
 /// What the trainer test adds to the real-vLLM venv's packages.
 const TRL_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "trl==1.16.0"];
 

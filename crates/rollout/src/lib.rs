@@ -69,7 +69,7 @@ pub use crate::{
         Sampled, Sampler,
     },
     builder::EngineBuilder,
-    config::{ConfigError, PauseMode, PromptMode, RolloutConfig},
+    config::{ConfigError, PauseMode, PromptMode, RolloutConfig, field_names},
     data::{DatasetError, DatasetReader, DatasetRow, Shard},
     engine::{DrainReport, Engine, EngineError, Groups},
     episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},

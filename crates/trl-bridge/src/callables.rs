@@ -12,6 +12,8 @@
 //!   waits on a oneshot channel the loop completes. Dropping the future (the call timed out,
 //!   the rollout was cancelled) cancels the coroutine on the loop.
 
+use std::sync::{Arc, Mutex};
+
 use futures::future::BoxFuture;
 use pyo3::prelude::*;
 use scoring::{Group, Scores, SyncReward};
@@ -19,7 +21,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tool_dispatch::{Arguments, AsyncTool, SyncTool};
 
-use crate::sync::{Arc, Lane, Mutex, lock};
+use crate::{lane::Lane, lock};
 
 /// What tools and rewards return when they fail: any error that can cross threads.
 type ToolError = Box<dyn std::error::Error + Send + Sync>;

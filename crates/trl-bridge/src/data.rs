@@ -4,7 +4,7 @@
 //! [`Destination`] every group handed to the trainer is also written to, which a worker
 //! started again with `resume` continues ([`rollout::output`]).
 
-use std::{collections::HashSet, io::Cursor, path::PathBuf};
+use std::{collections::HashSet, io::Cursor, path::PathBuf, sync::Arc};
 
 use rollout::{
     DatasetError, DatasetReader, DatasetRow,
@@ -12,7 +12,7 @@ use rollout::{
     output::{self, Output, Resumed},
 };
 
-use crate::{settings::BridgeSettings, sync::Arc};
+use crate::settings::BridgeSettings;
 
 /// The dataset's rows, every one checked at construction.
 #[derive(Debug)]

@@ -11,7 +11,15 @@
 //! never on the runtime's). [`Engine::shutdown`] drains the loop; [`Engine::close`] joins
 //! the runtime's threads; [`Engine::finish_output`] closes the output.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use harness::{Harness, HarnessConfig};
 use numpy::PyArray1;
@@ -34,8 +42,9 @@ use crate::{
     callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
     data::{self, Dataset, Destination},
     environment::PyEnvironment,
+    lane::Lane,
+    lock,
     settings::Settings,
-    sync::{Arc, AtomicBool, AtomicU64, Lane, Mutex, OnceLock, Ordering, lock},
 };
 
 /// A `ValueError` naming the argument at fault.

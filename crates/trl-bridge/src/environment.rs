@@ -9,7 +9,7 @@
 //! values; awaitables are awaited on the worker's asyncio loop) and hands back JSON, which
 //! this module turns into the harness's types.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use harness::{SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification};
 use pyo3::{prelude::*, types::PyTuple};
@@ -17,8 +17,6 @@ use rollout_core::Message;
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 use tool_dispatch::ToolSpec;
-
-use crate::sync::Arc;
 
 /// The Python factory behind `environment=`, with the bridge that calls it.
 #[derive(Debug)]

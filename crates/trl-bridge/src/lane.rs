@@ -1,16 +1,8 @@
-//! The one module that names `std::sync`; everything else imports from here (the
-//! workspace's rule), with [`lock`], which goes on past a poisoned mutex.
+//! [`Lane`]: a counting semaphore for the threads that call sync Python tools.
 
-pub(crate) use std::sync::{
-    Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError,
-    atomic::{AtomicBool, AtomicU64, Ordering},
-};
+use std::sync::{Condvar, Mutex, PoisonError};
 
-/// Locks a mutex, going on past a panic elsewhere: every mutex of the crate guards one value
-/// that is set or taken whole, so a panic cannot leave it half-changed.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::lock;
 
 /// A counting semaphore for threads (std has none): at most `permits` holders at once; the
 /// others block on a condition variable, holding nothing else.

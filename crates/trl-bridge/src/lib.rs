@@ -23,9 +23,9 @@ mod callables;
 mod data;
 mod engine;
 mod environment;
+mod lane;
 mod settings;
 mod simulator;
-mod sync;
 
 use pyo3::prelude::*;
 
@@ -44,4 +44,12 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<simulator::Simulator>()?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
+}
+
+/// Locks a mutex, going on past a panic elsewhere: every mutex of the crate guards one value
+/// that is set or taken whole, so a panic cannot leave it half-changed.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -1,7 +1,7 @@
 //! `Simulator`: vllm-sim's vLLM-compatible simulator, served from Python (tests, demos,
 //! benchmarks: a GPU-free stand-in for a vLLM server, recording what it sampled).
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Mutex, time::Duration};
 
 use pyo3::{
     exceptions::{PyRuntimeError, PyValueError},
@@ -11,7 +11,7 @@ use pyo3::{
 use tokio::runtime::Runtime;
 use vllm_sim::{SimConfig, SimSettings, Simulator as Server};
 
-use crate::sync::{Mutex, lock};
+use crate::lock;
 
 /// A vLLM-compatible simulator on a runtime of its own (`async_grpo.Simulator`).
 #[pyclass(frozen, module = "async_grpo._native")]
