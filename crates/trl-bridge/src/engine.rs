@@ -163,18 +163,10 @@ impl Engine {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
         }
-        // The mapping as JSON (what the simulator's settings go through too), then read into
-        // the engine's own types.
-        let json: String = py
-            .import("json")?
-            .call_method1("dumps", (settings,))
-            .and_then(|text| text.extract())
-            .map_err(|e| bad("settings", format!("not JSON-like: {e}")))?;
-        let value: Value = serde_json::from_str(&json).map_err(|e| bad("settings", e))?;
         let Settings {
             engine: mut config,
             bridge: settings,
-        } = Settings::read(&value).map_err(PyValueError::new_err)?;
+        } = read_settings(py, settings)?;
         let chat_tokenizer = py
             .detach(|| ChatTokenizer::from_dir(&tokenizer))
             .map_err(|e| bad("processing_class", e))?;
@@ -204,56 +196,9 @@ impl Engine {
         let lane = settings
             .python_tool_threads
             .map(|permits| Arc::new(Lane::new(permits)));
-        let mut registry = Registry::new();
-        for (name, description, parameters, function, is_async) in tools {
-            let parameters: Value = serde_json::from_str(&parameters)
-                .map_err(|e| bad("tools", format!("{name}: the JSON schema is not JSON: {e}")))?;
-            let spec = ToolSpec::new(name.clone(), description).parameters(parameters);
-            let function = PyFunction::new(Arc::clone(&bridge), function, &name);
-            let tool = if is_async {
-                Tool::from_async(spec, AsyncPyTool(function))
-            } else {
-                Tool::from_sync(spec, SyncPyTool(function, lane.clone()))
-            };
-            registry.add(tool).map_err(|e| bad("tools", e))?;
-        }
-        let mut scored = Vec::new();
-        for (name, function, is_async, weight) in rewards {
-            if !weight.is_finite() {
-                return Err(bad(
-                    "reward_weights",
-                    format!("{name}: the weight must be finite, got {weight}"),
-                ));
-            }
-            let function = PyFunction::new(Arc::clone(&bridge), function, &name);
-            let reward = if is_async {
-                Reward::from_async(name, AsyncPyReward(function))
-            } else {
-                Reward::from_sync(name, SyncPyReward(function))
-            };
-            scored.push(reward.weight(weight).timeout(settings.reward_timeout));
-        }
-        let environment = match environment {
-            None => None,
-            Some(_) if !registry.is_empty() => {
-                return Err(bad(
-                    "environment",
-                    "the rollouts' tools are the sessions' (list_tools()): give tools= or \
-                     environment=, not both",
-                ));
-            }
-            Some((name, factory, weight)) => {
-                if !weight.is_finite() {
-                    return Err(bad(
-                        "environment_weight",
-                        format!("the weight must be finite, got {weight}"),
-                    ));
-                }
-                // What verify() found is the `env` column.
-                scored.push(scoring::builtin::environment().weight(weight));
-                Some(PyEnvironment::new(Arc::clone(&bridge), factory, &name))
-            }
-        };
+        let registry = tool_registry(&bridge, tools, lane.as_ref())?;
+        let mut scored = reward_functions(&bridge, rewards, settings.reward_timeout)?;
+        let environment = python_environment(&bridge, environment, &registry, &mut scored)?;
         // Checked now, so that two rewards of one name fail here and not in a thread.
         Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
             .map_err(|e| bad("reward_funcs", e))?;
@@ -571,6 +516,96 @@ async fn run(
         Some(error) => Err(format!("the rollout loop stopped: {error}")),
         None => Ok(()),
     }
+}
+
+/// The Python session factory as the engine's environment (its `env` column added to
+/// `scored`); refused beside tools of `registry`, whose rollouts' tools are the sessions'.
+fn python_environment(
+    bridge: &Arc<Py<PyAny>>,
+    environment: Option<EnvironmentTuple>,
+    registry: &Registry,
+    scored: &mut Vec<Reward>,
+) -> PyResult<Option<PyEnvironment>> {
+    Ok(match environment {
+        None => None,
+        Some(_) if !registry.is_empty() => {
+            return Err(bad(
+                "environment",
+                "the rollouts' tools are the sessions' (list_tools()): give tools= or \
+                 environment=, not both",
+            ));
+        }
+        Some((name, factory, weight)) => {
+            if !weight.is_finite() {
+                return Err(bad(
+                    "environment_weight",
+                    format!("the weight must be finite, got {weight}"),
+                ));
+            }
+            // What verify() found is the `env` column.
+            scored.push(scoring::builtin::environment().weight(weight));
+            Some(PyEnvironment::new(Arc::clone(bridge), factory, &name))
+        }
+    })
+}
+
+/// The settings mapping as JSON (what the simulator's settings go through too), read into
+/// the engine's own types.
+fn read_settings(py: Python<'_>, settings: &Bound<'_, PyDict>) -> PyResult<Settings> {
+    let json: String = py
+        .import("json")?
+        .call_method1("dumps", (settings,))
+        .and_then(|text| text.extract())
+        .map_err(|e| bad("settings", format!("not JSON-like: {e}")))?;
+    let value: Value = serde_json::from_str(&json).map_err(|e| bad("settings", e))?;
+    Settings::read(&value).map_err(PyValueError::new_err)
+}
+
+/// The Python tools as the dispatcher's: sync ones through `lane` when there is one.
+fn tool_registry(
+    bridge: &Arc<Py<PyAny>>,
+    tools: Vec<ToolSpecTuple>,
+    lane: Option<&Arc<Lane>>,
+) -> PyResult<Registry> {
+    let mut registry = Registry::new();
+    for (name, description, parameters, function, is_async) in tools {
+        let parameters: Value = serde_json::from_str(&parameters)
+            .map_err(|e| bad("tools", format!("{name}: the JSON schema is not JSON: {e}")))?;
+        let spec = ToolSpec::new(name.clone(), description).parameters(parameters);
+        let function = PyFunction::new(Arc::clone(bridge), function, &name);
+        let tool = if is_async {
+            Tool::from_async(spec, AsyncPyTool(function))
+        } else {
+            Tool::from_sync(spec, SyncPyTool(function, lane.cloned()))
+        };
+        registry.add(tool).map_err(|e| bad("tools", e))?;
+    }
+    Ok(registry)
+}
+
+/// The Python reward functions, weighted, each bounded by `timeout`.
+fn reward_functions(
+    bridge: &Arc<Py<PyAny>>,
+    rewards: Vec<RewardTuple>,
+    timeout: Duration,
+) -> PyResult<Vec<Reward>> {
+    let mut scored = Vec::new();
+    for (name, function, is_async, weight) in rewards {
+        if !weight.is_finite() {
+            return Err(bad(
+                "reward_weights",
+                format!("{name}: the weight must be finite, got {weight}"),
+            ));
+        }
+        let function = PyFunction::new(Arc::clone(bridge), function, &name);
+        let reward = if is_async {
+            Reward::from_async(name, AsyncPyReward(function))
+        } else {
+            Reward::from_sync(name, SyncPyReward(function))
+        };
+        scored.push(reward.weight(weight).timeout(timeout));
+    }
+    Ok(scored)
 }
 
 /// A group as Python reads it: `(samples, metrics, failure causes)`, each sample a dict.
