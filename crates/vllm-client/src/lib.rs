@@ -14,19 +14,17 @@
 //!   healthy, otherwise the least busy server is used; a failing server is ejected for a while.
 //!
 //! A vLLM-compatible simulator server to test against, without a GPU, is the `vllm-sim`
-//! crate. This crate has no feature (`e2e` only builds its suite against a real server).
+//! crate (whose docs run this example against it, and whose tests are this client's suite).
+//! This crate has no feature (`e2e` only builds its suite against a real server).
 //!
-//! ```
+//! ```no_run
 //! use std::time::Duration;
 //!
 //! use vllm_client::{Client, ClientConfig, FinishReason, GenerateParams};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let tokenizer = vllm_sim::training_tokenizer();
-//! # let server = vllm_sim::Simulator::start(vllm_sim::SimConfig::new(tokenizer), "127.0.0.1:0".parse()?).await?;
-//! # let url = server.url();
-//! // `url` is a vLLM server's, e.g. "http://127.0.0.1:8000".
+//! let url = "http://127.0.0.1:8000"; // a vLLM server
 //! let client = Client::new(ClientConfig::new(url))?;
 //! let model = client.wait_until_ready(Duration::from_secs(60)).await?;
 //! assert!(model.max_model_len.is_some());
@@ -36,7 +34,6 @@
 //! let turn = client.generate(&prompt_ids, &params).await?;
 //! assert_eq!(turn.token_ids.len(), turn.logprobs.len()); // one logprob per sampled id
 //! assert!(turn.token_ids.len() <= 8 && turn.finish_reason != FinishReason::Abort);
-//! # server.stop().await;
 //! # Ok(())
 //! # }
 //! ```
