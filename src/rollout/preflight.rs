@@ -6,9 +6,8 @@ use std::{collections::BTreeSet, time::Instant};
 
 use anyhow::bail;
 use rollout::{
-    DatasetError,
-    data::{self, Format},
-    output,
+    DatasetError, data,
+    output::{self, Held},
 };
 use rollout_core::{ChatTokenizer, RenderOptions};
 
@@ -56,23 +55,19 @@ fn check_output(settings: &Settings) -> anyhow::Result<()> {
     if settings.writes_stdout() || settings.resume || settings.overwrite {
         return Ok(());
     }
-    let holds_rows = |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
-    if holds_rows(&settings.out) {
-        bail!(
+    match output::held(&settings.out) {
+        None => Ok(()),
+        Some(Held::Rows) => bail!(
             "{} exists and holds rows; pass --resume to continue the run that wrote it, \
              --overwrite (or `overwrite = true`) to replace it, or --out to write elsewhere",
             settings.out.display()
-        );
-    }
-    let journal = output::journal_path(&settings.out);
-    if Format::of(&settings.out) == Format::Parquet && holds_rows(&journal) {
-        bail!(
+        ),
+        Some(Held::Journal(journal)) => bail!(
             "{} holds the rows of a run that did not finish; pass --resume to continue it, or \
              --overwrite to start again",
             journal.display()
-        );
+        ),
     }
-    Ok(())
 }
 
 /// Reads every row once: each must parse (or, with `--skip-bad-rows`, is counted), there must

@@ -8,8 +8,8 @@ use std::{collections::HashSet, io::Cursor, path::PathBuf, sync::Arc};
 
 use rollout::{
     DatasetError, DatasetReader, DatasetRow,
-    data::{self, Format, Items, Plan},
-    output::{self, Output, Resumed},
+    data::{self, Items, Plan},
+    output::{self, Held, Output, Resumed},
 };
 
 use crate::settings::BridgeSettings;
@@ -117,8 +117,6 @@ impl Destination {
     /// plan) or to start; without `resume`, one that holds rows already is refused rather than
     /// replaced, as the binary refuses it. The error is the message (without the argument).
     pub(crate) fn check(path: PathBuf, resume: bool) -> Result<Destination, String> {
-        let holds_rows =
-            |path: &std::path::Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
         let resumed = if resume {
             let resumed = output::resume(&path).map_err(|e| e.to_string())?;
             tracing::info!(
@@ -131,20 +129,24 @@ impl Destination {
                 tracing::warn!(output = %path.display(), "resuming: dropped {dropped}");
             }
             resumed
-        } else if holds_rows(&path) {
-            return Err(format!(
-                "{} exists and holds rows; pass resume=True to continue the run that wrote it, \
-                 or remove it",
-                path.display()
-            ));
-        } else if Format::of(&path) == Format::Parquet && holds_rows(&output::journal_path(&path)) {
-            return Err(format!(
-                "{} holds the rows of a run that did not finish; pass resume=True to continue \
-                 it, or remove it",
-                output::journal_path(&path).display()
-            ));
         } else {
-            Resumed::default()
+            match output::held(&path) {
+                None => Resumed::default(),
+                Some(Held::Rows) => {
+                    return Err(format!(
+                        "{} exists and holds rows; pass resume=True to continue the run that \
+                         wrote it, or remove it",
+                        path.display()
+                    ));
+                }
+                Some(Held::Journal(journal)) => {
+                    return Err(format!(
+                        "{} holds the rows of a run that did not finish; pass resume=True to \
+                         continue it, or remove it",
+                        journal.display()
+                    ));
+                }
+            }
         };
         Ok(Destination {
             path,

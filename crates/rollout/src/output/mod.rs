@@ -56,6 +56,26 @@ pub fn journal_path(out: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// What an output path already holds that a run starting afresh would replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// The output itself holds rows.
+    Rows,
+    /// A Parquet output's journal, at this path, holds the rows of a run that did not finish.
+    Journal(PathBuf),
+}
+
+/// What `out` already holds, if anything: rows of its own, or (a Parquet output) a journal
+/// left by a run that did not finish. A run that does not resume or replace it must refuse.
+pub fn held(out: &Path) -> Option<Held> {
+    let holds_rows = |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    if holds_rows(out) {
+        return Some(Held::Rows);
+    }
+    let journal = journal_path(out);
+    (Format::of(out) == Format::Parquet && holds_rows(&journal)).then_some(Held::Journal(journal))
+}
+
 /// What an output held when a run resumed it.
 #[derive(Debug, Default)]
 pub struct Resumed {
