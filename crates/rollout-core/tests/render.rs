@@ -253,6 +253,165 @@ fn named_templates_are_chosen_as_transformers_chooses_them() {
     );
 }
 
+/// A fixture folder's `tokenizer.json` text and `tokenizer_config.json` object, as
+/// [`ChatTokenizer::from_parts`] takes them.
+fn parts_of(name: &str) -> (String, Map<String, Value>) {
+    let read = |file: &str| {
+        std::fs::read_to_string(fixture(&format!("{name}/{file}"))).expect("the fixture reads")
+    };
+    let config = serde_json::from_str(&read("tokenizer_config.json")).expect("a JSON object");
+    (read("tokenizer.json"), config)
+}
+
+#[test]
+fn a_tokenizer_built_from_a_folder_s_parts_renders_as_the_folder_does() {
+    let call = ParsedCall {
+        id: "call_1".into(),
+        name: "get_weather".into(),
+        arguments: json!({"city": "Paris"}),
+    };
+    let conversation = [
+        Message::system("Be brief."),
+        Message::user("Weather in Paris?"),
+        Message::assistant("").with_tool_calls(&[call]),
+        Message::tool("call_1", "{\"temp\": 21}"),
+    ];
+    let tools = vec![
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}),
+    ];
+    let cases = [
+        RenderOptions::generation(),
+        RenderOptions::generation().with_tools(tools),
+        RenderOptions::default(),
+    ];
+    for name in ["qwen3", "llama31"] {
+        let from_dir = ChatTokenizer::from_dir(fixture(name)).expect("the folder loads");
+        let (tokenizer_json, config) = parts_of(name);
+        let from_parts =
+            ChatTokenizer::from_parts(&tokenizer_json, &config).expect("the parts load");
+        assert_eq!(
+            from_parts.special_tokens(),
+            from_dir.special_tokens(),
+            "{name}"
+        );
+        assert_eq!(
+            from_parts.template_names(),
+            from_dir.template_names(),
+            "{name}"
+        );
+        assert_eq!(from_parts.eos_token_id(), from_dir.eos_token_id(), "{name}");
+        assert_eq!(from_parts.bos_token_id(), from_dir.bos_token_id(), "{name}");
+        for options in &cases {
+            let expected = from_dir
+                .apply_chat_template(&conversation[..2], options)
+                .expect("renders");
+            let rendered = from_parts
+                .apply_chat_template(&conversation[..2], options)
+                .expect("renders");
+            assert_eq!(rendered, expected, "{name} {options:?}");
+        }
+        if name == "qwen3" {
+            let options = RenderOptions::generation();
+            assert_eq!(
+                from_parts
+                    .apply_chat_template(&conversation, &options)
+                    .expect("renders"),
+                from_dir
+                    .apply_chat_template(&conversation, &options)
+                    .expect("renders"),
+                "tool calls and results"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_edited_template_in_the_parts_is_the_one_used() {
+    let (tokenizer_json, mut config) = parts_of("qwen3");
+    let original = config["chat_template"].clone();
+    config.insert(
+        "chat_template".into(),
+        json!(format!(
+            // An expression: Qwen3's template starts with `{{%-`, which would trim a text.
+            "{{{{ 'EDITED ' }}}}{}",
+            original.as_str().expect("a string template")
+        )),
+    );
+    let edited = ChatTokenizer::from_parts(&tokenizer_json, &config).expect("the parts load");
+    let messages = [Message::user("hi")];
+    let rendered = edited
+        .apply_chat_template(&messages, &RenderOptions::generation())
+        .expect("renders");
+    let folder = qwen3()
+        .apply_chat_template(&messages, &RenderOptions::generation())
+        .expect("renders");
+    assert_eq!(rendered.text, format!("EDITED {}", folder.text));
+    assert_eq!(
+        rendered.ids,
+        [edited.encode("EDITED ").expect("encodes"), folder.ids].concat()
+    );
+
+    // Named templates, as tokenizer_config.json lists them: chosen as from a folder.
+    config.insert(
+        "chat_template".into(),
+        json!([
+            {"name": "default", "template": "default {{ messages[0].content }}"},
+            {"name": "tool_use", "template": "tool_use {{ messages[0].content }}"}
+        ]),
+    );
+    let named = ChatTokenizer::from_parts(&tokenizer_json, &config).expect("the parts load");
+    assert_eq!(named.template_names(), ["default", "tool_use"]);
+    let with_tools = RenderOptions::default().with_tools(vec![]);
+    assert_eq!(
+        named.render(&messages, &with_tools).expect("renders"),
+        "tool_use hi"
+    );
+}
+
+#[test]
+fn parts_that_are_not_a_tokenizer_are_an_error_naming_the_part() {
+    let mut config = Map::new();
+    config.insert("chat_template".into(), json!("{{ messages[0].content }}"));
+    let broken = ChatTokenizer::from_parts("{not json", &config).expect_err("bad json");
+    assert_eq!(
+        broken.to_string(),
+        "tokenizer.json (in memory): not a tokenizers tokenizer.json"
+    );
+    config.insert("chat_template".into(), json!(42));
+    let bad_template = ChatTokenizer::from_parts(TINY_TOKENIZER, &config).expect_err("a number");
+    assert_eq!(
+        bad_template.to_string(),
+        "tokenizer_config (in memory): expected chat_template to be a string or a list of named templates"
+    );
+    config.insert("chat_template".into(), json!("{% if %}"));
+    let uncompiled = ChatTokenizer::from_parts(TINY_TOKENIZER, &config).expect_err("no condition");
+    assert!(
+        uncompiled
+            .to_string()
+            .starts_with("chat template tokenizer_config (in memory)#chat_template"),
+        "{uncompiled}"
+    );
+}
+
+#[test]
+fn parts_encode_without_the_truncation_a_tokenizer_in_memory_was_left_with() {
+    // What `backend_tokenizer.to_str()` gives after a call with truncation=True, max_length=1.
+    let truncated = TINY_TOKENIZER.replace(
+        r#""truncation":null"#,
+        r#""truncation":{"direction":"Right","max_length":1,"strategy":"LongestFirst","stride":0}"#,
+    );
+    let mut config = Map::new();
+    config.insert(
+        "chat_template".into(),
+        json!("{{ messages[0].content }} hi"),
+    );
+    let tokenizer = ChatTokenizer::from_parts(&truncated, &config).expect("the parts load");
+    let rendered = tokenizer
+        .apply_chat_template(&[Message::user("hi")], &RenderOptions::default())
+        .expect("renders");
+    assert_eq!(rendered.ids, [3, 3]);
+}
+
 #[test]
 fn the_template_s_bos_is_the_only_bos_even_when_the_tokenizer_would_add_one() {
     let dir = tempdir("bos");

@@ -1,4 +1,5 @@
-//! A model's tokenizer folder: the `tokenizers` tokenizer, its chat templates, special tokens.
+//! A model's tokenizer, from its folder or its parts in memory: the `tokenizers` tokenizer,
+//! its chat templates, special tokens.
 
 use std::{
     collections::HashSet,
@@ -23,6 +24,11 @@ const SPECIAL_TOKEN_KEYS: [&str; 7] = [
     "mask_token",
 ];
 
+/// The tokenizer of [`ChatTokenizer::from_parts`] as its errors name it, in place of a file.
+const IN_MEMORY_TOKENIZER: &str = "tokenizer.json (in memory)";
+/// The config of [`ChatTokenizer::from_parts`] as its errors and template names name it.
+const IN_MEMORY_CONFIG: &str = "tokenizer_config (in memory)";
+
 /// A rendered conversation: the text and its token ids.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Rendered {
@@ -32,7 +38,8 @@ pub struct Rendered {
     pub ids: Vec<u32>,
 }
 
-/// A tokenizer with its chat templates, loaded as a Hugging Face folder or assembled.
+/// A tokenizer with its chat templates, loaded as a Hugging Face folder, built from the
+/// folder's parts in memory, or assembled.
 #[derive(Debug)]
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
@@ -73,6 +80,41 @@ impl ChatTokenizer {
             templates_from_config(&config, &config_path)?
         };
         Ok(Self::assemble(tokenizer, templates, special_tokens))
+    }
+
+    /// Builds a tokenizer from what a folder's files would hold, given in memory (a
+    /// tokenizer as transformers holds it, its chat template edited or not):
+    /// `tokenizer_json`, the text of a `tokenizer.json`; `config`, an object read as
+    /// `tokenizer_config.json` is: the special tokens (`bos_token`, `eos_token`, ... as
+    /// strings or as added tokens with a `content`) and `chat_template`, a string or a list
+    /// of `{"name": .., "template": ..}`. Truncation and padding set in `tokenizer_json` are
+    /// dropped: `apply_chat_template` encodes without them.
+    ///
+    /// Errors are [`RenderError::Load`] whose path names the part at fault
+    /// (`tokenizer.json (in memory)`, `tokenizer_config (in memory)`), or a template's
+    /// [`RenderError::Template`].
+    pub fn from_parts(
+        tokenizer_json: &str,
+        config: &Map<String, Value>,
+    ) -> Result<Self, RenderError> {
+        let not_a_tokenizer = |error| RenderError::Load {
+            path: PathBuf::from(IN_MEMORY_TOKENIZER),
+            message: "not a tokenizers tokenizer.json".into(),
+            cause: Some(Cause::new(error)),
+        };
+        let mut tokenizer = tokenizer_json
+            .parse::<Tokenizer>()
+            .map_err(not_a_tokenizer)?;
+        // transformers' apply_chat_template encodes with neither, whatever an earlier call
+        // with truncation= or padding= left set on a tokenizer in memory.
+        tokenizer.with_padding(None);
+        tokenizer.with_truncation(None).map_err(not_a_tokenizer)?;
+        let templates = templates_from_config(config, Path::new(IN_MEMORY_CONFIG))?;
+        Ok(Self::assemble(
+            tokenizer,
+            templates,
+            special_tokens_of(config),
+        ))
     }
 
     /// A tokenizer with one template and the given special tokens (`bos_token`, ...).
@@ -379,7 +421,7 @@ fn templates_from_files(
 }
 
 /// The templates of the config's `chat_template`: one string (`default`), a list of named
-/// templates, or none at all.
+/// templates, or none at all; `config_path` names the config in template names and errors.
 fn templates_from_config(
     config: &Map<String, Value>,
     config_path: &Path,
