@@ -28,6 +28,11 @@ const SUITE_PACKAGES: &[&str] = &[
     "numpy==2.4.6",
     // The Parquet datasets of the plan tests (test_data.py).
     "pyarrow==26.0.1",
+    // Tokenizers as users load them (test_tokenizer.py): from a Hub cache, edited in memory.
+    // The fixtures' versions: transformers brings tokenizers and huggingface_hub and needs no
+    // torch; its apply_chat_template, which the tests compare with, needs jinja2.
+    "transformers==5.24.0",
+    "jinja2==3.1.6",
 ];
 /// What the trainer test adds to the real-vLLM venv's packages.
 const TRL_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "trl==1.16.0"];
