@@ -150,7 +150,7 @@ impl Engine {
     fn new(
         py: Python<'_>,
         bridge: Py<PyAny>,
-        tokenizer: PathBuf,
+        tokenizer: crate::tokenizer::TokenizerSource,
         servers: Vec<String>,
         model: Option<String>,
         dataset_rows: Option<Vec<String>>,
@@ -168,7 +168,7 @@ impl Engine {
             bridge: settings,
         } = read_settings(py, settings)?;
         let chat_tokenizer = py
-            .detach(|| ChatTokenizer::from_dir(&tokenizer))
+            .detach(|| tokenizer.load())
             .map_err(|e| bad("processing_class", e))?;
         let dataset = py
             .detach(|| Dataset::read(dataset_rows, dataset_path))

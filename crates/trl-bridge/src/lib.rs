@@ -14,6 +14,8 @@
 //!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
 //! - `environment`: a Python object of OpenEnv's session-factory shape as the harness's
 //!   blocking session factory (`environment=`), its calls on the engine's tool pool.
+//! - `tokenizer`: `processing_class` as the worker hands it over: a tokenizer folder, or a
+//!   tokenizer's parts as it is in memory (its edited chat template included).
 //! - `simulator`: `Simulator`, the vLLM-compatible simulator served from Python.
 //!
 //! Built by maturin (`pip install ./crates/trl-bridge`): PyO3 with the stable ABI of Python
@@ -26,6 +28,7 @@ mod environment;
 mod lane;
 mod settings;
 mod simulator;
+mod tokenizer;
 
 use pyo3::prelude::*;
 

@@ -29,6 +29,7 @@ from . import _native
 from ._callables import Bridge, LoopThread, callable_name, returns_awaitable, tool_entry
 from ._environment import check_factory
 from ._sample import RolloutSample
+from ._tokenizer import tokenizer_source
 
 logger = logging.getLogger("async_grpo")
 
@@ -68,28 +69,6 @@ def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = 
         bound = "(" if low_open else "["
         raise ValueError(f"{name} must be in {bound}{low}, {high}], got {value}")
     return number
-
-
-def _tokenizer_dir(processing_class: Any) -> str:
-    """The folder holding the tokenizer's ``tokenizer.json`` and chat template."""
-    if processing_class is None:
-        raise ValueError("processing_class: give the tokenizer (or the folder it was saved to)")
-    if isinstance(processing_class, (str, os.PathLike)):
-        path = Path(processing_class)
-    else:
-        name = getattr(processing_class, "name_or_path", None)
-        if not isinstance(name, str) or not name:
-            raise TypeError(
-                "processing_class must be a transformers tokenizer (with name_or_path) or a folder path, "
-                f"got {type(processing_class).__name__}"
-            )
-        path = Path(name)
-    if not (path / "tokenizer.json").is_file():
-        raise ValueError(
-            f"processing_class: {str(path)!r} is not a folder with a tokenizer.json; the engine loads the same "
-            "tokenizer.json and chat template: save the tokenizer with save_pretrained(folder) and pass the folder"
-        )
-    return str(path)
 
 
 def _servers(url: Any) -> list[str]:
@@ -298,7 +277,7 @@ class RolloutWorker:
         if output is not None and not isinstance(output, (str, os.PathLike)):
             raise TypeError(f"output must be a path, got {type(output).__name__}")
         rows, path = _dataset(dataset)
-        tokenizer = _tokenizer_dir(processing_class)
+        tokenizer = tokenizer_source(processing_class)
         servers = _servers(vllm_server_url)
 
         self.model_name = model_name
