@@ -4,9 +4,12 @@
 //! `async_grpo._callables.Bridge`) knows how to call a user's function and turn what it
 //! returns or raises into `(ok, text)`; this module decides *where* that happens:
 //!
-//! - a **sync** function runs where tool-dispatch runs sync tools (its own thread pool) or
-//!   where scoring runs sync rewards (its own pool): the thread takes the GIL only for the
-//!   call itself, so a tool sleeping in `time.sleep` (which releases the GIL) holds nothing;
+//! - a **sync** function is called from where tool-dispatch runs sync tools (its own thread
+//!   pool) or scoring runs sync rewards (its own pool). By default it runs in a worker process
+//!   of the [`Pool`] (it was pickled at construction), so that Python burning CPU holds a GIL
+//!   of its own, not the trainer's; one that cannot be pickled runs on the calling thread,
+//!   which takes the GIL only for the call itself (a tool sleeping in `time.sleep`, which
+//!   releases the GIL, holds nothing) ([`Place`]);
 //! - an **async** function is submitted to the worker's own asyncio loop thread (a blocking
 //!   task does the submission, so no runtime worker ever waits for the GIL), and its future
 //!   waits on a oneshot channel the loop completes. Dropping the future (the call timed out,
@@ -21,7 +24,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tool_dispatch::{Arguments, AsyncTool, SyncTool};
 
-use crate::{lane::Lane, lock};
+use crate::{lane::Lane, lock, pool::Pool};
 
 /// What tools and rewards return when they fail: any error that can cross threads.
 type ToolError = Box<dyn std::error::Error + Send + Sync>;
@@ -144,17 +147,44 @@ impl Done {
     }
 }
 
-/// A sync Python tool: runs on tool-dispatch's pool; with a lane (`python_tool_threads`), at
-/// most the lane's permits of such calls run Python at once, the others waiting without the
-/// GIL, so that fewer threads contend for it with the trainer's.
+/// Where a sync Python function runs.
+#[derive(Debug, Clone)]
+pub(crate) enum Place {
+    /// In a worker process of the pool, as its callable number `.1` (of the init frame):
+    /// the trainer's GIL is never taken.
+    Pool(Arc<Pool>, usize),
+    /// In the trainer's process, on the calling thread, holding the GIL while Python runs;
+    /// with a lane (`python_tool_threads`), at most the lane's permits of such calls run
+    /// Python at once, the others waiting without the GIL, so that fewer threads contend
+    /// for it with the trainer's.
+    Here(Option<Arc<Lane>>),
+}
+
+impl Place {
+    /// Runs `function` with `args` (JSON) by `method` of the bridge (here) or in the pool.
+    fn call(&self, function: &PyFunction, method: &str, args: Value) -> Result<String, ToolError> {
+        match self {
+            Place::Pool(pool, index) => pool
+                .call(*index, args)
+                .map_err(|error| format!("{}: {error}", function.name).into()),
+            Place::Here(lane) => {
+                let _permit = lane.as_ref().map(|lane| lane.enter());
+                function.call_here(method, args.to_string())
+            }
+        }
+    }
+}
+
+/// A sync Python tool: runs on tool-dispatch's pool of threads, which call it where its
+/// [`Place`] says.
 #[derive(Debug)]
-pub(crate) struct SyncPyTool(pub(crate) PyFunction, pub(crate) Option<Arc<Lane>>);
+pub(crate) struct SyncPyTool(pub(crate) PyFunction, pub(crate) Place);
 
 impl SyncTool for SyncPyTool {
     fn call(&self, args: Arguments) -> Result<Value, ToolError> {
-        let kwargs = Value::Object(args.into_inner()).to_string();
-        let _permit = self.1.as_ref().map(|lane| lane.enter());
-        self.0.call_here("call_tool", kwargs).map(Value::String)
+        self.1
+            .call(&self.0, "call_tool", Value::Object(args.into_inner()))
+            .map(Value::String)
     }
 }
 
@@ -186,14 +216,16 @@ fn scores(function: &PyFunction, text: &str) -> Result<Scores, ToolError> {
     })
 }
 
-/// A sync Python reward function: runs on scoring's pool.
+/// A sync Python reward function: runs on scoring's pool of threads, which call it where its
+/// [`Place`] says.
 #[derive(Debug)]
-pub(crate) struct SyncPyReward(pub(crate) PyFunction);
+pub(crate) struct SyncPyReward(pub(crate) PyFunction, pub(crate) Place);
 
 impl SyncReward for SyncPyReward {
     fn score(&self, group: &Group) -> Result<Scores, ToolError> {
-        let payload = serde_json::to_string(group)?;
-        let text = self.0.call_here("call_reward", payload)?;
+        let text = self
+            .1
+            .call(&self.0, "call_reward", serde_json::to_value(group)?)?;
         scores(&self.0, &text)
     }
 }

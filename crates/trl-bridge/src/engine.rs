@@ -39,11 +39,12 @@ use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
 use vllm_client::{Client, ClientConfig};
 
 use crate::{
-    callables::{AsyncPyReward, AsyncPyTool, PyFunction, SyncPyReward, SyncPyTool},
+    callables::{AsyncPyReward, AsyncPyTool, Place, PyFunction, SyncPyReward, SyncPyTool},
     data::{self, Dataset, Destination},
     environment::PyEnvironment,
     lane::Lane,
     lock,
+    pool::{Pool, PoolSpec},
     settings::Settings,
 };
 
@@ -70,6 +71,10 @@ struct Prepared {
     tool_timeout: Duration,
     reward_threads: usize,
     runtime_threads: usize,
+    /// How much lower than the trainer's the engine's threads and processes run.
+    nice: i32,
+    /// The worker processes, started by the driver (so that they inherit its priority).
+    pool: Option<Arc<Pool>>,
 }
 
 /// What the driver task and the Python side share.
@@ -129,13 +134,21 @@ pub(crate) struct Engine {
     output: Mutex<Option<Output>>,
     /// The last group [`Engine::next_group`] handed out, written once [`Engine::delivered`].
     handed: Mutex<Option<ScoredGroup>>,
+    /// The worker processes of sync tools and rewards, if any: started by [`Engine::start`],
+    /// killed by [`Engine::close`].
+    pool: Option<Arc<Pool>>,
 }
 
 /// A tool as the Python side describes it: name, description, JSON schema of the
-/// parameters (text), the callable, and whether it is async.
-type ToolSpecTuple = (String, String, String, Py<PyAny>, bool);
-/// A reward function: name, the callable, whether it is async, its weight.
-type RewardTuple = (String, Py<PyAny>, bool, f64);
+/// parameters (text), the callable, whether it is async, and, for a sync one the worker
+/// processes run, its place in their init frame.
+type ToolSpecTuple = (String, String, String, Py<PyAny>, bool, Option<usize>);
+/// A reward function: name, the callable, whether it is async, its weight, and its place in
+/// the worker processes' init frame when they run it.
+type RewardTuple = (String, Py<PyAny>, bool, f64, Option<usize>);
+/// The worker processes for sync tools and rewards: the Python interpreter, the frame each
+/// process starts from, how many processes.
+type PoolTuple = (PathBuf, Vec<u8>, usize);
 /// An environment: its name (for messages), the session factory, the weight of its reward.
 type EnvironmentTuple = (String, Py<PyAny>, f64);
 
@@ -144,7 +157,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, tools, rewards,
-        environment, settings
+        environment, settings, pool = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -159,6 +172,7 @@ impl Engine {
         rewards: Vec<RewardTuple>,
         environment: Option<EnvironmentTuple>,
         settings: &Bound<'_, PyDict>,
+        pool: Option<PoolTuple>,
     ) -> PyResult<Engine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
@@ -196,8 +210,19 @@ impl Engine {
         let lane = settings
             .python_tool_threads
             .map(|permits| Arc::new(Lane::new(permits)));
-        let registry = tool_registry(&bridge, tools, lane.as_ref())?;
-        let mut scored = reward_functions(&bridge, rewards, settings.reward_timeout)?;
+        let pool = pool.map(|(python, init, processes)| {
+            Arc::new(Pool::new(PoolSpec {
+                python,
+                init,
+                processes,
+            }))
+        });
+        let places = Places {
+            pool: pool.as_ref(),
+            lane: lane.as_ref(),
+        };
+        let registry = tool_registry(&bridge, tools, &places)?;
+        let mut scored = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
         let environment = python_environment(&bridge, environment, &registry, &mut scored)?;
         // Checked now, so that two rewards of one name fail here and not in a thread.
         Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
@@ -223,6 +248,8 @@ impl Engine {
                 tool_timeout: settings.tool_timeout,
                 reward_threads: 2,
                 runtime_threads: settings.runtime_threads,
+                nice: settings.nice,
+                pool: pool.clone(),
             })),
             runtime: Mutex::new(None),
             handle: OnceLock::new(),
@@ -231,6 +258,7 @@ impl Engine {
             driver: Mutex::new(None),
             output: Mutex::new(None),
             handed: Mutex::new(None),
+            pool,
         })
     }
 
@@ -253,9 +281,13 @@ impl Engine {
             }
         }
         drop(slot);
+        // Every thread of the runtime, and what they start (the tool and reward pools, the
+        // worker processes), yields the CPU to the trainer's threads.
+        let priority = below_this_thread(prepared.nice);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(prepared.runtime_threads)
             .thread_name("async-grpo-rt")
+            .on_thread_start(move || set_thread_priority(priority))
             .enable_all()
             .build()
             .map_err(|e| PyRuntimeError::new_err(format!("cannot start the runtime: {e}")))?;
@@ -412,8 +444,9 @@ impl Engine {
         }
     }
 
-    /// Shuts the runtime down, waiting up to `timeout` seconds for its threads. Call after
-    /// [`Engine::shutdown`] and after the pump thread has stopped reading.
+    /// Shuts the runtime down, waiting up to `timeout` seconds for its threads, and kills the
+    /// worker processes. Call after [`Engine::shutdown`] and after the pump thread has
+    /// stopped reading.
     fn close(&self, py: Python<'_>, timeout: f64) {
         *lock(&self.groups) = None;
         let runtime = lock(&self.runtime).take();
@@ -427,6 +460,10 @@ impl Engine {
             // thread still inside a call exits when the call returns).
             drop(engine);
             drop(client);
+            // A tool thread still waiting on a worker process gets its error now.
+            if let Some(pool) = &self.pool {
+                pool.close();
+            }
         });
     }
 }
@@ -458,7 +495,16 @@ async fn run(
         tool_timeout,
         reward_threads,
         runtime_threads: _,
+        nice: _,
+        pool,
     } = prepared;
+    if let Some(pool) = pool {
+        // On a thread of the runtime's, whose priority the processes inherit.
+        tokio::task::spawn_blocking(move || pool.start())
+            .await
+            .map_err(|e| format!("cannot start the Python worker processes: {e}"))?
+            .map_err(|e| format!("cannot start the Python worker processes: {e}"))?;
+    }
     let client = Client::new(client).map_err(|e| format!("vllm_server_url: {e}"))?;
     *lock(&state.client) = Some(client.clone());
     let server_wait = config.server_wait;
@@ -518,6 +564,29 @@ async fn run(
     }
 }
 
+/// The nice value `nice` steps below the calling thread's (at most 19, the lowest).
+fn below_this_thread(nice: i32) -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        let now = rustix::process::getpriority_process(None).unwrap_or(0);
+        now.saturating_add(nice).min(19)
+    }
+    #[cfg(not(target_os = "linux"))]
+    nice
+}
+
+/// Sets the calling thread's nice value; threads and processes it starts inherit it. On
+/// Linux a thread's nice value is its own (`setpriority(PRIO_PROCESS, 0)` changes the
+/// calling thread only); elsewhere, where it would change the whole process, nothing.
+fn set_thread_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    if let Err(error) = rustix::process::setpriority_process(None, nice) {
+        tracing::warn!(%error, nice, "cannot lower the engine's threads' priority");
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+}
+
 /// The Python session factory as the engine's environment (its `env` column added to
 /// `scored`); refused beside tools of `registry`, whose rollouts' tools are the sessions'.
 fn python_environment(
@@ -561,14 +630,32 @@ fn read_settings(py: Python<'_>, settings: &Bound<'_, PyDict>) -> PyResult<Setti
     Settings::read(&value).map_err(PyValueError::new_err)
 }
 
-/// The Python tools as the dispatcher's: sync ones through `lane` when there is one.
+/// Where sync Python functions can run: the worker processes, or here (through the lane
+/// when there is one).
+struct Places<'a> {
+    pool: Option<&'a Arc<Pool>>,
+    lane: Option<&'a Arc<Lane>>,
+}
+
+impl Places<'_> {
+    /// The place of a function the Python side put at `index` of the pool's frame, or not.
+    fn of(&self, name: &str, index: Option<usize>) -> PyResult<Place> {
+        match (index, self.pool) {
+            (Some(index), Some(pool)) => Ok(Place::Pool(Arc::clone(pool), index)),
+            (Some(_), None) => Err(bad(name, "placed in worker processes, but there are none")),
+            (None, _) => Ok(Place::Here(self.lane.cloned())),
+        }
+    }
+}
+
+/// The Python tools as the dispatcher's.
 fn tool_registry(
     bridge: &Arc<Py<PyAny>>,
     tools: Vec<ToolSpecTuple>,
-    lane: Option<&Arc<Lane>>,
+    places: &Places<'_>,
 ) -> PyResult<Registry> {
     let mut registry = Registry::new();
-    for (name, description, parameters, function, is_async) in tools {
+    for (name, description, parameters, function, is_async, index) in tools {
         let parameters: Value = serde_json::from_str(&parameters)
             .map_err(|e| bad("tools", format!("{name}: the JSON schema is not JSON: {e}")))?;
         let spec = ToolSpec::new(name.clone(), description).parameters(parameters);
@@ -576,7 +663,7 @@ fn tool_registry(
         let tool = if is_async {
             Tool::from_async(spec, AsyncPyTool(function))
         } else {
-            Tool::from_sync(spec, SyncPyTool(function, lane.cloned()))
+            Tool::from_sync(spec, SyncPyTool(function, places.of(&name, index)?))
         };
         registry.add(tool).map_err(|e| bad("tools", e))?;
     }
@@ -587,10 +674,11 @@ fn tool_registry(
 fn reward_functions(
     bridge: &Arc<Py<PyAny>>,
     rewards: Vec<RewardTuple>,
+    places: &Places<'_>,
     timeout: Duration,
 ) -> PyResult<Vec<Reward>> {
     let mut scored = Vec::new();
-    for (name, function, is_async, weight) in rewards {
+    for (name, function, is_async, weight, index) in rewards {
         if !weight.is_finite() {
             return Err(bad(
                 "reward_weights",
@@ -601,7 +689,10 @@ fn reward_functions(
         let reward = if is_async {
             Reward::from_async(name, AsyncPyReward(function))
         } else {
-            Reward::from_sync(name, SyncPyReward(function))
+            Reward::from_sync(
+                name.clone(),
+                SyncPyReward(function, places.of(&name, index)?),
+            )
         };
         scored.push(reward.weight(weight).timeout(timeout));
     }

@@ -26,6 +26,7 @@ mod data;
 mod engine;
 mod environment;
 mod lane;
+mod pool;
 mod settings;
 mod simulator;
 mod tokenizer;

@@ -48,6 +48,9 @@ pub(crate) struct BridgeSettings {
     pub(crate) runtime_threads: usize,
     /// Sync Python tools running at once (default: as many as the tool pool's threads).
     pub(crate) python_tool_threads: Option<usize>,
+    /// How many steps of nice value below the trainer's the engine's threads and worker
+    /// processes run (Linux), so that the trainer's threads get the CPU first: 0 to 19.
+    pub(crate) nice: i32,
     /// Passes over the dataset (default: passes until the worker is stopped).
     pub(crate) epochs: Option<u64>,
     /// Each pass in an order of its own, seeded by the sampling seed (or 0).
@@ -62,8 +65,9 @@ pub(crate) struct BridgeSettings {
 }
 
 impl Default for BridgeSettings {
-    /// TRL's estimator, a minute per tool call, five per reward, two runtime threads, passes
-    /// in order over the whole dataset until stopped, no output.
+    /// TRL's estimator, a minute per tool call, five per reward, two runtime threads at nice
+    /// 10 below the trainer's, passes in order over the whole dataset until stopped, no
+    /// output.
     fn default() -> Self {
         BridgeSettings {
             max_inflight: None,
@@ -72,6 +76,7 @@ impl Default for BridgeSettings {
             reward_timeout: Duration::from_secs(300),
             runtime_threads: 2,
             python_tool_threads: None,
+            nice: 10,
             epochs: None,
             shuffle: false,
             shard: None,
@@ -98,6 +103,9 @@ impl BridgeSettings {
         ];
         if let Some((key, _)) = zero.iter().find(|(_, zero)| *zero) {
             return Err(format!("{key}: must be at least 1"));
+        }
+        if !(0..=19).contains(&self.nice) {
+            return Err(format!("nice: must be 0 to 19, got {}", self.nice));
         }
         if self.resume && self.output.is_none() {
             return Err("resume: give output=, the file to continue".to_owned());

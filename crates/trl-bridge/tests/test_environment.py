@@ -54,6 +54,11 @@ def os_thread() -> str:
 
 
 def evaluate(expression: str) -> int:
+    """Evaluates an arithmetic expression.
+
+    Args:
+        expression: Two integers and an operator, such as "3 + 4".
+    """
     left, operator, right = expression.split()
     a, b = int(left), int(right)
     return {"+": a + b, "-": a - b, "*": a * b}[operator]

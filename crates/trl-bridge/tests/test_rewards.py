@@ -41,6 +41,7 @@ def test_sync_async_and_none_rewards_are_weighted_as_trl_does(simulator, make_wo
         reward_funcs=[by_index, never_sure, Halves()],
         reward_weights=[2.0, 1.0, 10.0],
         epochs=1,
+        python_processes=0,  # by_index records what it was given in this process's SEEN
     )
     assert worker.reward_func_names == ["by_index", "never_sure", "Halves"]
     worker.start()

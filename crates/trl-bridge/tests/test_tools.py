@@ -119,9 +119,13 @@ SHAPES: list[tuple[str, Any, bool]] = [
 
 @pytest.mark.parametrize(("name", "tool", "is_async"), SHAPES, ids=[s[0] for s in SHAPES])
 def test_every_tool_shape_runs_where_it_should(simulator, make_worker, name: str, tool: Any, is_async: bool) -> None:
+    """In the trainer's process (python_processes=0), which CALLS sees; test_processes.py
+    has the default, where sync tools run in worker processes."""
     CALLS.clear()
     sim = simulator(tool_rounds=1, tool_name=name)
-    worker = make_worker(sim, tools=[tool], dataset=[{"prompt": "What is 6 * 7?"}], num_generations=2, epochs=1)
+    worker = make_worker(
+        sim, tools=[tool], dataset=[{"prompt": "What is 6 * 7?"}], num_generations=2, epochs=1, python_processes=0
+    )
     [entry] = worker.tools
     assert (entry.name, entry.is_async) == (name, is_async)
     worker.start()
@@ -161,7 +165,11 @@ def test_schemas_are_derived_as_trl_renders_them_or_taken_as_given() -> None:
     except ImportError:
         pass
     else:
-        assert get_json_schema(sync_function)["function"] == {
+        schema = get_json_schema(sync_function)["function"]
+        # transformers 5 adds the return type ("return"), which the engine's tool spec does not
+        # carry: a template that renders whole tools shows it in TRL's prompts, not in ours.
+        schema.pop("return", None)
+        assert schema == {
             "name": entry.name,
             "description": entry.description,
             "parameters": entry.parameters,
@@ -200,7 +208,7 @@ def test_a_raising_tool_becomes_its_error_message_and_the_run_goes_on(simulator,
         samples = take(worker, 6)
     assert all("ValueError: cannot evaluate 6 * 7" in error_of(s) for s in samples)
     assert all(s.metrics["rollout/tool_errors"] == 1.0 for s in samples)
-    records = [r for r in caplog.records if "broken" in r.getMessage()]
+    records = [r for r in caplog.records if "broken raised" in r.getMessage()]
     assert records and records[0].exc_info is not None, "the traceback is logged"
     wait_until(lambda: not worker.metrics_queue.empty(), 10.0, "metrics")
     assert sum(m.get("tools/failure_total", 0.0) for m in drain_metrics(worker)) >= 2.0

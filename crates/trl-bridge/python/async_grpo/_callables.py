@@ -3,8 +3,10 @@
 The engine (Rust) decides where a call runs; ``Bridge`` does the calling and turns whatever
 the user's function returns or raises into ``(ok, text)``:
 
-- sync functions are called by ``Bridge.call_tool`` / ``Bridge.call_reward`` on the engine's
-  pool threads, which hold the GIL only while Python runs;
+- sync functions are called by ``run_tool`` / ``run_reward``: in a worker process
+  (``async_grpo._pool``) by default, or, for one that cannot be pickled, through
+  ``Bridge.call_tool`` / ``Bridge.call_reward`` on the engine's pool threads, which hold the
+  GIL only while Python runs;
 - ``async def`` functions are scheduled by ``Bridge.submit_tool`` / ``Bridge.submit_reward``
   on the worker's asyncio loop thread (``LoopThread``), and report through a callback.
 """
@@ -274,10 +276,9 @@ def _awaitable_from_sync(kind: str, name: str, result: Any) -> str:
     )
 
 
-def _reward_kwargs(group_json: str) -> tuple[int, dict[str, Any]]:
+def _reward_kwargs(group: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """TRL's reward-function arguments for a group: ``prompts``, ``completions``,
     ``completion_ids`` and every dataset column, one entry per completion."""
-    group = json.loads(group_json)
     completions = group["completions"]
     n = len(completions)
     kwargs: dict[str, Any] = {
@@ -304,6 +305,31 @@ def _scores_json(name: str, n: int, result: Any) -> tuple[bool, str]:
             return False, f"reward function {name!r} returned {value!r}, not a float or None"
         scores.append(number if math.isfinite(number) else None)
     return True, json.dumps(scores)
+
+
+def run_tool(function: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> tuple[bool, str]:
+    """Calls a sync tool with the model's arguments: ``(True, content)``, or ``(False,
+    error)`` for what it raised. Here, or in a worker process (``async_grpo._pool``)."""
+    try:
+        result = function(**kwargs)
+    except Exception as error:
+        return False, _error("tool", name, error)
+    if inspect.isawaitable(result):
+        return False, _awaitable_from_sync("tool", name, result)
+    return True, _content(result)
+
+
+def run_reward(function: Callable[..., Any], name: str, group: dict[str, Any]) -> tuple[bool, str]:
+    """Calls a sync reward function on a group: ``(True, scores as JSON)``, or ``(False,
+    error)``. Here, or in a worker process (``async_grpo._pool``)."""
+    n, kwargs = _reward_kwargs(group)
+    try:
+        result = function(**kwargs)
+    except Exception as error:
+        return False, _error("reward function", name, error)
+    if inspect.isawaitable(result):
+        return False, _awaitable_from_sync("reward function", name, result)
+    return _scores_json(name, n, result)
 
 
 class LoopThread:
@@ -405,13 +431,7 @@ class Bridge:
         return self._sessions.close(session, name)
 
     def call_tool(self, function: Callable[..., Any], name: str, kwargs_json: str) -> tuple[bool, str]:
-        try:
-            result = function(**json.loads(kwargs_json))
-        except Exception as error:
-            return False, _error("tool", name, error)
-        if inspect.isawaitable(result):
-            return False, _awaitable_from_sync("tool", name, result)
-        return True, _content(result)
+        return run_tool(function, name, json.loads(kwargs_json))
 
     def submit_tool(
         self, function: Callable[..., Any], name: str, kwargs_json: str, done: Done
@@ -428,19 +448,12 @@ class Bridge:
         return self._loop.submit(run(), done)
 
     def call_reward(self, function: Callable[..., Any], name: str, group_json: str) -> tuple[bool, str]:
-        n, kwargs = _reward_kwargs(group_json)
-        try:
-            result = function(**kwargs)
-        except Exception as error:
-            return False, _error("reward function", name, error)
-        if inspect.isawaitable(result):
-            return False, _awaitable_from_sync("reward function", name, result)
-        return _scores_json(name, n, result)
+        return run_reward(function, name, json.loads(group_json))
 
     def submit_reward(
         self, function: Callable[..., Any], name: str, group_json: str, done: Done
     ) -> concurrent.futures.Future:
-        n, kwargs = _reward_kwargs(group_json)
+        n, kwargs = _reward_kwargs(json.loads(group_json))
 
         async def run() -> tuple[bool, str]:
             try:

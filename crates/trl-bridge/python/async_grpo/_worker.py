@@ -7,7 +7,10 @@ Threads (all started by ``start()``, all joined by ``stop()``):
   reward function runs;
 - ``async-grpo-asyncio``: the asyncio loop where ``async def`` tools and rewards run;
 - ``async-grpo-pump``: moves scored groups from the engine into ``rollout_buffer`` as
-  ``RolloutSample``s and pushes metrics; it waits on the engine without the GIL.
+  ``RolloutSample``s and pushes metrics; it waits on the engine without the GIL;
+- ``async-grpo-pool-N``: one per worker process of sync tools and rewards
+  (``python_processes``, ``async_grpo._pool``), reading its answers; the processes
+  themselves are killed by ``stop()``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -28,6 +32,7 @@ from typing import Any
 from . import _native
 from ._callables import Bridge, LoopThread, callable_name, returns_awaitable, tool_entry
 from ._environment import check_factory
+from ._pool import init_frame, placement
 from ._sample import RolloutSample
 from ._tokenizer import tokenizer_source
 
@@ -165,6 +170,15 @@ class RolloutWorker:
       so that a worker made after ``stop()`` (or a crash) with the same dataset, ``epochs``,
       ``shuffle``, ``seed`` and ``shard`` goes on where the last one stopped.
 
+    Sync tools and reward functions run in ``python_processes`` worker processes (default:
+    the CPU count, at most 4), each with a GIL of its own, pickled at construction; one that
+    cannot be pickled runs in this process, with a warning naming it. ``0`` runs every one
+    here (``python_tool_threads`` then bounds how many run Python at once).
+
+    ``nice``: on Linux the engine's threads and worker processes run that many steps of nice
+    value below the thread that called ``start()`` (at most 19), so that the trainer's
+    threads get the CPU first when it is short; 0 runs them at the trainer's priority.
+
     A group's ``group_id`` is its place in the whole run (``epoch * rows + position in the
     pass``), whatever a shard or a resume leaves out.
     """
@@ -205,6 +219,8 @@ class RolloutWorker:
         epochs: int | None = None,
         runtime_threads: int = 2,
         python_tool_threads: int | None = None,
+        python_processes: int | None = None,
+        nice: int = 10,
         shuffle: bool = False,
         shard: str | tuple[int, int] | None = None,
         output: str | os.PathLike[str] | None = None,
@@ -251,6 +267,12 @@ class RolloutWorker:
             seed = _positive_int("seed", seed, 0)
         if python_tool_threads is not None:
             python_tool_threads = _positive_int("python_tool_threads", python_tool_threads)
+        if python_processes is None:
+            python_processes = min(os.cpu_count() or 1, 4)
+        python_processes = _positive_int("python_processes", python_processes, 0)
+        nice = _positive_int("nice", nice, 0)
+        if nice > 19:
+            raise ValueError(f"nice must be 0 to 19, got {nice}")
         temperature = _number("temperature", temperature, 0.0, 100.0)
         top_p = _number("top_p", top_p, 0.0, 1.0, low_open=True)
         if isinstance(top_k, bool) or not isinstance(top_k, int):
@@ -316,12 +338,46 @@ class RolloutWorker:
             "runtime_threads": runtime_threads,
             "min_group_size": min(2, num_generations),
             "python_tool_threads": python_tool_threads,
+            "nice": nice,
             "epochs": epochs,
             "shuffle": shuffle,
             "shard": shard,
             "output": None if output is None else os.fspath(output),
             "resume": resume,
         }
+        # Sync tools and rewards that can be pickled run in worker processes (a GIL each, not
+        # the trainer's); the others here, with a warning. Async ones stay on the loop thread.
+        moved: list[tuple[str, str, bytes]] = []
+
+        def place(kind: str, name: str, function: Any) -> int | None:
+            if python_processes == 0 or returns_awaitable(function):
+                return None
+            pickled, why = placement(function)
+            if pickled is None:
+                logger.warning(
+                    "%s %r runs in the trainer's process, not in a worker process: %s. While it runs "
+                    "Python it holds the trainer's GIL, so CPU-heavy work there stalls the trainer's "
+                    "threads; define it at module level (picklable) to move it, or pass "
+                    "python_processes=0 to run every callable here.",
+                    kind,
+                    name,
+                    why,
+                )
+                return None
+            moved.append((kind, name, pickled))
+            return len(moved) - 1
+
+        tool_specs = [
+            (t.name, t.description, json.dumps(t.parameters), t.function, t.is_async, place("tool", t.name, t.function))
+            for t in entries
+        ]
+        reward_specs = [
+            (name, func, returns_awaitable(func), weight, place("reward", name, func))
+            for name, func, weight in zip(names, funcs, weights, strict=True)
+        ]
+        pool = None
+        if moved:
+            pool = (sys.executable, init_frame(moved, max_inflight_tasks), python_processes)
         self._engine = _native.Engine(
             bridge=self._bridge,
             tokenizer=tokenizer,
@@ -329,13 +385,11 @@ class RolloutWorker:
             model=model_name,
             dataset_rows=rows,
             dataset_path=path,
-            tools=[(t.name, t.description, json.dumps(t.parameters), t.function, t.is_async) for t in entries],
-            rewards=[
-                (name, func, returns_awaitable(func), weight)
-                for name, func, weight in zip(names, funcs, weights, strict=True)
-            ],
+            tools=tool_specs,
+            rewards=reward_specs,
             environment=None if environment is None else (environment_name, environment, environment_weight),
             settings=settings,
+            pool=pool,
         )
         self._model_version = 0
         self._lock = threading.Lock()
