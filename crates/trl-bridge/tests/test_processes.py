@@ -346,3 +346,15 @@ def test_nice_must_be_0_to_19(simulator, make_worker) -> None:
     for value in (-1, 20):
         with pytest.raises(ValueError, match="nice"):
             make_worker(sim, nice=value)
+
+
+def test_a_worker_process_imports_neither_the_worker_nor_trl() -> None:
+    """What a worker process imports (``async_grpo._pool``) leaves out ``RolloutWorker`` and
+    the lookup of TRL's ``RolloutSample``, which may import TRL and torch (a second and a
+    gigabyte each, in a TRL venv)."""
+    code = "import sys, async_grpo._pool; print(sorted(m for m in sys.modules if m.startswith(('async_grpo', 'trl'))))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    loaded = run.stdout
+    assert "async_grpo._pool" in loaded
+    assert "async_grpo._worker" not in loaded and "async_grpo._sample" not in loaded, loaded

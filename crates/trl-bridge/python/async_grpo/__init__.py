@@ -19,8 +19,27 @@ if sysconfig.get_config_var("Py_GIL_DISABLED"):
         "itself never needs the GIL: only calls into your tools and rewards take it."
     )
 
+from typing import TYPE_CHECKING, Any
+
 from ._native import Simulator, __version__
-from ._sample import RolloutSample
-from ._worker import RolloutWorker
+
+if TYPE_CHECKING:
+    from ._sample import RolloutSample
+    from ._worker import RolloutWorker
 
 __all__ = ["RolloutSample", "RolloutWorker", "Simulator", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """``RolloutWorker`` and ``RolloutSample`` on first use: finding TRL's ``RolloutSample``
+    may import TRL and torch, which the worker processes of tools and rewards (they import
+    ``async_grpo._pool``) must not pay for."""
+    if name == "RolloutWorker":
+        from ._worker import RolloutWorker
+
+        return RolloutWorker
+    if name == "RolloutSample":
+        from ._sample import RolloutSample
+
+        return RolloutSample
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
