@@ -270,9 +270,7 @@ class RolloutWorker:
         if python_processes is None:
             python_processes = min(os.cpu_count() or 1, 4)
         python_processes = _positive_int("python_processes", python_processes, 0)
-        nice = _positive_int("nice", nice, 0)
-        if nice > 19:
-            raise ValueError(f"nice must be 0 to 19, got {nice}")
+        nice = _positive_int("nice", nice, 0)  # at most 19: the engine's settings say so
         temperature = _number("temperature", temperature, 0.0, 100.0)
         top_p = _number("top_p", top_p, 0.0, 1.0, low_open=True)
         if isinstance(top_k, bool) or not isinstance(top_k, int):
@@ -349,8 +347,8 @@ class RolloutWorker:
         # the trainer's); the others here, with a warning. Async ones stay on the loop thread.
         moved: list[tuple[str, str, bytes]] = []
 
-        def place(kind: str, name: str, function: Any) -> int | None:
-            if python_processes == 0 or returns_awaitable(function):
+        def place(kind: str, name: str, function: Any, is_async: bool) -> int | None:
+            if python_processes == 0 or is_async:
                 return None
             pickled, why = placement(function)
             if pickled is None:
@@ -368,12 +366,20 @@ class RolloutWorker:
             return len(moved) - 1
 
         tool_specs = [
-            (t.name, t.description, json.dumps(t.parameters), t.function, t.is_async, place("tool", t.name, t.function))
+            (
+                t.name,
+                t.description,
+                json.dumps(t.parameters),
+                t.function,
+                t.is_async,
+                place("tool", t.name, t.function, t.is_async),
+            )
             for t in entries
         ]
         reward_specs = [
-            (name, func, returns_awaitable(func), weight, place("reward", name, func))
+            (name, func, is_async, weight, place("reward", name, func, is_async))
             for name, func, weight in zip(names, funcs, weights, strict=True)
+            for is_async in [returns_awaitable(func)]
         ]
         pool = None
         if moved:
