@@ -283,4 +283,28 @@ mod tests {
             "1000 s is past the last bound: only in the +Inf count"
         );
     }
+
+    #[test]
+    fn each_failure_is_counted_under_its_own_cause() {
+        let failures = Failures::default();
+        for (n, cause) in crate::FailureCause::ALL.iter().enumerate() {
+            for _ in 0..=n {
+                failures.add(*cause);
+            }
+        }
+        let counted: Vec<(&str, u64)> = failures
+            .snapshot()
+            .into_iter()
+            .map(|(cause, count)| (cause.as_str(), count))
+            .collect();
+        let expected: Vec<(&str, u64)> = crate::FailureCause::ALL
+            .iter()
+            .enumerate()
+            .map(|(n, cause)| (cause.as_str(), n as u64 + 1))
+            .collect();
+        assert_eq!(counted, expected);
+        for cause in ["agent", "empty_trace"] {
+            assert!(counted.iter().any(|(name, _)| *name == cause), "{cause}");
+        }
+    }
 }

@@ -125,7 +125,7 @@ pub enum FailureCause {
 
 impl FailureCause {
     /// Every cause, in declaration order.
-    pub const ALL: [FailureCause; 11] = [
+    pub const ALL: [FailureCause; 13] = [
         FailureCause::Generation,
         FailureCause::Unavailable,
         FailureCause::PromptTooLong,
@@ -137,14 +137,28 @@ impl FailureCause {
         FailureCause::Stale,
         FailureCause::SessionCreate,
         FailureCause::Environment,
+        FailureCause::Agent,
+        FailureCause::EmptyTrace,
     ];
 
-    /// The cause's place in [`FailureCause::ALL`].
+    /// The cause's place in [`FailureCause::ALL`] (a match, so that a new cause cannot be
+    /// counted as another).
     pub(crate) fn index(self) -> usize {
-        FailureCause::ALL
-            .iter()
-            .position(|cause| *cause == self)
-            .unwrap_or(0)
+        match self {
+            FailureCause::Generation => 0,
+            FailureCause::Unavailable => 1,
+            FailureCause::PromptTooLong => 2,
+            FailureCause::Render => 3,
+            FailureCause::Reconcile => 4,
+            FailureCause::Deadline => 5,
+            FailureCause::Cancelled => 6,
+            FailureCause::Panic => 7,
+            FailureCause::Stale => 8,
+            FailureCause::SessionCreate => 9,
+            FailureCause::Environment => 10,
+            FailureCause::Agent => 11,
+            FailureCause::EmptyTrace => 12,
+        }
     }
 
     /// The cause's name: `generation`, `prompt_too_long`, ...
