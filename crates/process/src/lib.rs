@@ -36,10 +36,12 @@
 //! # }
 //! ```
 
+mod path;
 mod run;
 mod sandbox;
 
 pub use self::{
+    path::{check_program, program_path, resolve_command},
     run::{Finished, ProcessGroup, Program, tail},
     sandbox::{ENGINE_SECRETS, Isolation, Limits, Sandbox},
 };
