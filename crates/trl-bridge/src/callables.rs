@@ -52,7 +52,7 @@ impl PyFunction {
 
     /// Calls `bridge.<method>(function, name, payload)` on this thread, holding the GIL only
     /// for the call, and reads its `(ok, text)`.
-    fn call_here(&self, method: &str, payload: String) -> Result<String, ToolError> {
+    pub(crate) fn call_here(&self, method: &str, payload: String) -> Result<String, ToolError> {
         let answer = Python::attach(|py| -> PyResult<(bool, String)> {
             self.bridge
                 .call_method1(
@@ -71,7 +71,7 @@ impl PyFunction {
 
     /// Submits `bridge.<method>(function, name, payload, done)` to the asyncio loop from a
     /// blocking thread and waits for `done` to be called.
-    async fn call_on_loop(
+    pub(crate) async fn call_on_loop(
         &self,
         method: &'static str,
         payload: String,

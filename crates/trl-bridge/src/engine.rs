@@ -21,8 +21,12 @@ use std::{
     time::Duration,
 };
 
-use harness::{Harness, HarnessConfig};
+use harness::{
+    Harness, HarnessConfig,
+    proxy::{Proxy, ProxyConfig},
+};
 use numpy::PyArray1;
+use process::Sandbox;
 use pyo3::{
     exceptions::{PyOSError, PyRuntimeError, PyValueError},
     prelude::*,
@@ -39,6 +43,7 @@ use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
 use vllm_client::{Client, ClientConfig};
 
 use crate::{
+    agent::AgentSource,
     callables::{AsyncPyReward, AsyncPyTool, Place, PyFunction, SyncPyReward, SyncPyTool},
     data::{self, Dataset, Destination},
     environment::PyEnvironment,
@@ -75,6 +80,13 @@ struct Prepared {
     nice: i32,
     /// The worker processes, started by the driver (so that they inherit its priority).
     pool: Option<Arc<Pool>>,
+    /// The loop-owning agent that runs each rollout, and the tokenizer its proxy renders
+    /// with.
+    agent: Option<(AgentSource, ChatTokenizer)>,
+    /// The served model's name, which the proxy answers as.
+    model: String,
+    /// The sandbox an agent's programs start from: the worker's dataset and output hidden.
+    sandbox: Sandbox,
 }
 
 /// What the driver task and the Python side share.
@@ -151,13 +163,18 @@ type RewardTuple = (String, Py<PyAny>, bool, f64, Option<usize>);
 type PoolTuple = (PathBuf, Vec<u8>, usize);
 /// An environment: its name (for messages), the session factory, the weight of its reward.
 type EnvironmentTuple = (String, Py<PyAny>, f64);
+/// A loop-owning agent: a program (the `[agent]` table as JSON text, the directory its
+/// relative paths are from, the forwarder's command line), or a Python callable (its name,
+/// the callable, whether it is async, the weight of the `env` column its return gives).
+type AgentProgramTuple = (String, PathBuf, Vec<String>);
+type AgentFunctionTuple = (String, Py<PyAny>, bool, f64);
 
 #[pymethods]
 impl Engine {
     #[new]
     #[pyo3(signature = (
         *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, tools, rewards,
-        environment, settings, pool = None
+        environment, settings, pool = None, agent_program = None, agent_function = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -173,6 +190,8 @@ impl Engine {
         environment: Option<EnvironmentTuple>,
         settings: &Bound<'_, PyDict>,
         pool: Option<PoolTuple>,
+        agent_program: Option<AgentProgramTuple>,
+        agent_function: Option<AgentFunctionTuple>,
     ) -> PyResult<Engine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
@@ -184,6 +203,7 @@ impl Engine {
         let chat_tokenizer = py
             .detach(|| tokenizer.load())
             .map_err(|e| bad("processing_class", e))?;
+        let hidden_dataset = dataset_path.clone();
         let dataset = py
             .detach(|| Dataset::read(dataset_rows, dataset_path))
             .map_err(|e| bad("dataset", e))?;
@@ -224,11 +244,65 @@ impl Engine {
         let registry = tool_registry(&bridge, tools, &places)?;
         let mut scored = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
         let environment = python_environment(&bridge, environment, &registry, &mut scored)?;
+        // What an agent's programs must not read: the worker's dataset (its answers) and
+        // output.
+        let sandbox = [hidden_dataset, settings.output.clone()]
+            .into_iter()
+            .flatten()
+            .chain(
+                settings
+                    .output
+                    .as_deref()
+                    .map(rollout::output::journal_path),
+            )
+            .fold(Sandbox::default(), Sandbox::hide);
+        let agent = match (agent_program, agent_function) {
+            (None, None) => None,
+            (Some(_), Some(_)) => return Err(bad("agent", "a program or a callable, not both")),
+            (Some((json, base, forwarder)), None) => Some(
+                py.detach(|| AgentSource::program(&json, &base, forwarder, &sandbox))
+                    .map_err(|e| bad("agent", e))?,
+            ),
+            (None, Some((name, function, is_async, weight))) => Some(AgentSource::Python {
+                function: PyFunction::new(Arc::clone(&bridge), function, &name),
+                is_async,
+                weight,
+            }),
+        };
+        let agent = match agent {
+            None => None,
+            Some(_) if !registry.is_empty() => {
+                return Err(bad(
+                    "agent",
+                    "an agent runs its own tools: give tools= or agent=, not both",
+                ));
+            }
+            Some(agent) => {
+                // The `env` column: an environment's verify when there is one (added
+                // above), else what the agent's own verify or return value gives.
+                if environment.is_none()
+                    && let Some(weight) = agent.env_weight()
+                {
+                    if !weight.is_finite() {
+                        return Err(bad(
+                            "agent",
+                            format!("weight: expected a finite number, got {weight}"),
+                        ));
+                    }
+                    scored.push(scoring::builtin::environment().weight(weight));
+                }
+                let proxy_tokenizer = py
+                    .detach(|| tokenizer.load())
+                    .map_err(|e| bad("processing_class", e))?;
+                Some((agent, proxy_tokenizer))
+            }
+        };
         // Checked now, so that two rewards of one name fail here and not in a thread.
         Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
             .map_err(|e| bad("reward_funcs", e))?;
 
         let mut client = ClientConfig::with_servers(servers);
+        let served = model.clone().unwrap_or_else(|| "async-grpo".to_owned());
         if let Some(model) = model {
             client = client.model(model);
         }
@@ -250,6 +324,9 @@ impl Engine {
                 runtime_threads: settings.runtime_threads,
                 nice: settings.nice,
                 pool: pool.clone(),
+                agent,
+                model: served,
+                sandbox,
             })),
             runtime: Mutex::new(None),
             handle: OnceLock::new(),
@@ -497,6 +574,9 @@ async fn run(
         runtime_threads: _,
         nice: _,
         pool,
+        agent,
+        model,
+        sandbox,
     } = prepared;
     if let Some(pool) = pool {
         // On a thread of the runtime's, whose priority the processes inherit.
@@ -535,6 +615,14 @@ async fn run(
             builder = builder.environment(Arc::new(harness));
         }
         builder = builder.tools(tools);
+    }
+    if let Some((agent, proxy_tokenizer)) = agent {
+        // One proxy for the worker's rollouts, each with a key of its own; it stops when the
+        // loop (the agent's last holder) is dropped.
+        let proxy = Proxy::start(proxy_tokenizer, ProxyConfig::new(model))
+            .await
+            .map_err(|e| e.to_string())?;
+        builder = builder.agent(agent.build(Arc::new(proxy), sandbox)?);
     }
     // A file is opened (a shuffled one read whole) off the runtime's threads.
     let items = tokio::task::spawn_blocking(move || dataset.items(plan))

@@ -16,11 +16,15 @@
 //!   blocking session factory (`environment=`), its calls on the engine's tool pool.
 //! - `tokenizer`: `processing_class` as the worker hands it over: a tokenizer folder, or a
 //!   tokenizer's parts as it is in memory (its edited chat template included).
+//! - `agent`: loop-owning agents (`agent=`): a program as the binary's `[agent]` table, or a
+//!   Python callable, each rollout run against the worker's recording proxy; and the
+//!   forwarder a sandboxed program reaches its proxy through.
 //! - `simulator`: `Simulator`, the vLLM-compatible simulator served from Python.
 //!
 //! Built by maturin (`pip install ./crates/trl-bridge`): PyO3 with the stable ABI of Python
 //! 3.10 and later.
 
+mod agent;
 mod callables;
 mod data;
 mod engine;
@@ -46,6 +50,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
         .try_init();
     module.add_class::<engine::Engine>()?;
     module.add_class::<simulator::Simulator>()?;
+    module.add_function(wrap_pyfunction!(agent::agent_forward, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import async_grpo
@@ -118,3 +119,18 @@ def os_thread_names() -> list[str]:
         except OSError:
             continue
     return sorted(names)
+
+
+def turns_of(sample: Any, transcript: list[tuple[list[int], list[int], list[float], str]]) -> list[tuple]:
+    """The simulator's answers that make up `sample`: each turn's prompt and answer are a
+    prefix of the sample's ids, and the answer's logprobs are the sample's there (sibling
+    rollouts share scripted ids, never seeded logprobs)."""
+    ids = sample.input_ids.tolist()
+    found = []
+    for turn in transcript:
+        prompt, answer, logprobs = turn[0], turn[1], np.asarray(turn[2], np.float32)
+        end = len(prompt) + len(answer)
+        if end <= len(ids) and ids[:end] == prompt + answer:
+            if np.array_equal(sample.old_log_probs[len(prompt) : end], logprobs):
+                found.append(turn)
+    return found

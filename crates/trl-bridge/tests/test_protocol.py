@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import async_grpo
-from conftest import drain_metrics, take, wait_until
+from conftest import drain_metrics, take, turns_of, wait_until
 
 TRL_FIELDS = [
     "prompt",
@@ -74,21 +74,6 @@ def test_the_worker_has_the_shape_of_trl_s_rollout_worker_protocol(simulator, ma
     assert {"rollout/completed_total", "rollout/turns_total", "rollout/sampled_tokens_total"} <= keys
     assert {"rollout/buffer_size", "rollout/scheduler_lag_max_s", "rollout/turns_mean"} <= keys
     assert sum(item.get("rollout/completed_total", 0.0) for item in items) >= 1.0
-
-
-def turns_of(sample: Any, transcript: list[tuple[list[int], list[int], list[float], str]]) -> list[tuple]:
-    """The simulator's answers that make up `sample`: each turn's prompt and answer are a
-    prefix of the sample's ids, and the answer's logprobs are the sample's there (sibling
-    rollouts share scripted ids, never seeded logprobs)."""
-    ids = sample.input_ids.tolist()
-    found = []
-    for turn in transcript:
-        prompt, answer, logprobs = turn[0], turn[1], np.asarray(turn[2], np.float32)
-        end = len(prompt) + len(answer)
-        if end <= len(ids) and ids[:end] == prompt + answer:
-            if np.array_equal(sample.old_log_probs[len(prompt) : end], logprobs):
-                found.append(turn)
-    return found
 
 
 @pytest.mark.parametrize("tool_rounds", [0, 2])

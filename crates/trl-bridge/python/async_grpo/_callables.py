@@ -433,6 +433,18 @@ class Bridge:
     def call_tool(self, function: Callable[..., Any], name: str, kwargs_json: str) -> tuple[bool, str]:
         return run_tool(function, name, json.loads(kwargs_json))
 
+    def call_agent(self, function: Callable[..., Any], name: str, payload_json: str) -> tuple[bool, str]:
+        from ._agent import run_agent
+
+        return run_agent(function, name, payload_json)
+
+    def submit_agent(
+        self, function: Callable[..., Any], name: str, payload_json: str, done: Done
+    ) -> concurrent.futures.Future:
+        from ._agent import run_agent_async
+
+        return self._loop.submit(run_agent_async(function, name, payload_json), done)
+
     def submit_tool(
         self, function: Callable[..., Any], name: str, kwargs_json: str, done: Done
     ) -> concurrent.futures.Future:

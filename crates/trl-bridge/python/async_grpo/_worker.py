@@ -25,12 +25,13 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import _native
 from ._callables import Bridge, LoopThread, callable_name, returns_awaitable, tool_entry
+from ._agent import check_agent, forwarder, program_json
 from ._environment import check_factory
 from ._pool import init_frame, placement
 from ._sample import RolloutSample
@@ -151,6 +152,15 @@ class RolloutWorker:
     ``environment_weight``; ``reward_funcs`` may then be empty). Every session is closed
     exactly once.
 
+    ``agent`` runs each rollout with an agent that owns its loop (see ``async_grpo._agent``),
+    talking to the worker's recording proxy while the engine samples every turn: a mapping
+    with the keys of the binary's ``[agent]`` table (a program, run sandboxed; its ``verify``
+    is the ``env`` column, weighted by its ``weight``), or a callable ``agent(task, *,
+    base_url, api_key, workdir, episode_id)``, sync or ``async def`` (a number it returns is
+    the ``env`` column, weighted by ``environment_weight``). With ``environment`` too, each
+    rollout opens a session first and its ``verify`` judges the agent's transcript (the
+    ``env`` column). An agent runs its own tools: ``tools`` must then be empty.
+
     What is rolled out, in which order, as the ``async-grpo rollout`` binary plans it:
 
     - ``dataset``: rows (a ``datasets.Dataset`` or a list of dicts, each with a
@@ -208,6 +218,7 @@ class RolloutWorker:
         tool_timeout: float = 60.0,
         environment: Any = None,
         environment_weight: float = 1.0,
+        agent: Any = None,
         reward_timeout: float = 300.0,
         prompt_mode: str = "append",
         retries: int = 1,
@@ -227,11 +238,16 @@ class RolloutWorker:
         resume: bool = False,
     ) -> None:
         environment_name = None if environment is None else check_factory(environment)
+        if agent is not None:
+            check_agent(agent)
         if not isinstance(model_name, str) or not model_name:
             raise TypeError("model_name must be the served model's name (a non-empty str)")
         funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
-        if not funcs and environment is None:
-            raise ValueError("reward_funcs: give at least one reward function (or an environment= whose verify() rewards)")
+        if not funcs and environment is None and agent is None:
+            raise ValueError(
+                "reward_funcs: give at least one reward function (or an environment= or agent= whose "
+                "verify rewards)"
+            )
         for index, func in enumerate(funcs):
             if not callable(func):
                 raise TypeError(f"reward_funcs[{index}] is not callable: {func!r}")
@@ -384,6 +400,11 @@ class RolloutWorker:
         pool = None
         if moved:
             pool = (sys.executable, init_frame(moved, max_inflight_tasks), python_processes)
+        agent_program = agent_function = None
+        if isinstance(agent, Mapping):
+            agent_program = (program_json(agent), os.getcwd(), forwarder())
+        elif agent is not None:
+            agent_function = (callable_name(agent), agent, returns_awaitable(agent), environment_weight)
         self._engine = _native.Engine(
             bridge=self._bridge,
             tokenizer=tokenizer,
@@ -396,6 +417,8 @@ class RolloutWorker:
             environment=None if environment is None else (environment_name, environment, environment_weight),
             settings=settings,
             pool=pool,
+            agent_program=agent_program,
+            agent_function=agent_function,
         )
         self._model_version = 0
         self._lock = threading.Lock()
