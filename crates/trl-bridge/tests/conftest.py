@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import async_grpo
@@ -125,6 +124,10 @@ def turns_of(sample: Any, transcript: list[tuple[list[int], list[int], list[floa
     """The simulator's answers that make up `sample`: each turn's prompt and answer are a
     prefix of the sample's ids, and the answer's logprobs are the sample's there (sibling
     rollouts share scripted ids, never seeded logprobs)."""
+    # Imported here: worker processes unpickle the suite's reward functions from this module,
+    # and numpy would slow their start.
+    import numpy as np
+
     ids = sample.input_ids.tolist()
     found = []
     for turn in transcript:

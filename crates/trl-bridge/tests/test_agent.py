@@ -8,6 +8,7 @@ import json
 import os
 import re
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -308,18 +309,27 @@ def test_a_program_is_the_binary_s_agent_table_and_wrong_keys_are_named(simulato
         make_worker(sim, reward_funcs=None, agent=42)
 
 
-def processes_running(marker: str) -> list[str]:
-    """Command lines of this machine's processes that mention `marker`."""
+def marked() -> tuple[dict[str, str], str]:
+    """An environment variable for an agent table's `env`, and its text as a process's
+    environment holds it: every process of the agent's runs inherits it."""
+    value = uuid.uuid4().hex
+    return {"ASYNC_GRPO_TEST_MARK": value}, f"ASYNC_GRPO_TEST_MARK={value}"
+
+
+def processes_running(mark: str) -> list[str]:
+    """Command lines of this machine's processes whose environment holds `mark` (other runs'
+    agents, on the same machine, are not this test's)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if mark.encode() not in environ:
+                continue
+            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
         except OSError:
             continue
-        if marker in cmdline:
-            found.append(cmdline)
     return found
 
 
@@ -328,10 +338,12 @@ def test_an_agent_program_runs_sandboxed_and_reaches_its_proxy(simulator, make_w
     assert python.is_file(), f"{python} is missing: run `cargo xtask fixtures`"
     fixtures = ROOT / "tests" / "fixtures" / "agent"
     sim = simulator(tool_rounds=1, tool_name="calculator")
+    env, mark = marked()
     worker = make_worker(
         sim,
         reward_funcs=None,
         agent={
+            "env": env,
             "command": [str(python), str(fixtures / "openai_agent.py"), "plain", "{prompt}"],
             "verify": [str(python), str(fixtures / "verify.py"), "{task_json}"],
             "timeout": 60,
@@ -353,7 +365,7 @@ def test_an_agent_program_runs_sandboxed_and_reaches_its_proxy(simulator, make_w
         numbers = re.findall(r"-?\d+", sample.completion[-1]["content"])
         expected = 1.0 if numbers and numbers[-1] == row["answer"] else 0.0
         assert sample.metrics["rewards/env"] == expected
-    assert processes_running("openai_agent.py") == []
+    assert processes_running(mark) == []
 
 
 def test_opencode_runs_each_rollout_and_its_rows_are_exact(make_worker) -> None:
@@ -371,6 +383,7 @@ def test_opencode_runs_each_rollout_and_its_rows_are_exact(make_worker) -> None:
         answer_tokens=8,
         max_model_len=65536,
     )
+    env, mark = marked()
     try:
         tasks = [json.loads(line) for line in (example / "tasks.jsonl").read_text().splitlines()[:1]]
         worker = make_worker(
@@ -378,6 +391,7 @@ def test_opencode_runs_each_rollout_and_its_rows_are_exact(make_worker) -> None:
             processing_class=quickstart,
             reward_funcs=None,
             agent={
+                "env": env,
                 "command": [str(example / "opencode-agent.sh"), "{prompt}"],
                 "verify": ["python3", str(example / "verify.py")],
                 "timeout": "3m",
@@ -389,6 +403,8 @@ def test_opencode_runs_each_rollout_and_its_rows_are_exact(make_worker) -> None:
             epochs=1,
         )
         worker.start()
+        # The mark finds the agents' processes (so that finding none at the end means something).
+        wait_until(lambda: processes_running(mark) != [], 120.0, "opencode to start, marked")
         samples = take(worker, 2, within=300.0)
         wait_until(lambda: worker._pump is not None and not worker._pump.is_alive(), 60.0, "the loop to end")
         worker.check_health(600.0)
@@ -405,5 +421,4 @@ def test_opencode_runs_each_rollout_and_its_rows_are_exact(make_worker) -> None:
             assert sample.metrics["rewards/env"] == (1.0 if right else 0.0)
     finally:
         sim.stop()
-    assert processes_running(str(opencode)) == []
-    assert processes_running("opencode run") == []
+    assert processes_running(mark) == []

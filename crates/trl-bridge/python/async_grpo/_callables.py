@@ -357,6 +357,8 @@ class LoopThread:
                     task.cancel()
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
+                # Its executor's threads too (an HTTP client resolving a host starts them).
+                loop.run_until_complete(loop.shutdown_default_executor())
                 loop.close()
 
         self._thread = threading.Thread(target=run, name=self._name, daemon=True)
