@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
 import trl.experimental.async_grpo.packing as packing
 from datasets import Dataset
@@ -28,58 +27,9 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample as Tr
 import async_grpo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "examples" / "trl-opencode"))
 from conftest import cache_dir  # noqa: E402
-
-
-def varlen_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float | None = None,
-    causal: bool = True,
-    **_: Any,
-) -> torch.Tensor:
-    """flash_attn_varlen_func in plain torch: each packed segment attends to its own keys,
-    causally aligned bottom-right (the segment's queries are its keys' last rows)."""
-    repeat = query.shape[1] // key.shape[1]
-    outputs = []
-    for i in range(len(cu_seqlens_q) - 1):
-        qs, qe = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
-        ks, ke = int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
-        q = query[qs:qe].transpose(0, 1)
-        k = key[ks:ke].repeat_interleave(repeat, dim=1).transpose(0, 1)
-        v = value[ks:ke].repeat_interleave(repeat, dim=1).transpose(0, 1)
-        mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool).tril(diagonal=(ke - ks) - (qe - qs)) if causal else None
-        outputs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=softmax_scale).transpose(0, 1))
-    return torch.cat(outputs, dim=0)
-
-
-class NoWeightTransfer:
-    """A weight transfer with nothing to send to (the simulator has no weights)."""
-
-    def __init__(self) -> None:
-        self.sends = 0
-
-    def init_weight_transfer(self) -> None:
-        pass
-
-    def pause(self) -> None:
-        pass
-
-    def send_weights(self, iterator: Any) -> None:
-        for _name, _tensor in iterator:
-            pass
-        self.sends += 1
-
-    def resume(self) -> None:
-        pass
-
-    def destroy(self) -> None:
-        pass
+from cpu import NoWeightTransfer, varlen_attention  # noqa: E402  # the CPU workarounds, shared with the example
 
 
 class RecordingQueue(queue.Queue):
