@@ -137,3 +137,21 @@ def turns_of(sample: Any, transcript: list[tuple[list[int], list[int], list[floa
             if np.array_equal(sample.old_log_probs[len(prompt) : end], logprobs):
                 found.append(turn)
     return found
+
+
+class RecordingQueue(queue.Queue):
+    """The worker's rollout buffer, remembering what went in and what the trainer took out."""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        super().__init__(maxsize)
+        self.put_samples: list[Any] = []
+        self.taken: list[Any] = []
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        self.put_samples.append(item)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        self.taken.append(item)
+        return item

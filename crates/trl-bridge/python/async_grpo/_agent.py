@@ -51,15 +51,18 @@ def forwarder() -> list[str]:
 
 
 def program_json(agent: Mapping[str, Any]) -> str:
-    """The ``[agent]`` mapping as JSON for the engine, durations given as numbers written as
-    seconds; ``TypeError`` for a value JSON cannot hold."""
+    """The ``[agent]`` mapping as JSON for the engine, durations given as numbers of seconds
+    written as the worker writes its own;
+    ``TypeError`` for a value JSON cannot hold."""
+    from ._worker import _duration  # the worker's module, loaded by then
+
     table = dict(agent)
     for key in ("timeout", "command_timeout"):
         value = table.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"agent: {key} must be longer than zero, got {value}")
-            table[key] = f"{int(value)}s" if float(value).is_integer() else f"{max(1, round(value * 1e9))}ns"
+            table[key] = _duration(value)
     try:
         return json.dumps(table)
     except (TypeError, ValueError) as error:

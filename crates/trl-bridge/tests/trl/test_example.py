@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import queue
 import re
 import sys
 import threading
@@ -21,7 +20,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample as Tr
 import async_grpo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import os_thread_names, wait_until  # noqa: E402
+from conftest import RecordingQueue, os_thread_names, wait_until  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "trl-opencode" / "train.py"
 
@@ -33,24 +32,6 @@ def load_example() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class RecordingQueue(queue.Queue):
-    """The worker's rollout buffer, remembering what went in and what the trainer took out."""
-
-    def __init__(self, maxsize: int = 0) -> None:
-        super().__init__(maxsize)
-        self.put_samples: list[Any] = []
-        self.taken: list[Any] = []
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        super().put(item, block, timeout)
-        self.put_samples.append(item)
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        item = super().get(block, timeout)
-        self.taken.append(item)
-        return item
 
 
 def async_grpo_threads() -> list[str]:

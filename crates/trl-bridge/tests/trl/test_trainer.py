@@ -9,7 +9,6 @@ CUDA), and a ``weight_transfer`` that needs no NCCL.
 from __future__ import annotations
 
 import math
-import queue
 import shutil
 import sys
 import types
@@ -28,26 +27,8 @@ import async_grpo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "examples" / "trl-opencode"))
-from conftest import cache_dir  # noqa: E402
+from conftest import RecordingQueue, cache_dir  # noqa: E402
 from cpu import NoWeightTransfer, varlen_attention  # noqa: E402  # the CPU workarounds, shared with the example
-
-
-class RecordingQueue(queue.Queue):
-    """The worker's rollout buffer, remembering what went in and what the trainer took out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.put_samples: list[Any] = []
-        self.taken: list[Any] = []
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        super().put(item, block, timeout)
-        self.put_samples.append(item)
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        item = super().get(block, timeout)
-        self.taken.append(item)
-        return item
 
 
 class Losses(TrainerCallback):
