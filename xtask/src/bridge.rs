@@ -30,7 +30,9 @@ const SUITE_PACKAGES: &[&str] = &[
     "pyarrow==26.0.1",
     // Tokenizers as users load them (test_tokenizer.py): from a Hub cache, edited in memory.
     // The fixtures' versions: transformers brings tokenizers and huggingface_hub and needs no
-    // torch; its apply_chat_template, which the tests compare with, needs jinja2.
+    // torch; its apply_chat_template, which the tests compare with, needs jinja2. Its
+    // get_json_schema is what the bridge's own tool-schema builder, used when transformers is
+    // not installed, is compared with (test_schemas.py): the suite fails without it.
     "transformers==5.24.0",
     "jinja2==3.1.6",
     // Python agents on OpenAI's own client (test_agent.py), the fixtures' version.

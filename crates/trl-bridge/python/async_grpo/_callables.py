@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import enum
 import functools
 import inspect
 import json
 import logging
 import math
+import re
 import threading
 import types
 import typing
@@ -67,72 +69,115 @@ def _signature_target(function: Callable[..., Any]) -> Callable[..., Any]:
     return function.__call__  # type: ignore[no-any-return]
 
 
-_JSON_TYPES: dict[Any, str] = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    list: "array",
-    tuple: "array",
-    dict: "object",
-    type(None): "null",
+# What ``transformers.utils.get_json_schema`` (transformers 5.x, ``chat_template_utils.py``)
+# writes for each type hint and docstring, kept here for when transformers is not installed:
+# the same schema, key for key and in the same order, since a template renders it into the
+# prompt. Where transformers refuses a tool (a hint it cannot map, an argument without a
+# description), this builder still gives a schema: {} for the hint, no description.
+
+# The Python types a JSON value can be, by their JSON schema type.
+_JSON_SCALARS: dict[type, str] = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
+_JSON_TYPES: dict[Any, dict[str, Any]] = {
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    str: {"type": "string"},
+    bool: {"type": "boolean"},
+    type(None): {"type": "null"},
+    list: {"type": "array"},
+    tuple: {"type": "array"},
+    dict: {"type": "object"},
+    Any: {},
 }
+
+
+def _enum_schema(values: list[Any]) -> dict[str, Any]:
+    """An ``enum`` of JSON scalars, typed by each JSON type among them, in order of first use."""
+    kinds = list(dict.fromkeys(_JSON_SCALARS.get(type(value), "string") for value in values))
+    return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
 
 
 def _json_type(hint: Any) -> dict[str, Any]:
     origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is None and isinstance(hint, type) and issubclass(hint, enum.Enum):
+        values = [member.value for member in hint]
+        return _enum_schema(values) if values else {}
+    if origin is None:
+        return dict(_JSON_TYPES.get(hint, {}))
     if origin in (typing.Union, types.UnionType):
-        options = [_json_type(arg) for arg in typing.get_args(hint)]
-        kinds = [o["type"] for o in options if "type" in o]
-        if len(kinds) == len(options):
-            flat: list[str] = []
-            for kind in kinds:
-                flat.extend(kind if isinstance(kind, list) else [kind])
-            return {"type": flat[0] if len(flat) == 1 else flat}
-        return {}
-    if origin is typing.Literal:
-        values = list(typing.get_args(hint))
-        return {"type": _JSON_TYPES.get(type(values[0]), "string"), "enum": values}
-    if origin in (list, tuple, set):
-        args = typing.get_args(hint)
-        schema: dict[str, Any] = {"type": "array"}
-        if args and args[0] is not Ellipsis:
-            schema["items"] = _json_type(args[0])
+        options = [_json_type(arg) for arg in args if arg is not type(None)]
+        if len(options) == 1:
+            schema = options[0]
+        elif all(o.keys() == {"type"} and isinstance(o["type"], str) for o in options):
+            kinds = sorted({o["type"] for o in options})
+            schema = {"type": kinds[0] if len(kinds) == 1 else kinds}
+        else:
+            schema = {"anyOf": options}
+        if type(None) in args:
+            schema["nullable"] = True
         return schema
+    if origin is typing.Literal:
+        return _enum_schema(list(args)) if args else {}
+    if origin in (list, set, frozenset):
+        return {"type": "array", "items": _json_type(args[0])} if args else {"type": "array"}
+    if origin is tuple:
+        if not args:
+            return {"type": "array"}
+        if args[-1] is Ellipsis:
+            return {"type": "array", "items": _json_type(args[0])}
+        return {"type": "array", "prefixItems": [_json_type(arg) for arg in args]}
     if origin is dict:
-        return {"type": "object"}
-    kind = _JSON_TYPES.get(hint)
-    return {"type": kind} if kind else {}
+        schema = {"type": "object"}
+        if len(args) == 2:
+            schema["additionalProperties"] = _json_type(args[1])
+        return schema
+    return {}
+
+
+# transformers' reading of a Google-style docstring: the description runs up to the first
+# "Args:", "Returns:" or "Raises:" (its line breaks kept); an argument's description runs up to
+# the next "name:" line that is not indented deeper, its lines joined by one space; a "(type)"
+# after the name is skipped.
+_DESCRIPTION = re.compile(r"^(.*?)[\n\s]*(Args:|Returns:|Raises:|\Z)", re.DOTALL)
+_ARGS = re.compile(r"\n\s*Args:\n(.*?)[\n\s]*(Returns:|Raises:|\Z)", re.DOTALL)
+_ARG = re.compile(
+    r"(?:^|\n)([ \t]*)(\w+)(?:[ \t]*\([^()\n]*\))?:\s*(.*?)\s*"
+    r"(?=\n(?!\1[ \t])[ \t]*\w+(?:[ \t]*\([^()\n]*\))?:|\Z)",
+    re.DOTALL,
+)
+# A description ending in "(choices: [...])" lists the argument's values.
+_CHOICES = re.compile(r"\(choices:\s*(.*?)\)\s*$", re.IGNORECASE)
 
 
 def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
-    """A Google-style docstring's summary and ``Args:`` descriptions."""
+    """A Google-style docstring's description and ``Args:`` descriptions, as transformers reads
+    them."""
     if not doc:
         return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    summary: list[str] = []
+    doc = doc.strip()
+    description = _DESCRIPTION.search(doc)
+    block = _ARGS.search(doc)
     args: dict[str, str] = {}
-    section = "summary"
-    current: str | None = None
-    for line in lines:
-        stripped = line.strip()
-        if stripped in ("Args:", "Arguments:", "Parameters:"):
-            section, current = "args", None
-            continue
-        if stripped.endswith(":") and stripped[:-1] in ("Returns", "Raises", "Yields", "Example", "Examples"):
-            section = "other"
-            continue
-        if section == "summary":
-            summary.append(stripped)
-        elif section == "args" and stripped:
-            head, sep, rest = stripped.partition(":")
-            name = head.split("(")[0].strip()
-            if sep and line.startswith((" ", "\t")) and name.isidentifier() and not line.startswith(" " * 8):
-                current = name
-                args[name] = rest.strip()
-            elif current is not None:
-                args[current] = f"{args[current]} {stripped}".strip()
-    return " ".join(s for s in summary if s).strip(), args
+    if block is not None:
+        lines = "\n".join(line for line in block.group(1).split("\n") if line.strip())
+        for _indent, name, text in _ARG.findall(lines):
+            args[name] = re.sub(r"\s*\n+\s*", " ", text.strip())
+    return (description.group(1).strip() if description else ""), args
+
+
+def _described(schema: dict[str, Any], text: str) -> dict[str, Any]:
+    """``schema`` with an argument's description, and its ``(choices: [...])`` as an enum."""
+    choices = _CHOICES.search(text)
+    if choices:
+        try:
+            values = json.loads(choices.group(1))
+        except ValueError:
+            values = None
+        if isinstance(values, list):
+            schema["enum"] = [v.strip() if isinstance(v, str) else v for v in values]
+            text = text[: choices.start()].strip()
+    schema["description"] = text
+    return schema
 
 
 def _bound_by_partials(function: Callable[..., Any]) -> tuple[Callable[..., Any], set[str]]:
@@ -163,7 +208,7 @@ def _derived_schema(name: str, function: Callable[..., Any]) -> dict[str, Any]:
             continue
         schema = _json_type(hints.get(parameter.name, parameter.annotation))
         if parameter.name in arg_docs:
-            schema["description"] = arg_docs[parameter.name]
+            schema = _described(schema, arg_docs[parameter.name])
         properties[parameter.name] = schema
         if parameter.default is parameter.empty:
             required.append(parameter.name)
