@@ -157,10 +157,12 @@ fn tool_processes_die_when_the_drain_deadline_cancels_their_calls() {
     assert_eq!(left, Vec::<u32>::new(), "processes left behind: {stderr}");
 }
 
-#[test]
-fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
-    let marker = format!("sigkill-{}", std::process::id());
-    let case = tool_case("tree-sigkill", r#"["sleep", "4244"]"#, "60s", 2);
+/// Starts a run whose four rollouts each call a `command` tool running `sleep` (its table
+/// extended by `table`), SIGKILLs the engine once every call's `sleep` runs, and returns the
+/// marked processes that outlived it (killed).
+fn left_by_an_engine_killed_by_sigkill(name: &str, table: &str) -> Vec<u32> {
+    let marker = format!("{name}-{}", std::process::id());
+    let case = tool_case(name, &format!("[\"sleep\", \"4244\"]\n{table}"), "60s", 2);
     let mut child = case
         .command(&[])
         .env(MARKER, &marker)
@@ -173,9 +175,8 @@ fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| line.starts_with(b"sleep\0"))
     };
     // Every rollout's call (2 rows x 2 generations, all in flight) runs its program: none is
-    // being started. (A program started at the very instant of the kill, before bubblewrap
-    // has asked for its parent-death signal, could outlive the engine: that window is not
-    // what this test measures.)
+    // being started. (A program started at the very instant of the kill, before it has its
+    // parent-death signal, could outlive the engine: that window is not what this measures.)
     let deadline = Instant::now() + Duration::from_secs(60);
     while marked_processes(&marker)
         .iter()
@@ -183,10 +184,11 @@ fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
         .count()
         < 4
     {
-        assert!(
-            Instant::now() < deadline && child.try_wait().ok().flatten().is_none(),
-            "the four tool processes did not all start"
-        );
+        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+            let _ = child.kill();
+            kill_all(&marked_processes(&marker));
+            panic!("the four tool processes did not all start");
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     // No drain, no Drop: the engine is gone at once.
@@ -194,10 +196,25 @@ fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
     let _ = child.wait();
     let left = survivors(&marker);
     kill_all(&left);
+    left
+}
+
+#[test]
+fn sandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
     assert_eq!(
-        left,
+        left_by_an_engine_killed_by_sigkill("tree-sigkill", ""),
         Vec::<u32>::new(),
         "tool processes outlived the engine"
+    );
+}
+
+#[test]
+fn unsandboxed_tool_processes_die_with_an_engine_killed_by_sigkill() {
+    // No PID namespace to take them: their parent-death signal does.
+    assert_eq!(
+        left_by_an_engine_killed_by_sigkill("tree-sigkill-none", "sandbox = \"none\""),
+        Vec::<u32>::new(),
+        "unsandboxed tool processes outlived the engine"
     );
 }
 

@@ -9,6 +9,9 @@
 //!
 //! - **A process group of its own**, killed whole (SIGKILL) when the program exits, times out
 //!   or its future is dropped ([`ProcessGroup`]): what it left in the background goes with it.
+//! - **Death with the engine**, even an engine killed with SIGKILL that runs no code of its
+//!   own: a sandboxed program and all it started by bubblewrap's `--die-with-parent` and PID
+//!   namespace, an unsandboxed one by its parent-death signal (`setpriv --pdeathsig KILL`).
 //! - **Output caps**: each of stdout and stderr keeps its first `max_output` bytes and says how
 //!   much more there was ([`Finished`]); nothing a program prints can grow the engine.
 //! - **A sandbox** ([`Sandbox`]), by default for what the policy drives, built on

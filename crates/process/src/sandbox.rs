@@ -59,7 +59,8 @@ pub enum Isolation {
     #[default]
     Bwrap,
     /// With the engine's own permissions, file system and network. The environment is the
-    /// engine's less [`ENGINE_SECRETS`]; the process group and the limits still apply.
+    /// engine's less [`ENGINE_SECRETS`]; the process group and the limits still apply, and
+    /// the program (not what it starts) dies with the engine (`setpriv --pdeathsig KILL`).
     None,
 }
 
@@ -264,9 +265,12 @@ impl Sandbox {
     /// directory.
     pub(crate) fn command_line(&self, argv: &[String], dir: Option<&Path>) -> Vec<OsString> {
         let mut line: Vec<OsString> = Vec::new();
-        if self.isolation == Isolation::Bwrap {
-            line.extend(self.bwrap_options(argv, dir));
-            line.push("--".into());
+        match self.isolation {
+            Isolation::Bwrap => {
+                line.extend(self.bwrap_options(argv, dir));
+                line.push("--".into());
+            }
+            Isolation::None => line.extend(parent_death_prefix().iter().map(OsString::from)),
         }
         line.extend(self.limits.prefix().into_iter().map(OsString::from));
         line.extend(argv.iter().map(OsString::from));
@@ -413,6 +417,38 @@ fn check_bwrap() -> Result<(), String> {
             String::from_utf8_lossy(&output.stderr).trim()
         )),
     }
+}
+
+/// What makes an unsandboxed program die with the engine, even when the engine is killed with
+/// SIGKILL and runs no code of its own: util-linux's `setpriv --pdeathsig KILL`, which sets the
+/// parent-death signal of the program (the sandbox has bubblewrap's `--die-with-parent` and
+/// its PID namespace instead). The signal reaches the program itself, not what it started: an
+/// unsandboxed program's children go with it only when the engine kills its process group.
+/// Nothing (with one warning) where `setpriv` cannot be run.
+fn parent_death_prefix() -> &'static [&'static str] {
+    static PREFIX: OnceLock<&'static [&'static str]> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        const SETPRIV: &[&str] = &["setpriv", "--pdeathsig", "KILL", "--"];
+        match check_command(SETPRIV[0])
+            .args(&SETPRIV[1..])
+            .arg("true")
+            .output()
+        {
+            Ok(output) if output.status.success() => SETPRIV,
+            outcome => {
+                let why = match outcome {
+                    Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+                    Err(error) => error.to_string(),
+                };
+                tracing::warn!(
+                    "util-linux's `setpriv` cannot be run ({why}): an unsandboxed program will \
+                     outlive an engine killed with SIGKILL; install util-linux to have it die \
+                     with the engine"
+                );
+                &[]
+            }
+        }
+    })
 }
 
 fn check_prlimit() -> Result<(), String> {
