@@ -66,7 +66,7 @@ fn session(proxy: &Proxy, call: Arc<Vec<u32>>, answer: Arc<Vec<u32>>) -> ProxySe
         let mut turn = 0;
         while let Some(request) = requests.next().await {
             let ids = if turn % 2 == 0 { &call } else { &answer };
-            request.answer(Ok(Sampled::new(ids.to_vec(), Finish::Stop, turn)));
+            request.answer(Ok(Sampled::new(ids.to_vec(), Finish::Stop)));
             turn += 1;
         }
     });

@@ -65,7 +65,7 @@ async fn answer(
         let _ = prompts.send(request.prompt_ids().to_vec());
         let step = script[turn.min(script.len() - 1)].clone();
         request.answer(match step {
-            Script::Say(text) => Ok(Sampled::new(ids(text), Finish::Stop, turn)),
+            Script::Say(text) => Ok(Sampled::new(ids(text), Finish::Stop)),
             Script::Refuse(refused) => Err(refused),
         });
         turn += 1;

@@ -183,6 +183,7 @@ pub(crate) async fn start_group<G: Generator>(
             let rollout_id = RolloutId(base + index as u64);
             let outcome = conversation::run(&shared, &group, rollout_id).await;
             drop(permit);
+            shared.slot_freed.notify_waiters();
             shared.generator.release(rollout_id);
             shared.rollout_ended(&outcome);
             if group.complete(index, outcome) {

@@ -132,18 +132,12 @@ pub struct Sampled {
     pub token_ids: Vec<u32>,
     /// Why sampling stopped: [`Finish::Length`] also when a limit cut it.
     pub finish: Finish,
-    /// The turn's index in the rollout.
-    pub turn: usize,
 }
 
 impl Sampled {
-    /// What was sampled for the rollout's turn `turn`.
-    pub fn new(token_ids: Vec<u32>, finish: Finish, turn: usize) -> Sampled {
-        Sampled {
-            token_ids,
-            finish,
-            turn,
-        }
+    /// What was sampled for a turn.
+    pub fn new(token_ids: Vec<u32>, finish: Finish) -> Sampled {
+        Sampled { token_ids, finish }
     }
 }
 

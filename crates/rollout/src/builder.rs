@@ -14,7 +14,7 @@ use rollout_core::{
     parse::{HermesParser, detect_parser},
 };
 use scoring::Scorer;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::ToolDispatcher;
 
@@ -210,6 +210,10 @@ impl<G: Generator> EngineBuilder<G> {
             stop_heartbeat: CancellationToken::new(),
             tracker: TaskTracker::new(),
             in_flight: Arc::new(Semaphore::new(config.max_inflight)),
+            slot_freed: Notify::new(),
+            render_threads: Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+            ),
             queued: AtomicUsize::new(0),
             error: Mutex::new(None),
             bad_rows: Mutex::new(Vec::new()),

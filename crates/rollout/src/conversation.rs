@@ -8,7 +8,7 @@
 //! mode, the whole conversation is rendered (incrementally) instead and the reconciler
 //! compares it with the sampled ids.
 
-use std::{panic::AssertUnwindSafe, slice};
+use std::{panic::AssertUnwindSafe, slice, sync::Arc};
 
 use futures::FutureExt;
 use serde_json::Value;
@@ -31,8 +31,8 @@ use rollout_core::{
 
 /// Runs a rollout with its retries, its deadline and cancellation.
 pub(crate) async fn run<G: Generator>(
-    shared: &Shared<G>,
-    group: &GroupState,
+    shared: &Arc<Shared<G>>,
+    group: &Arc<GroupState>,
     rollout_id: RolloutId,
 ) -> Result<Finished, RolloutFailure> {
     let (row, group_id) = (&group.row, group.group_id);
@@ -110,8 +110,8 @@ const MAX_CONTINUATIONS: usize = 8;
 /// One attempt at a conversation: turn after turn until the model answers without a call,
 /// `max_turns`, the token budget, the context, or the end of its episode.
 async fn converse<G: Generator>(
-    shared: &Shared<G>,
-    group: &GroupState,
+    shared: &Arc<Shared<G>>,
+    group: &Arc<GroupState>,
     rollout_id: RolloutId,
     attempt: u32,
     slot: &EpisodeSlot,
@@ -137,7 +137,8 @@ async fn converse<G: Generator>(
     let episode_first;
     let first = match &lease {
         Some(lease) => {
-            episode_first = episode_prompt(shared, group, lease, &initial).map_err(render_error)?;
+            let tools = lease.get().tools().registry().to_openai();
+            episode_first = episode_prompt(shared, group, tools, &initial).await?;
             &episode_first
         }
         None => group.first.as_ref().map_err(|e| render_error(e.clone()))?,
@@ -209,26 +210,44 @@ async fn open_episode<'s, G: Generator>(
         .open(request)
         .await
         .map_err(|e| (FailureCause::SessionCreate, e.0))?;
-    Ok(Some(slot.lease(episode)))
+    Ok(Some(slot.lease(episode).await))
 }
 
-/// The first prompt of a rollout in an environment: the episode's tools and initial
-/// messages, then the dataset row's prompt, rendered on the rollout's own task (each episode
-/// may offer other tools).
-fn episode_prompt<G>(
-    shared: &Shared<G>,
-    group: &GroupState,
-    lease: &Lease<'_>,
+/// The first prompt of a rollout in an environment: the episode's `tools` and initial
+/// messages, then the dataset row's prompt. Each episode may offer other tools, so it is
+/// rendered per rollout: whole, through the chat template, on a blocking thread (at most
+/// `render_threads` at once) rather than on the runtime's workers, as a group's prompt is
+/// rendered on the dataset's reader thread.
+async fn episode_prompt<G: Generator>(
+    shared: &Arc<Shared<G>>,
+    group: &Arc<GroupState>,
+    tools: Vec<Value>,
     initial: &[Message],
-) -> Result<RenderState, RenderError> {
+) -> Result<RenderState, Failure> {
     let mut options = shared.options.clone();
-    let specs = lease.get().tools().registry().to_openai();
-    options.tools = (!specs.is_empty()).then_some(specs);
-    let mut render = shared.tokenizer.incremental(options)?;
-    render.push(initial);
-    render.push(&group.row.prompt);
-    render.prompt()?;
-    Ok(render.state())
+    options.tools = (!tools.is_empty()).then_some(tools);
+    let _slot = shared
+        .render_threads
+        .acquire()
+        .await
+        .map_err(|_| (FailureCause::Cancelled, "the engine is closing".to_owned()))?;
+    let (task, group, initial) = (Arc::clone(shared), Arc::clone(group), initial.to_vec());
+    let rendered = tokio::task::spawn_blocking(move || {
+        let mut render = task.tokenizer.incremental(options)?;
+        render.push(&initial);
+        render.push(&group.row.prompt);
+        render.prompt()?;
+        Ok(render.into_state())
+    })
+    .await;
+    match rendered {
+        Ok(rendered) => rendered.map_err(render_error),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => Err((
+            FailureCause::Cancelled,
+            "the runtime shut down while the prompt was rendered".to_owned(),
+        )),
+    }
 }
 
 fn render_error(error: RenderError) -> Failure {
@@ -568,7 +587,7 @@ async fn agent_turn<G: Generator>(
     if finish == Finish::Stop {
         finished.stop = Stop::Answer;
     }
-    Ok(Ok(Sampled::new(token_ids, finish, turn)))
+    Ok(Ok(Sampled::new(token_ids, finish)))
 }
 
 /// A rollout's outcome with its rows and tally from the reconciler.

@@ -167,8 +167,14 @@ impl<G: Generator> Engine<G> {
             abort.cancel();
             *abort = CancellationToken::new();
         }
-        while shared.in_flight.available_permits() < shared.config.max_inflight {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        loop {
+            let mut freed = std::pin::pin!(shared.slot_freed.notified());
+            // Waiting before the count is read: a slot freed in between still wakes this.
+            freed.as_mut().enable();
+            if shared.in_flight.available_permits() >= shared.config.max_inflight {
+                return;
+            }
+            freed.await;
         }
     }
 

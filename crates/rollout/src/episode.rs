@@ -15,15 +15,16 @@
 //! it ([`Episode::close`]) before it gives back its in-flight permit: open episodes never
 //! outnumber `max_inflight`.
 
-use std::{collections::BTreeMap, fmt, sync::Mutex};
+use std::{collections::BTreeMap, fmt};
 
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
+use tokio::sync::{MappedMutexGuard, MutexGuard};
 use tool_dispatch::ToolDispatcher;
 
 use rollout_core::Message;
 
-use crate::{DatasetRow, lock};
+use crate::DatasetRow;
 
 /// What an environment is asked to open an episode for.
 #[derive(Debug, Clone)]
@@ -75,6 +76,11 @@ pub struct Verdict {
     pub metrics: BTreeMap<String, f64>,
     /// Why there is no reward, when verifying failed.
     pub error: Option<String>,
+    /// Whether the environment considers the task finished, when it said (the sample's
+    /// `env_verify_done` metric, 1 or 0).
+    pub done: Option<bool>,
+    /// What the environment said that is not a number: the sample's `environment` object.
+    pub details: Map<String, Value>,
 }
 
 /// A source of episodes: one per rollout attempt.
@@ -99,65 +105,54 @@ pub trait Episode: Send + 'static {
     fn close(self: Box<Self>) -> BoxFuture<'static, ()>;
 }
 
-/// The rollout task's slot for its open episode: the attempt borrows the episode out of it
-/// ([`Lease`]) and whatever way the attempt ends, the episode comes back for the task to
-/// close.
+/// The rollout task's slot for its open episode: the attempt borrows the episode in it
+/// ([`Lease`]) and whatever way the attempt ends (the lease dropped, or unwound), the
+/// episode is still there for the task to close.
 #[derive(Default)]
-pub(crate) struct EpisodeSlot(Mutex<Option<Box<dyn Episode>>>);
+pub(crate) struct EpisodeSlot(tokio::sync::Mutex<Option<Box<dyn Episode>>>);
 
 impl fmt::Debug for EpisodeSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EpisodeSlot")
-            .field("open", &lock(&self.0).is_some())
-            .finish()
+        let open = match self.0.try_lock() {
+            Ok(slot) => {
+                if slot.is_some() {
+                    "open"
+                } else {
+                    "empty"
+                }
+            }
+            Err(_) => "leased",
+        };
+        f.debug_tuple("EpisodeSlot").field(&open).finish()
     }
 }
 
 impl EpisodeSlot {
-    /// Lends `episode` to the attempt until the lease drops.
-    pub(crate) fn lease(&self, episode: Box<dyn Episode>) -> Lease<'_> {
-        Lease {
-            slot: self,
-            episode: Some(episode),
-        }
+    /// Puts `episode` in the slot and lends it to the attempt until the lease drops.
+    pub(crate) async fn lease(&self, episode: Box<dyn Episode>) -> Lease<'_> {
+        let slot = self.0.lock().await;
+        Lease(MutexGuard::map(slot, |slot| slot.insert(episode)))
     }
 
     /// Closes the episode left in the slot, if any.
     pub(crate) async fn close(&self) {
-        let episode = lock(&self.0).take();
+        let episode = self.0.lock().await.take();
         if let Some(episode) = episode {
             episode.close().await;
         }
     }
 }
 
-/// An episode on loan from its [`EpisodeSlot`]; dropping the lease (the attempt ended, was
-/// dropped, or unwound) puts it back.
-pub(crate) struct Lease<'a> {
-    slot: &'a EpisodeSlot,
-    episode: Option<Box<dyn Episode>>,
-}
+/// An episode on loan from its [`EpisodeSlot`]: the slot's lock, held until the attempt ends
+/// (returns, is dropped, or unwinds).
+pub(crate) struct Lease<'a>(MappedMutexGuard<'a, Box<dyn Episode>>);
 
 impl Lease<'_> {
     pub(crate) fn get(&self) -> &dyn Episode {
-        match &self.episode {
-            Some(episode) => episode.as_ref(),
-            None => unreachable!("a lease holds its episode until dropped"),
-        }
+        self.0.as_ref()
     }
 
     pub(crate) fn get_mut(&mut self) -> &mut dyn Episode {
-        match &mut self.episode {
-            Some(episode) => episode.as_mut(),
-            None => unreachable!("a lease holds its episode until dropped"),
-        }
-    }
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        if let Some(episode) = self.episode.take() {
-            *lock(&self.slot.0) = Some(episode);
-        }
+        self.0.as_mut()
     }
 }

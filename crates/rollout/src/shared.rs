@@ -10,7 +10,7 @@ use rollout_core::{
     ChatTokenizer, Message, NoExactDelta, RenderError, RenderOptions, RenderState, ToolCallParser,
 };
 use scoring::Scorer;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::ToolDispatcher;
 
@@ -75,6 +75,12 @@ pub(crate) struct Shared<G> {
     pub(crate) stop_heartbeat: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) in_flight: Arc<Semaphore>,
+    /// Notified each time a rollout gives back its `in_flight` slot: what [`Engine::pause`]
+    /// waits on.
+    pub(crate) slot_freed: Notify,
+    /// Blocking threads that may render an episode's first prompt at once (the machine's
+    /// cores): a burst of episodes opening does not start a thread each.
+    pub(crate) render_threads: Semaphore,
     pub(crate) queued: AtomicUsize,
     pub(crate) error: Mutex<Option<String>>,
     pub(crate) bad_rows: Mutex<Vec<String>>,

@@ -17,8 +17,8 @@ use std::{
 use futures::future::BoxFuture;
 use rollout::{
     Agent, AgentError, AgentOutcome, AgentRun, DatasetError, DatasetRow, Engine, FailureCause,
-    Finish, GenerateError, GenerateRequest, Generation, Generator, Groups, RolloutConfig,
-    SampleRefused, Sampled, ScoredGroup,
+    Finish, GenerateError, GenerateRequest, Generation, Generator, Groups, PauseMode,
+    RolloutConfig, SampleRefused, Sampled, ScoredGroup,
 };
 use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderOptions};
 use scoring::{
@@ -1043,6 +1043,48 @@ async fn a_drain_waits_for_rollouts_that_finish_in_time() {
         stats.groups_completed + stats.groups_cancelled,
         "{stats:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_returns_once_the_rollouts_in_flight_end_and_admits_nothing_until_resumed() {
+    let tokenizer = chat_tokenizer();
+    let generator = ScriptedGenerator::new(&tokenizer, &[], |_| Act::Gate);
+    let mut config = config(2);
+    config.max_inflight = 4;
+    let (engine, mut groups) = start(&generator, None, config, rows(3));
+    wait_until(PATIENCE, "the first requests", || {
+        engine.health().in_flight == 4
+    })
+    .await;
+    let engine = Arc::new(engine);
+    let pause = tokio::spawn({
+        let engine = Arc::clone(&engine);
+        async move { engine.pause(PauseMode::Wait).await }
+    });
+    wait_until(PATIENCE, "the pause to hold admission", || {
+        engine.health().paused
+    })
+    .await;
+    assert!(
+        !pause.is_finished(),
+        "the pause returned while four rollouts were in flight"
+    );
+    generator.open_gate();
+    // Woken by the last slot given back: a pause that missed it would never return.
+    within(PATIENCE, "the pause once its rollouts ended", pause)
+        .await
+        .expect("the pause task ran");
+    let health = engine.health();
+    assert_eq!(health.in_flight, 0, "{health:?}");
+    assert_eq!(
+        health.stats.rollouts_started, 4,
+        "the third group started while paused: {health:?}"
+    );
+    engine.resume();
+    let out = collect(&mut groups).await;
+    assert_eq!(out.len(), 3, "every group once resumed");
+    let report = engine.shutdown(Duration::from_secs(10)).await;
+    assert!(report.clean, "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

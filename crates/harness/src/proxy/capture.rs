@@ -131,7 +131,8 @@ enum Made {
 
 /// What answering a prompt adds to the capture.
 enum Change {
-    /// `new` appended to conversation `index`, whose render after them is `state`.
+    /// `new` appended to conversation `index`, whose render after them (after the answer,
+    /// once [`Capture::answer`] has it) is `state`.
     Continue {
         index: usize,
         new: Vec<Message>,
@@ -245,7 +246,7 @@ impl Capture {
             change: Change::Continue {
                 index,
                 new: new.to_vec(),
-                state: render.state(),
+                state: render.into_state(),
             },
             made,
             ids,
@@ -290,7 +291,7 @@ impl Capture {
             .map_err(render_error)?;
         render.push(&messages);
         let ids = whole(&mut render)?;
-        let state = render.state();
+        let state = render.into_state();
         Ok(Prompt {
             change: Change::Start(Box::new(Thread {
                 messages,
@@ -409,17 +410,26 @@ impl Capture {
     ) -> Result<(), ApiError> {
         let used = self.stats.requests;
         let Prompt { change, made, ids } = prompt;
-        let before = match &change {
-            Change::Continue { state, .. } => state.clone(),
-            Change::Start(thread) => thread.state.clone(),
+        // The prompt's render, moved (not copied) on to the answer's.
+        let answered = |before: RenderState| -> Result<RenderState, ApiError> {
+            let mut render = model.tokenizer.resume(before).map_err(render_error)?;
+            render.push(std::slice::from_ref(&message));
+            Ok(render.into_state())
         };
-        let mut render = model.tokenizer.resume(before).map_err(render_error)?;
-        render.push(std::slice::from_ref(&message));
-        let state = render.state();
+        let change = match change {
+            Change::Continue { index, new, state } => Change::Continue {
+                index,
+                new,
+                state: answered(state)?,
+            },
+            Change::Start(mut thread) => {
+                thread.state = answered(thread.state)?;
+                Change::Start(thread)
+            }
+        };
         let thread = self.apply(change, made);
         let mut ids = ids;
         ids.extend_from_slice(sampled);
-        thread.state = state;
         thread.messages.push(message);
         thread.produced.push(true);
         thread.last = Some(Last {
@@ -444,10 +454,11 @@ impl Capture {
             Made::Rendered => self.stats.rendered_turns += 1,
         }
         let index = match change {
-            Change::Continue { index, new, .. } => {
+            Change::Continue { index, new, state } => {
                 let thread = &mut self.threads[index];
                 thread.produced.extend(new.iter().map(|_| false));
                 thread.messages.extend(new);
+                thread.state = state;
                 index
             }
             Change::Start(thread) => {

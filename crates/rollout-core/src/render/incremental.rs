@@ -143,6 +143,11 @@ impl<'t> IncrementalRender<'t> {
         self.state.clone()
     }
 
+    /// The conversation as a [`RenderState`], without a copy: for a render that is done.
+    pub fn into_state(self) -> RenderState {
+        self.state
+    }
+
     /// Appends messages; they are rendered by the next [`IncrementalRender::prompt`].
     pub fn push(&mut self, messages: &[Message]) {
         self.state
