@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, fmt::Write};
 
-use rollout_core::{ChatTemplate, Message, RenderOptions};
+use rollout_core::{ChatTemplate, Message, RenderError, RenderOptions};
 use serde_json::Value;
 
 use crate::{fixture, llama31, qwen3};
@@ -41,6 +41,41 @@ fn cases(spec: &Value) -> Vec<Case> {
             },
         })
         .collect()
+}
+
+/// How a render was refused, told apart the same way on both sides.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// The template called `raise_exception`: transformers' `TemplateError`, Rust's
+    /// [`RenderError::Raised`].
+    Raised,
+    /// The template failed while rendering: one of Jinja2's own errors (`UndefinedError`,
+    /// `SecurityError`, ...) or Python's (`TypeError`, ...) in transformers, a
+    /// [`RenderError::Template`] in Rust.
+    Failed,
+    /// Rust refused in another way (its tokenizer, `continue_final_message`): nothing the
+    /// generator records.
+    Other(String),
+}
+
+impl Refusal {
+    /// The kind of what the generator recorded: `"{type(error).__name__}: {error}"`. Jinja2
+    /// raises its own failures as subclasses of `TemplateError`, named after the subclass; a
+    /// bare `TemplateError` is what transformers' `raise_exception` raises.
+    fn of_python(recorded: &str) -> Refusal {
+        match recorded.split_once(':').map_or(recorded, |(name, _)| name) {
+            "TemplateError" => Refusal::Raised,
+            _ => Refusal::Failed,
+        }
+    }
+
+    fn of_rust(error: &RenderError) -> Refusal {
+        match error {
+            RenderError::Raised { .. } => Refusal::Raised,
+            RenderError::Template { .. } => Refusal::Failed,
+            other => Refusal::Other(other.to_string()),
+        }
+    }
 }
 
 /// Where two texts first differ, with some context, for the report.
@@ -83,11 +118,34 @@ fn every_template_renders_every_case_as_transformers_does() {
     let mut report = String::new();
     let mut unexplained = Vec::new();
     let mut stale_explanations = Vec::new();
-    let (mut total_pass, mut total, mut both_refused) = (0, 0, 0);
+    let (mut total_pass, mut compared, mut both_refused) = (0, 0, 0);
     let results = expected["results"]
         .as_object()
         .expect("results by template");
     let families: BTreeMap<&String, &Value> = results.iter().collect();
+    // What the fixture holds: each template's result for each case of cases.json, no fewer.
+    let case_names: Vec<&str> = cases.iter().map(|case| case.name.as_str()).collect();
+    let mut fixture_cases = 0;
+    for (family, outputs) in &families {
+        let held: Vec<&str> = outputs
+            .as_object()
+            .map(|outputs| outputs.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let missing: Vec<&&str> = case_names.iter().filter(|c| !held.contains(c)).collect();
+        assert!(
+            missing.is_empty(),
+            "{expected_path:?} has no result of {family} for {missing:?}: run `cargo xtask fixtures`"
+        );
+        fixture_cases += held.len();
+    }
+    assert!(
+        !cases.is_empty() && fixture_cases > 0,
+        "nothing to compare: {} cases in cases.json, {} results in {expected_path:?} \
+         ({} templates); run `cargo xtask fixtures`",
+        cases.len(),
+        fixture_cases,
+        families.len()
+    );
     // Two tokenizers loaded once; the template is what varies.
     let (qwen3, llama31) = (qwen3(), llama31());
     let llama_families: Vec<&str> = spec["llama31_families"]
@@ -127,10 +185,20 @@ fn every_template_renders_every_case_as_transformers_does() {
             let got = template
                 .render(&case.messages, &case.options, tokenizer.special_tokens())
                 .and_then(|text| Ok((tokenizer.encode(&text)?, text)));
+            compared += 1;
             let verdict = match (want.get("error"), &got) {
-                (Some(_), Err(_)) => {
-                    both_refused += 1;
-                    Ok(())
+                (Some(error), Err(refusal)) => {
+                    let python = Refusal::of_python(error.as_str().unwrap_or_default());
+                    let rust = Refusal::of_rust(refusal);
+                    if python == rust {
+                        both_refused += 1;
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "both refused, differently: transformers {python:?} ({error}), \
+                             Rust {rust:?} ({refusal})"
+                        ))
+                    }
                 }
                 (Some(error), Ok(_)) => {
                     Err(format!("transformers raised {error} but Rust rendered"))
@@ -171,7 +239,6 @@ fn every_template_renders_every_case_as_transformers_does() {
             }
         }
         total_pass += passed;
-        total += cases.len();
         let tokenizer_name = if std::ptr::eq(tokenizer, &llama31) {
             "llama3.1"
         } else {
@@ -188,7 +255,7 @@ fn every_template_renders_every_case_as_transformers_does() {
     }
     let _ = writeln!(
         report,
-        "parity: {total_pass}/{total} renders identical to transformers {} (text and ids; {both_refused} of them cases the template refuses in both), {} unexplained mismatches",
+        "parity: {total_pass}/{compared} renders identical to transformers {} (text and ids; {both_refused} of them cases the template refuses in both, the same way), {} unexplained mismatches",
         expected["generator"]["transformers"]
             .as_str()
             .unwrap_or("?"),
@@ -215,5 +282,11 @@ fn every_template_renders_every_case_as_transformers_does() {
         "{} mismatches:\n{}",
         unexplained.len(),
         unexplained.join("\n")
+    );
+    // Every case of every template in the fixture was rendered and compared (a template that
+    // does not compile is an unexplained mismatch above).
+    assert_eq!(
+        compared, fixture_cases,
+        "{compared} cases compared, but {expected_path:?} holds {fixture_cases}"
     );
 }

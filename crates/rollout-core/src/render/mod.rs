@@ -78,7 +78,8 @@ impl RenderOptions {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RenderError {
-    /// The template did not compile or raised while rendering (`raise_exception` included).
+    /// The template did not compile, or failed while rendering (an undefined value, an
+    /// operation on the wrong type: Jinja2's own errors, or Python's, in transformers).
     #[error("chat template {template}{}: {message}", line.map(|l| format!(", line {l}")).unwrap_or_default())]
     Template {
         /// The template's name (its file, or its name in `tokenizer_config.json`).
@@ -86,6 +87,17 @@ pub enum RenderError {
         /// The template line, when known.
         line: Option<usize>,
         /// What went wrong.
+        message: String,
+    },
+    /// The template refused the conversation by calling `raise_exception` (transformers'
+    /// `TemplateError`): `message` is the template's own.
+    #[error("chat template {template}{}: {message}", line.map(|l| format!(", line {l}")).unwrap_or_default())]
+    Raised {
+        /// The template's name.
+        template: String,
+        /// The template line, when known.
+        line: Option<usize>,
+        /// What the template raised.
         message: String,
     },
     /// `continue_final_message` cannot be honoured.
@@ -155,6 +167,18 @@ impl PartialEq for Cause {
 
 impl Eq for Cause {}
 
+/// The source of a `raise_exception` call's error, which tells it from the engine's own.
+#[derive(Debug)]
+pub(crate) struct Raised;
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("raised by the template")
+    }
+}
+
+impl std::error::Error for Raised {}
+
 impl RenderError {
     /// The tokenizer's failure on a text.
     pub(crate) fn tokenize(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
@@ -176,6 +200,14 @@ impl RenderError {
     }
 
     pub(crate) fn from_minijinja(template: &str, error: &minijinja::Error) -> Self {
+        let raised = std::error::Error::source(error).is_some_and(|source| source.is::<Raised>());
+        if raised {
+            return Self::Raised {
+                template: template.to_owned(),
+                line: error.line(),
+                message: error.detail().unwrap_or_default().to_owned(),
+            };
+        }
         let message = match (error.kind(), error.detail()) {
             (minijinja::ErrorKind::InvalidOperation, Some(detail)) => detail.to_owned(),
             (kind, Some(detail)) => format!("{kind}: {detail}"),

@@ -9,7 +9,7 @@ use minijinja::{
 use serde_json::Map;
 
 use super::{
-    RenderError, RenderOptions,
+    Raised, RenderError, RenderOptions,
     pyjson::{self, JsonStyle},
 };
 use crate::Message;
@@ -68,7 +68,7 @@ impl ChatTemplate {
         env.add_function(
             "raise_exception",
             |message: String| -> Result<Value, Error> {
-                Err(Error::new(ErrorKind::InvalidOperation, message))
+                Err(Error::new(ErrorKind::InvalidOperation, message).with_source(Raised))
             },
         );
         env.add_function("strftime_now", |format: String| strftime_now(&format));
