@@ -260,12 +260,15 @@ async fn a_busy_pool_does_not_eat_into_a_functions_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_given_up_while_queued_never_runs() {
+    const PATIENCE: Duration = Duration::from_secs(10);
     let signal = Signal::default();
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (entered, mut entries) = tokio::sync::mpsc::unbounded_channel();
     let blocking = {
         let (signal, calls) = (signal.clone(), Arc::clone(&calls));
         Reward::new_sync("blocking", move |group: &Group| {
             calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = entered.send(());
             signal.wait();
             Ok(vec![Some(1.0); group.len()])
         })
@@ -279,7 +282,10 @@ async fn a_call_given_up_while_queued_never_runs() {
         let scorer = scorer.clone();
         tokio::spawn(async move { scorer.score(group(1)).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The first call holds the only thread before the second one is asked for.
+    tokio::time::timeout(PATIENCE, entries.recv())
+        .await
+        .expect("the first call started on the pool's thread within 10 s");
     let second = scorer.score(group(1)).await;
     let failure = second.columns[0].failure.clone().expect("given up");
     assert_eq!(
@@ -292,10 +298,15 @@ async fn a_call_given_up_while_queued_never_runs() {
 
     signal.raise();
     assert_eq!(first.await.expect("no panic").columns[0].failure, None);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The pool takes jobs in the order they came: by the time a third call has run, the
+    // abandoned one queued before it was taken, and skipped or run.
+    let third = tokio::time::timeout(PATIENCE, scorer.score(group(1)))
+        .await
+        .expect("a third call scored within 10 s");
+    assert_eq!(third.columns[0].failure, None);
     assert_eq!(
         calls.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "the abandoned call was skipped"
+        2,
+        "only the first and the third call ran: the abandoned one was skipped"
     );
 }
