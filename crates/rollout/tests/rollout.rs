@@ -875,26 +875,45 @@ async fn turns_record_the_model_version_they_were_sampled_under() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_that_falls_more_than_max_staleness_behind_is_cancelled_at_once() {
     let tokenizer = chat_tokenizer();
-    // Group 0's requests hang; group 1 starts once its slots free up.
-    let generator = ScriptedGenerator::new(&tokenizer, &[], |call| {
-        if call.rollout < 2 {
+    // Group 0's first turns call a tool held by the gate, and its second turns hang; group 1
+    // starts once its slots free up.
+    let generator = ScriptedGenerator::new(&tokenizer, &[WAIT_CALL], |call| {
+        if call.rollout < 2 && call.turn > 0 {
             Act::Hang
         } else {
             Act::Answer
         }
     });
+    let gate = Gate::new();
     let mut config = config(2);
     config.max_inflight = 2;
     config.max_staleness = Some(1);
-    let (engine, mut groups) = start(&generator, None, config, rows(2));
-    wait_until(PATIENCE, "group 0 to be in flight", || {
-        generator.hanging() == 2
+    let (engine, mut groups) = start(
+        &generator,
+        Some(tools(1, Some(gate.clone()), None)),
+        config,
+        rows(2),
+    );
+    wait_until(PATIENCE, "group 0's first turns", || {
+        engine.health().stats.turns == 2
     })
     .await;
     engine.set_model_version(1).expect("versions grow");
-    // One version behind is within the bound: the group keeps running.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(engine.health().stats.groups_stale, 0);
+    // One version behind is within the bound: the group keeps running. A rollout checks its
+    // group's staleness before each step of its conversation (a biased select), so a second
+    // turn sent after the gate opens proves the check saw version 1 and let the group go on.
+    gate.open();
+    wait_until(
+        PATIENCE,
+        "group 0's second turns, or its cancellation",
+        || generator.hanging() == 2 || engine.health().stats.groups_stale > 0,
+    )
+    .await;
+    assert_eq!(
+        engine.health().stats.groups_stale,
+        0,
+        "a group one version behind, with max_staleness 1, was cancelled"
+    );
     assert_eq!(generator.hangs_dropped(), 0);
     engine.set_model_version(2).expect("versions grow");
     let out = collect(&mut groups).await;
