@@ -250,6 +250,9 @@ pub struct SimCounters {
     pub aborted_by_disconnect: u64,
     /// Generation requests ended by `/pause?mode=abort`.
     pub aborted_by_pause: u64,
+    /// Generation requests held by a pause right now, waiting for `/resume` (a gauge: tests
+    /// wait on it to know a request is held rather than merely slow).
+    pub held_by_pause: u64,
     /// 503s injected.
     pub injected_503: u64,
     /// Connections dropped on purpose.
@@ -267,6 +270,7 @@ struct Counters {
     chats: AtomicU64,
     aborted_by_disconnect: AtomicU64,
     aborted_by_pause: AtomicU64,
+    held_by_pause: AtomicU64,
     injected_503: AtomicU64,
     injected_drops: AtomicU64,
     injected_slow: AtomicU64,
@@ -282,6 +286,7 @@ impl Counters {
             chats: get(&self.chats),
             aborted_by_disconnect: get(&self.aborted_by_disconnect),
             aborted_by_pause: get(&self.aborted_by_pause),
+            held_by_pause: get(&self.held_by_pause),
             injected_503: get(&self.injected_503),
             injected_drops: get(&self.injected_drops),
             injected_slow: get(&self.injected_slow),

@@ -229,7 +229,7 @@ impl State {
     /// `k` tokens.
     async fn generate(&self, tokens: usize) -> Option<usize> {
         let mut pause = self.pause.subscribe();
-        wait_unpaused(&mut pause).await;
+        self.hold(&mut pause).await;
         let aborts = pause.borrow().aborts;
         let started = Instant::now();
         let total =
@@ -252,9 +252,21 @@ impl State {
             }
         }
         if pause.borrow().paused && pause.borrow().freeze {
-            wait_unpaused(&mut pause).await;
+            self.hold(&mut pause).await;
         }
         None
+    }
+
+    /// Waits until the server is not paused, counted in `held_by_pause` meanwhile.
+    async fn hold(&self, pause: &mut watch::Receiver<Pause>) {
+        if !pause.borrow().paused {
+            return;
+        }
+        let held = &self.counters.held_by_pause;
+        held.fetch_add(1, Ordering::Relaxed);
+        // Also when the client goes away and the request is dropped while held.
+        let _release = Released(held);
+        wait_unpaused(pause).await;
     }
 
     /// The injected fault for request `sequence`, if any (slow responses sleep here).
@@ -784,6 +796,15 @@ async fn world_size(Extract(state): Shared) -> Json<Value> {
 async fn acknowledge(Extract(state): Shared) -> Json<Value> {
     state.count();
     Json(json!({}))
+}
+
+/// Takes one off a gauge when dropped.
+struct Released<'a>(&'a AtomicU64);
+
+impl Drop for Released<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 async fn wait_unpaused(pause: &mut watch::Receiver<Pause>) {

@@ -25,11 +25,21 @@ async fn keep_freezes_requests_until_resume() {
         let client = client.clone();
         tokio::spawn(async move { client.generate(&[1, 2], &params()).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!turn.is_finished(), "held while paused");
+    // Held: the simulator counts it while it waits for the resume, and cannot answer it
+    // meanwhile. Answered instead: the turn ends without ever being counted.
+    assert!(
+        eventually(|| sim.counters().held_by_pause == 1 || turn.is_finished()).await,
+        "the request was neither held nor answered within ten seconds"
+    );
+    assert!(!turn.is_finished(), "answered while paused: not held");
 
     client.resume().await.expect("resumed");
-    let turn = turn.await.expect("no panic").expect("completes normally");
+    let turn = tokio::time::timeout(Duration::from_secs(10), turn)
+        .await
+        .expect("answered within ten seconds of the resume")
+        .expect("no panic")
+        .expect("completes normally");
+    assert_eq!(sim.counters().held_by_pause, 0, "released by the resume");
     assert_eq!(
         (turn.token_ids.len(), turn.finish_reason),
         (11, FinishReason::Stop)

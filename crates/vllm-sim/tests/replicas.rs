@@ -1,6 +1,6 @@
 //! Several servers: sticky keys, least-busy choice, ejection of a failing server.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vllm_client::{ClientConfig, GenerateParams};
 use vllm_sim::{SimConfig, Simulator, training_tokenizer};
@@ -59,38 +59,54 @@ async fn without_a_key_concurrent_requests_go_to_the_least_busy_server() {
 
 #[tokio::test]
 async fn a_failing_server_is_ejected_and_its_requests_go_elsewhere_until_it_is_tried_again() {
+    let eject_for = Duration::from_millis(300);
     let broken = simulator(|c| c.faults.error_503 = 1.0).await;
     let healthy = simulator(|_| {}).await;
     let config = ClientConfig::with_servers([broken.url(), healthy.url()])
         .model("sim")
         .retry(fast_retry())
-        .eject_for(Duration::from_millis(300));
+        .eject_for(eject_for);
     let client = vllm_client::Client::new(config).expect("client");
 
-    for i in 0..10 {
+    // A request every 10 ms until the broken server has failed twice. Its first failure
+    // ejects it for `eject_for` from a moment after the request that met it was sent, so the
+    // request that meets it again must end at least `eject_for` after that one was sent,
+    // whatever the machine's speed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut first_failure_sent = None;
+    let mut sent = 0;
+    let tried_again_done = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the broken server was not tried again within ten seconds (ejected for {eject_for:?})"
+        );
+        let at = Instant::now();
         client
-            .generate(&[1], &keyed(&format!("r{i}")))
+            .generate(&[1], &keyed(&format!("r{sent}")))
             .await
             .expect("the healthy server answers");
-    }
-    assert_eq!(
-        broken.counters().completions,
-        1,
-        "ejected after its first failure"
+        sent += 1;
+        match broken.counters().completions {
+            0 => {}
+            1 => {
+                first_failure_sent.get_or_insert(at);
+            }
+            2 if first_failure_sent.is_some() => break Instant::now(),
+            n => panic!("the broken server got {n} requests by request {sent}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let since = tried_again_done.duration_since(first_failure_sent.expect("a first failure"));
+    assert!(
+        since >= eject_for,
+        "tried again within {since:?} of its first failure, inside its ejection of {eject_for:?}"
     );
-    assert_eq!(healthy.counters().completions, 10);
-    assert_eq!(client.stats().ejections, 1);
-
-    // After the ejection period the broken server is tried again, and ejected again.
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    for i in 0..4 {
-        client
-            .generate(&[1], &keyed(&format!("s{i}")))
-            .await
-            .expect("ok");
-    }
-    assert_eq!(broken.counters().completions, 2);
-    assert_eq!(client.stats().ejections, 2);
+    assert_eq!(
+        healthy.counters().completions,
+        sent,
+        "every request answered there"
+    );
+    assert_eq!(client.stats().ejections, 2, "ejected again");
 }
 
 #[tokio::test]
