@@ -2,7 +2,7 @@
 //! with SmolLM2-135M-Instruct and passes `VLLM_URL`, `VLLM_MAX_MODEL_LEN` and
 //! `VLLM_TOKENIZER`. Without them every test fails, saying so: this suite never skips.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vllm_client::{
     Client, ClientConfig, FinishReason, GenerateParams, PauseMode, SamplingParams,
@@ -192,25 +192,38 @@ async fn a_prompt_longer_than_the_context_is_refused_with_vllms_message() {
 #[tokio::test]
 async fn pause_keep_holds_requests_until_resume() {
     let client = client().await;
+    let prompt = [504, 3575, 282, 4649, 314];
+    // vLLM shows nothing that proves a request is held rather than slow (its own test of
+    // keep mode measures a gap in token times), so the hold is judged against this server's
+    // speed now: the same request unpaused, then paused for ten times as long (a second at
+    // least). A server merely slow is slow in both.
+    let started = Instant::now();
+    client
+        .generate(&prompt, &greedy(4))
+        .await
+        .expect("a completion before the pause");
+    let unpaused = started.elapsed();
+    let hold = (unpaused * 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+
     client.pause(PauseMode::Keep).await.expect("paused");
     assert!(client.is_paused().await.expect("answers"));
-    let turn = {
+    let mut turn = {
         let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .generate(&[504, 3575, 282, 4649, 314], &greedy(4))
-                .await
-        })
+        tokio::spawn(async move { client.generate(&prompt, &greedy(4)).await })
     };
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let held = !turn.is_finished();
+    let answered_while_paused = tokio::time::timeout(hold, &mut turn).await.is_ok();
+    // Resumed before any assertion: the server is shared by the whole suite.
     client.resume().await.expect("resumed");
-    let turn = turn
+    assert!(
+        !answered_while_paused,
+        "answered within {hold:?} while the server was paused (unpaused it took {unpaused:?})"
+    );
+    let turn = tokio::time::timeout(Duration::from_secs(120), turn)
         .await
+        .expect("answered within two minutes of the resume")
         .expect("no panic")
         .expect("completes after resume");
 
-    assert!(held, "the request waited while the server was paused");
     assert_eq!(turn.token_ids.len(), turn.logprobs.len());
     assert!(!client.is_paused().await.expect("answers"));
 }
