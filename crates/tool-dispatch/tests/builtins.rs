@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 use tool_dispatch::{DispatcherConfig, Outcome, ToolCall, builtin::ToolConfig};
 
-use crate::{dispatcher, error_of};
+use crate::{dispatcher, error_of, within};
 
 fn tool(config: Value) -> tool_dispatch::Tool {
     serde_json::from_value::<ToolConfig>(config)
@@ -18,13 +18,15 @@ async fn the_calculator_answers_and_explains_bad_expressions() {
         vec![tool(json!({"name": "calc", "kind": "calculator"}))],
         DispatcherConfig::new(1),
     );
-    let results = dispatcher
-        .run(vec![
+    let results = within(
+        "the calculator's turn",
+        dispatcher.run(vec![
             ToolCall::new("calc", json!({"expression": "(17 + 3) * 2 / 5"})),
             ToolCall::new("calc", json!({"expression": "2 +* 3"})),
-        ])
-        .await
-        .expect("open");
+        ]),
+    )
+    .await
+    .expect("open");
     assert_eq!(results[0].content, "8");
     assert_eq!(results[1].outcome, Outcome::Failed);
     assert_eq!(
@@ -40,13 +42,17 @@ async fn a_command_that_hangs_is_killed_at_its_timeout_and_the_turn_goes_on() {
     );
     let calc = tool(json!({"name": "calc", "kind": "calculator"}));
     let dispatcher = dispatcher(vec![hangs, calc], DispatcherConfig::new(1));
-    let results = dispatcher
-        .run(vec![
+    // The hanging command is killed after 200 ms; the calculator then runs on the freed
+    // thread. A thread never freed fails here, saying so, long before the suite's timeout.
+    let results = within(
+        "a turn whose hanging command is killed at 200 ms",
+        dispatcher.run(vec![
             ToolCall::new("hang", json!({})),
             ToolCall::new("calc", json!({"expression": "1 + 1"})),
-        ])
-        .await
-        .expect("open");
+        ]),
+    )
+    .await
+    .expect("open");
     assert_eq!(
         error_of(&results[0].content),
         "tool 'hang' failed: 'sleep' timed out after 200ms and was killed"
@@ -66,13 +72,15 @@ async fn python_runs_code_and_shows_errors_as_output() {
         )],
         DispatcherConfig::new(2),
     );
-    let results = dispatcher
-        .run(vec![
+    let results = within(
+        "two Python calls",
+        dispatcher.run(vec![
             ToolCall::new("python", json!({"code": "print(sum(range(10)))"})),
             ToolCall::new("python", json!({"code": "raise ValueError('bad input')"})),
-        ])
-        .await
-        .expect("open");
+        ]),
+    )
+    .await
+    .expect("open");
     assert_eq!(
         (results[0].outcome, results[0].content.as_str()),
         (Outcome::Ok, "45")
@@ -131,13 +139,17 @@ mod http {
         let lookup = tool(json!({"name": "lookup", "kind": "http", "url": url}));
         assert!(!lookup.is_sync());
         let dispatcher = dispatcher(vec![lookup], DispatcherConfig::new(1));
-        let results = dispatcher
-            .run(vec![ToolCall::new("lookup", json!({"query": "France"}))])
-            .await
-            .expect("open");
+        let results = within(
+            "the lookup",
+            dispatcher.run(vec![ToolCall::new("lookup", json!({"query": "France"}))]),
+        )
+        .await
+        .expect("open");
 
         assert_eq!(results[0].content, "Paris is the capital of France.");
-        let request = server.await.expect("served");
+        let request = within("the server's one request", server)
+            .await
+            .expect("served");
         assert!(request.starts_with("POST /lookup HTTP/1.1"), "{request}");
         assert!(request.ends_with("{\"query\":\"France\"}"), "{request}");
     }
@@ -151,10 +163,12 @@ mod http {
             )],
             DispatcherConfig::new(1),
         );
-        let results = dispatcher
-            .run(vec![ToolCall::new("lookup", json!({}))])
-            .await
-            .expect("open");
+        let results = within(
+            "the lookup",
+            dispatcher.run(vec![ToolCall::new("lookup", json!({}))]),
+        )
+        .await
+        .expect("open");
         assert_eq!(results[0].outcome, Outcome::Failed);
         assert_eq!(
             error_of(&results[0].content),
@@ -237,10 +251,12 @@ mod http {
 
     async fn call_once(config: Value) -> tool_dispatch::ToolResult {
         let dispatcher = dispatcher(vec![tool(config)], DispatcherConfig::new(1));
-        let mut results = dispatcher
-            .run(vec![ToolCall::new("lookup", json!({"query": "France"}))])
-            .await
-            .expect("open");
+        let mut results = within(
+            "the lookup",
+            dispatcher.run(vec![ToolCall::new("lookup", json!({"query": "France"}))]),
+        )
+        .await
+        .expect("open");
         results.remove(0)
     }
 
