@@ -115,9 +115,15 @@ def test_check_health_raises_when_nothing_answers_for_too_long(simulator, make_w
     sim = simulator()
     worker = make_worker(sim, vllm_server_url=f"http://127.0.0.1:{closed_port()}", server_wait=60.0)
     worker.start()
-    time.sleep(0.3)
+    waiting_since = time.monotonic()  # the worker has waited for the servers since before this
+    worker.check_health(60.0)  # within its bound: healthy
+    # No guessed sleep: just past the bound, as the worker counts it. Nothing answers on a
+    # closed port, and the engine gives up only after server_wait (60 s).
+    while time.monotonic() - waiting_since <= 0.2:
+        time.sleep(0.01)
+    assert worker._engine.error() is None and not worker._engine.running()
     with pytest.raises(RuntimeError, match="still waiting for the vLLM servers"):
-        worker.check_health(0.1)
+        worker.check_health(0.2)
 
 
 SCRIPT = """
