@@ -8,6 +8,7 @@ mod bridge;
 mod ci;
 mod features;
 mod fixtures;
+mod libtest;
 mod loom;
 mod parity;
 mod quickstart;

@@ -2,13 +2,18 @@
 //!
 //! Makes sure the expected outputs are in the cache (`cargo xtask fixtures`), then runs the
 //! parity test of rollout-core, which prints the pass count of each template and every
-//! mismatch (an explained one says why), and fails on any unexplained mismatch.
+//! mismatch (an explained one says why), and fails on any unexplained mismatch. The step fails
+//! too when that test did not run: a renamed test matches the exact name below no more, and
+//! libtest passes with 0 tests.
 
-use crate::{cargo, fixtures, run_checked};
+use crate::{cargo, fixtures, libtest};
+
+/// The parity test, by its exact name.
+const TEST: &str = "parity::every_template_renders_every_case_as_transformers_does";
 
 pub(crate) fn run() -> anyhow::Result<()> {
     fixtures::run()?;
-    run_checked(&mut cargo(&[
+    libtest::run(&mut cargo(&[
         "test",
         "--package",
         "rollout-core",
@@ -16,7 +21,13 @@ pub(crate) fn run() -> anyhow::Result<()> {
         "tests",
         "--",
         "--exact",
-        "parity::every_template_renders_every_case_as_transformers_does",
+        TEST,
         "--nocapture",
-    ]))
+    ]))?
+    .expect(
+        "the parity step",
+        &[TEST],
+        "is the parity test in crates/rollout-core/tests/parity.rs still named so? \
+         (xtask/src/parity.rs names it)",
+    )
 }
