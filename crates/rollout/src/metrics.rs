@@ -23,7 +23,8 @@ pub struct Metrics {
     pub generation_latency: LatencySnapshot,
     /// The generator's own counters (retries, ejections).
     pub generator: GeneratorStats,
-    /// The tool dispatcher's, when the loop runs tools.
+    /// The tool dispatcher's, when the loop runs tools: an environment's session tools are
+    /// counted there by name too (its sessions' tools are made from it).
     pub tools: Option<MetricsSnapshot>,
 }
 

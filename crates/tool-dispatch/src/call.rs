@@ -17,7 +17,7 @@ use crate::{
     metrics::{Gauges, ToolMetrics},
     pool::{Job, Pool, Rejected},
     registry::{Registry, validate_arguments},
-    sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore},
+    sync::{Arc, Mutex, Ordering, OwnedSemaphorePermit, Semaphore},
     tool::{
         Arguments, AsyncTool, Outcome, Runner, SyncTool, ToolCall, ToolError, ToolResult,
         error_content, value_content,
@@ -28,7 +28,12 @@ use crate::{
 /// response future.
 pub(crate) struct Engine {
     pub(crate) registry: Registry,
-    pub(crate) metrics: Vec<ToolMetrics>,
+    /// One per tool of `registry`, in its order; shared by name with the dispatcher this one
+    /// was made from ([`ToolDispatcher::with_tools`](crate::ToolDispatcher::with_tools)).
+    pub(crate) metrics: Vec<Arc<ToolMetrics>>,
+    /// The tools counted in this dispatcher's metrics beyond its own registry: those of the
+    /// dispatchers made from it, by name, in the order they first appeared.
+    pub(crate) family: Arc<Mutex<Family>>,
     pub(crate) gauges: Arc<Gauges>,
     pub(crate) pool: Arc<Pool>,
     /// One permit per job the pool can hold; a turn holds one while it runs.
@@ -39,6 +44,9 @@ pub(crate) struct Engine {
     pub(crate) abort: CancellationToken,
     pub(crate) default_timeout: Duration,
 }
+
+/// Tools counted by name beyond a dispatcher's own registry ([`Engine::family`]).
+pub(crate) type Family = Vec<(String, Arc<ToolMetrics>)>;
 
 /// How a call ended, before it becomes a [`ToolResult`].
 struct Ended {

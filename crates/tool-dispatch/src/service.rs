@@ -14,13 +14,13 @@ use tokio_util::{
 use tower::Service;
 
 use crate::{
-    call::Engine,
+    call::{Engine, Family},
     error::DispatchError,
     future::ResponseFuture,
     metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
     pool::{Pool, PoolConfig, PoolReport},
     registry::Registry,
-    sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore, oneshot},
+    sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore, lock, oneshot},
     tool::{ToolCall, ToolResult},
 };
 
@@ -168,11 +168,12 @@ impl ToolDispatcher {
         let metrics = registry
             .tools()
             .iter()
-            .map(|_| ToolMetrics::new())
+            .map(|_| Arc::new(ToolMetrics::new()))
             .collect();
         let engine = Engine {
             registry,
             metrics,
+            family: Arc::default(),
             gauges: Arc::new(Gauges::default()),
             pool: Arc::new(pool),
             slots: Arc::clone(&slots),
@@ -193,17 +194,54 @@ impl ToolDispatcher {
 
     /// A dispatcher for other tools on this one's pool: it shares the threads, the slots
     /// (backpressure), the default timeout and the shutdown (this one's shutdown cancels and
-    /// waits for its turns too), with metrics of its own. For tools that exist per rollout,
-    /// such as an environment session's.
+    /// waits for its turns too). For tools that exist per rollout, such as an environment
+    /// session's: their calls are counted in this dispatcher's [`metrics`](Self::metrics),
+    /// as its own tools' are, one entry per name however many dispatchers share it (a name
+    /// this one's registry has adds to that tool's counts).
     pub fn with_tools(&self, registry: Registry) -> ToolDispatcher {
+        let metrics = {
+            let mut family = lock(&self.engine.family);
+            registry
+                .names()
+                .map(|name| self.counted(&mut family, name))
+                .collect()
+        };
+        self.with_metrics(registry, metrics)
+    }
+
+    /// Like [`with_tools`](Self::with_tools), but its tools' calls are counted apart, in
+    /// this new dispatcher's metrics only: for one-off work on the pool that is not a tool
+    /// anyone called (a session's creation, say).
+    pub fn with_uncounted_tools(&self, registry: Registry) -> ToolDispatcher {
         let metrics = registry
             .tools()
             .iter()
-            .map(|_| ToolMetrics::new())
+            .map(|_| Arc::new(ToolMetrics::new()))
             .collect();
+        self.with_metrics(registry, metrics)
+    }
+
+    /// The metrics `name` is counted in: this dispatcher's own tool of that name, or the
+    /// family's entry for it (created on first use).
+    fn counted(&self, family: &mut Family, name: &str) -> Arc<ToolMetrics> {
+        let engine = &self.engine;
+        if let Some(index) = engine.registry.names().position(|own| own == name) {
+            return Arc::clone(&engine.metrics[index]);
+        }
+        if let Some((_, metrics)) = family.iter().find(|(known, _)| known == name) {
+            return Arc::clone(metrics);
+        }
+        let metrics = Arc::new(ToolMetrics::new());
+        family.push((name.to_owned(), Arc::clone(&metrics)));
+        metrics
+    }
+
+    fn with_metrics(&self, registry: Registry, metrics: Vec<Arc<ToolMetrics>>) -> ToolDispatcher {
         let engine = Engine {
             registry,
             metrics,
+            // Its own tools are counted here already; what is made from it, in it.
+            family: Arc::default(),
             gauges: Arc::clone(&self.engine.gauges),
             pool: Arc::clone(&self.engine.pool),
             slots: Arc::clone(&self.engine.slots),
@@ -237,7 +275,8 @@ impl ToolDispatcher {
         self.engine.closing.is_cancelled()
     }
 
-    /// The metrics so far.
+    /// The metrics so far: this dispatcher's tools, then those of the dispatchers made from
+    /// it by [`with_tools`](Self::with_tools) (by name, in the order they first appeared).
     pub fn metrics(&self) -> MetricsSnapshot {
         let engine = &self.engine;
         let pool = engine.pool.state();
@@ -247,6 +286,11 @@ impl ToolDispatcher {
                 .names()
                 .zip(&engine.metrics)
                 .map(|(name, metrics)| metrics.snapshot(name))
+                .chain(
+                    lock(&engine.family)
+                        .iter()
+                        .map(|(name, metrics)| metrics.snapshot(name)),
+                )
                 .collect(),
             unknown_tool: engine.gauges.unknown_tool.load(Ordering::Relaxed),
             running_calls: engine.gauges.running_calls.load(Ordering::Relaxed),

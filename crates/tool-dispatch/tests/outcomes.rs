@@ -333,3 +333,59 @@ async fn a_timeout_of_duration_max_means_no_limit_rather_than_a_panic() {
     let report = within("shutdown", dispatcher.shutdown(Duration::MAX)).await;
     assert_eq!((report.threads_joined, report.threads_detached), (1, 0));
 }
+
+#[tokio::test]
+async fn per_rollout_tools_are_counted_in_the_dispatcher_they_were_made_from() {
+    let root = dispatcher(vec![quick("alpha")], DispatcherConfig::new(2));
+    let failing = || {
+        Tool::new_sync(ToolSpec::new("search", "Fails"), |_: Arguments| {
+            Err::<Value, _>("no such page".into())
+        })
+    };
+    // Two rollouts' sessions, each with tools of its own; one also has the root's `alpha`.
+    let first = root.with_tools(
+        tool_dispatch::Registry::new()
+            .with(failing())
+            .expect("one tool"),
+    );
+    let second = root.with_tools(
+        tool_dispatch::Registry::new()
+            .with(failing())
+            .and_then(|r| r.with(quick("alpha")))
+            .expect("two tools"),
+    );
+    for session in [&first, &second] {
+        within(
+            "a session's turn",
+            session.run(vec![ToolCall::new("search", json!({}))]),
+        )
+        .await
+        .expect("open");
+    }
+    within(
+        "a session's turn",
+        second.run(vec![ToolCall::new("alpha", json!({}))]),
+    )
+    .await
+    .expect("open");
+    // One-off work on the pool is not a tool anyone called.
+    let uncounted = root.with_uncounted_tools(
+        tool_dispatch::Registry::new()
+            .with(quick("session_create"))
+            .expect("one tool"),
+    );
+    within(
+        "a one-off",
+        uncounted.run(vec![ToolCall::new("session_create", json!({}))]),
+    )
+    .await
+    .expect("open");
+
+    let metrics = root.metrics();
+    let names: Vec<&str> = metrics.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["alpha", "search"]);
+    let search = metrics.tool("search").expect("the sessions' tool");
+    assert_eq!((search.calls, search.failed), (2, 2));
+    assert_eq!(search.latency.count, 2);
+    assert_eq!(metrics.tool("alpha").map(|t| (t.calls, t.ok)), Some((1, 1)));
+}
