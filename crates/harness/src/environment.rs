@@ -218,14 +218,18 @@ impl Harness {
     /// The episode of a created session; on a bad tool list the session is closed.
     async fn episode(&self, created: Created) -> Result<HarnessEpisode, String> {
         let status = Arc::new(Mutex::new(EpisodeStatus::Running));
+        let notes = Arc::new(Mutex::new(Vec::new()));
         let mut registry = Registry::new();
         let mut problem = None;
         for spec in created.tools {
             let tool = session_tool(
                 spec,
                 &created.handle,
-                &status,
-                &self.name,
+                Said {
+                    status: Arc::clone(&status),
+                    notes: Arc::clone(&notes),
+                    environment: Arc::clone(&self.name),
+                },
                 self.config.timeout,
             );
             if let Err(error) = registry.add(tool) {
@@ -239,6 +243,7 @@ impl Harness {
             tools: self.pool.with_tools(registry),
             pool: self.pool.clone(),
             status,
+            notes,
             initial: created.initial,
             timeout: self.config.timeout,
         };
@@ -296,29 +301,31 @@ impl Environment for Harness {
     }
 }
 
+/// Where a session tool's outputs land beside the model's reading of them.
+#[derive(Clone)]
+struct Said {
+    /// `done` and fatal errors.
+    status: Arc<Mutex<EpisodeStatus>>,
+    /// `{"name", "metadata"}` per call whose output carried metadata, in call order.
+    notes: Arc<Mutex<Vec<Value>>>,
+    /// The environment's name, for messages.
+    environment: Arc<str>,
+}
+
 /// A session tool as a tool-dispatch [`Tool`]: sync sessions' calls on the pool, async ones
-/// awaited; `done` and fatal errors land in `status`.
-fn session_tool(
-    spec: ToolSpec,
-    handle: &Handle,
-    status: &Arc<Mutex<EpisodeStatus>>,
-    environment: &Arc<str>,
-    timeout: Duration,
-) -> Tool {
+/// awaited; what they say beside their content lands in `said`.
+fn session_tool(spec: ToolSpec, handle: &Handle, said: Said, timeout: Duration) -> Tool {
     let name = spec.name.clone();
-    let status = Arc::clone(status);
-    let environment = Arc::clone(environment);
     let tool = match handle {
         Handle::Async(session) => {
             let session = Arc::clone(session);
             Tool::new_async(spec, move |args: Arguments| {
                 let session = Arc::clone(&session);
-                let status = Arc::clone(&status);
-                let environment = Arc::clone(&environment);
+                let said = said.clone();
                 let name = name.clone();
                 async move {
                     let output = session.call_tool(&name, args.into_inner()).await;
-                    settle(&status, &environment, output)
+                    said.settle(&name, output)
                 }
             })
         }
@@ -326,37 +333,43 @@ fn session_tool(
             let session = Arc::clone(session);
             Tool::new_sync(spec, move |args: Arguments| {
                 let output = session.call_tool(&name, args.into_inner());
-                settle(&status, &environment, output)
+                said.settle(&name, output)
             })
         }
     };
     tool.timeout(timeout)
 }
 
-/// What a session tool's output means for the model and for the episode.
-fn settle(
-    status: &Mutex<EpisodeStatus>,
-    environment: &str,
-    output: Result<ToolOutput, SessionError>,
-) -> Result<Value, ToolError> {
-    match output {
-        Ok(output) => {
-            if output.done {
-                let mut status = lock(status);
-                if *status == EpisodeStatus::Running {
-                    *status = EpisodeStatus::Done;
+impl Said {
+    /// What a session tool's output means for the model and for the episode.
+    fn settle(
+        &self,
+        tool: &str,
+        output: Result<ToolOutput, SessionError>,
+    ) -> Result<Value, ToolError> {
+        match output {
+            Ok(output) => {
+                if output.done {
+                    let mut status = lock(&self.status);
+                    if *status == EpisodeStatus::Running {
+                        *status = EpisodeStatus::Done;
+                    }
+                }
+                if !output.metadata.is_empty() {
+                    lock(&self.notes).push(json!({"name": tool, "metadata": output.metadata}));
+                }
+                match output.error {
+                    Some(error) => Err(error.into()),
+                    None => Ok(output.content),
                 }
             }
-            match output.error {
-                Some(error) => Err(error.into()),
-                None => Ok(output.content),
+            Err(error) => {
+                if error.is_fatal() {
+                    *lock(&self.status) =
+                        EpisodeStatus::Failed(format!("{}: {error}", self.environment));
+                }
+                Err(error.message().to_owned().into())
             }
-        }
-        Err(error) => {
-            if error.is_fatal() {
-                *lock(status) = EpisodeStatus::Failed(format!("{environment}: {error}"));
-            }
-            Err(error.message().to_owned().into())
         }
     }
 }
@@ -368,6 +381,8 @@ struct HarnessEpisode {
     tools: ToolDispatcher,
     pool: ToolDispatcher,
     status: Arc<Mutex<EpisodeStatus>>,
+    /// What its tool calls said beside their content ([`Said::notes`]).
+    notes: Arc<Mutex<Vec<Value>>>,
     initial: Vec<Message>,
     timeout: Duration,
 }
@@ -408,7 +423,14 @@ impl Episode for HarnessEpisode {
                     .and_then(|verified| verified.map_err(|e| e.to_string()))
                 }
             };
-            verdict(&self.name, verified)
+            let mut verdict = verdict(&self.name, verified);
+            let notes = std::mem::take(&mut *lock(&self.notes));
+            if !notes.is_empty() {
+                verdict
+                    .details
+                    .insert("tools".to_owned(), Value::Array(notes));
+            }
+            verdict
         })
     }
 
@@ -457,26 +479,33 @@ impl Episode for HarnessEpisode {
 /// A verification as the loop's [`Verdict`]: a non-finite reward is no reward.
 fn verdict(environment: &str, verified: Result<Verification, String>) -> Verdict {
     match verified {
-        Ok(verification) => match verification.env_reward {
-            Some(reward) if !reward.is_finite() => Verdict {
-                reward: None,
+        Ok(verification) => {
+            let mut verdict = Verdict {
+                done: Some(verification.done),
                 metrics: verification.metrics,
-                error: Some(format!(
-                    "{environment}: verify gave a non-finite reward {reward}"
-                )),
-            },
-            reward => Verdict {
-                reward,
-                metrics: verification.metrics,
-                error: None,
-            },
-        },
+                ..Verdict::default()
+            };
+            if !verification.artifacts.is_empty() {
+                verdict.details.insert(
+                    "artifacts".to_owned(),
+                    Value::Object(verification.artifacts),
+                );
+            }
+            match verification.env_reward {
+                Some(reward) if !reward.is_finite() => {
+                    verdict.error = Some(format!(
+                        "{environment}: verify gave a non-finite reward {reward}"
+                    ));
+                }
+                reward => verdict.reward = reward,
+            }
+            verdict
+        }
         Err(error) => {
             tracing::warn!(environment, %error, "verify failed: the episode is unscorable");
             Verdict {
-                reward: None,
-                metrics: Default::default(),
                 error: Some(format!("{environment}: verify failed: {error}")),
+                ..Verdict::default()
             }
         }
     }
@@ -489,7 +518,8 @@ struct Handoff<T> {
 }
 
 /// Runs `work` on `pool`'s threads (as a one-off tool of its own, so it is bounded by the
-/// pool's slots, `timeout` and shutdown like any tool call) and returns what it returned. A
+/// pool's slots, `timeout` and shutdown like any tool call, but not counted as one) and
+/// returns what it returned. A
 /// result that arrives after the caller gave up goes to `late` on that thread.
 async fn on_pool<T, W, L>(
     pool: &ToolDispatcher,
@@ -528,7 +558,7 @@ where
         .with(tool)
         .map_err(|e| format!("{what}: {e}"))?;
     let results = pool
-        .with_tools(registry)
+        .with_uncounted_tools(registry)
         .run(vec![ToolCall::new(what, json!({}))])
         .await;
     let mut handoff = lock(&handoff);

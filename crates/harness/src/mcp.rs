@@ -15,7 +15,10 @@
 //!   conversation's messages) when its input schema declares it. Its result is a number (the
 //!   reward; Python's MCP SDK wraps it as `{"result": x}`), or an object
 //!   `{"reward": x, "done": ..., "metrics": {...}}`, or `null` (unscorable); as
-//!   structured content or as JSON text.
+//!   structured content or as JSON text. Its numeric metrics are the row's `env/NAME`
+//!   metrics; the rest of its object (`artifacts`, other keys, metrics that are not numbers)
+//!   is the row's `environment.artifacts`. A tool result's structured content is its
+//!   metadata's `structured` (the row's `environment.tools`).
 //! - A tool result with `isError` is an error the model reads; the episode goes on. A server
 //!   that exits, or whose connection breaks, fails the rollout (cause `environment`); one
 //!   that does not start, does not complete the handshake, lists no tools or lacks the
@@ -657,28 +660,45 @@ fn verification(result: &CallToolResult) -> Result<Verification, String> {
         Value::Number(number) => Ok(Verification {
             env_reward: number.as_f64(),
             done: true,
-            metrics: BTreeMap::new(),
+            ..Verification::default()
         }),
-        Value::Object(map) => {
-            let env_reward = match map.get("reward") {
+        Value::Object(mut map) => {
+            let env_reward = match map.remove("reward") {
                 None | Some(Value::Null) => None,
                 Some(Value::Number(n)) => n.as_f64(),
                 Some(other) => return Err(format!("verify's reward is {other}, not a number")),
             };
-            let metrics = map
-                .get("metrics")
-                .and_then(Value::as_object)
-                .map(|metrics| {
-                    metrics
-                        .iter()
-                        .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let done = map.remove("done");
+            let mut metrics = BTreeMap::new();
+            let mut other_metrics = Map::new();
+            if let Some(Value::Object(reported)) = map.remove("metrics") {
+                for (name, value) in reported {
+                    match value.as_f64() {
+                        Some(number) => {
+                            metrics.insert(name, number);
+                        }
+                        None => {
+                            other_metrics.insert(name, value);
+                        }
+                    }
+                }
+            }
+            // The rest is kept: OpenEnv's `artifacts` object as its entries, any other key
+            // as it is, metrics that are not numbers under `metrics`.
+            let mut artifacts = match map.remove("artifacts") {
+                Some(Value::Object(artifacts)) => artifacts,
+                Some(other) => Map::from_iter([("artifacts".to_owned(), other)]),
+                None => Map::new(),
+            };
+            artifacts.extend(map);
+            if !other_metrics.is_empty() {
+                artifacts.insert("metrics".to_owned(), Value::Object(other_metrics));
+            }
             Ok(Verification {
                 env_reward,
-                done: map.get("done").and_then(Value::as_bool).unwrap_or(true),
+                done: done.as_ref().and_then(Value::as_bool).unwrap_or(true),
                 metrics,
+                artifacts,
             })
         }
         other => Err(format!(
@@ -938,6 +958,20 @@ mod tests {
         assert_eq!(full.env_reward, Some(1.0));
         assert!(!full.done);
         assert_eq!(full.metrics, BTreeMap::from([("calls".to_owned(), 3.0)]));
+        assert_eq!(
+            Value::Object(full.artifacts),
+            json!({"metrics": {"note": "x"}}),
+            "a metric that is not a number is kept apart"
+        );
+        let openenv = verification(&CallToolResult::structured(json!({
+            "reward": 0.5, "artifacts": {"diff": "+1 -0"}, "trace_id": "t7"
+        })))
+        .expect("an object");
+        assert_eq!(
+            Value::Object(openenv.artifacts),
+            json!({"diff": "+1 -0", "trace_id": "t7"}),
+            "what verify said beyond the reward is kept"
+        );
     }
 
     #[tokio::test]

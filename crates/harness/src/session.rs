@@ -30,7 +30,8 @@ pub struct ToolOutput {
     pub done: bool,
     /// The call failed in a way the model should read (`{"error": ...}`); the episode goes on.
     pub error: Option<String>,
-    /// Anything else the environment says about the call (not shown to the model).
+    /// Anything else the environment says about the call (not shown to the model): kept
+    /// in the row's `environment.tools`, as `{"name", "metadata"}`.
     pub metadata: Map<String, Value>,
 }
 
@@ -60,6 +61,9 @@ pub struct Verification {
     pub done: bool,
     /// Numbers to report with the sample (`env/NAME` in its metrics).
     pub metrics: BTreeMap<String, f64>,
+    /// Anything else verify said (OpenEnv's `artifacts`, metrics that are not numbers):
+    /// kept in the row's `environment.artifacts`.
+    pub artifacts: Map<String, Value>,
 }
 
 impl Verification {

@@ -1,8 +1,9 @@
 //! Session lifecycle on the real rollout loop against the vLLM simulator: every session is
 //! created and closed exactly once on every path (finished, failed, timed out, panicked,
 //! drain-cancelled, engine dropped), creation is retried and its failure isolated, open
-//! sessions never outnumber `max_inflight`, sync sessions run on the tool pool, and verify's
-//! reward is the `env` column.
+//! sessions never outnumber `max_inflight`, sync sessions run on the tool pool, verify's
+//! reward is the `env` column, what the environment says beyond it is kept in the rows, and
+//! its tools are counted in the engine's metrics.
 
 use std::{
     collections::BTreeMap,
@@ -61,6 +62,8 @@ enum Behaviour {
     HangVerify,
     /// Verify panics.
     PanicVerify,
+    /// The tool and verify say more than a reward: metadata, metrics, artifacts, not done.
+    Report,
 }
 
 /// Counts sessions: created, closed, open at most at once; and what verify gave.
@@ -120,6 +123,11 @@ impl TestSession {
         match self.behaviour {
             Behaviour::Done => Ok(ToolOutput::new("5").done()),
             Behaviour::Break => Err(SessionError::fatal("the sandbox died")),
+            Behaviour::Report => {
+                let mut output = ToolOutput::new("5");
+                output.metadata.insert("page".to_owned(), json!(3));
+                Ok(output)
+            }
             _ => Ok(ToolOutput::new("5")),
         }
     }
@@ -128,7 +136,15 @@ impl TestSession {
         let reward = reward_of(&self.episode_id);
         let mut verified = self.counts.verified.lock().expect("not poisoned");
         verified.insert(self.episode_id.clone(), reward);
-        Verification::reward(reward)
+        let mut verification = Verification::reward(reward);
+        if self.behaviour == Behaviour::Report {
+            verification.done = false;
+            verification.metrics.insert("steps".to_owned(), 2.0);
+            verification
+                .artifacts
+                .insert("log".to_owned(), json!("all good"));
+        }
+        verification
     }
 }
 
@@ -412,6 +428,54 @@ async fn a_done_tool_ends_the_episode_and_the_last_tool_calls_stay_in_the_comple
         assert!(sample.rewards["env"].is_number());
     }
     assert_eq!(counts.closes(), counts.created());
+    run.simulator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_environment_says_is_kept_in_the_rows_and_its_tools_are_counted_as_the_engines() {
+    let counts = Arc::new(Counts::default());
+    let mut run = start(asynchronous(&counts, Behaviour::Report), config(2), 2).await;
+    let groups = collect(&mut run).await;
+    let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
+    assert_eq!(samples.len(), 4);
+    let mut calls = 0.0;
+    for sample in &samples {
+        assert_eq!(sample.metrics["env/steps"], json!(2.0), "verify's metrics");
+        assert_eq!(
+            sample.metrics["env_verify_done"],
+            json!(0.0),
+            "verify's done"
+        );
+        let tool_calls = sample.metrics["tool_calls"].as_f64().expect("a number");
+        assert!(tool_calls >= 1.0, "the simulator calls the tool");
+        calls += tool_calls;
+        let tools =
+            vec![json!({"name": "calculator", "metadata": {"page": 3}}); tool_calls as usize];
+        assert_eq!(
+            Value::Object(sample.environment.clone()),
+            json!({"artifacts": {"log": "all good"}, "tools": tools}),
+            "verify's artifacts and each call's metadata"
+        );
+    }
+    // The sessions' tools are counted where `[[tools]]` are: the engine's metrics.
+    let metrics = run.engine.metrics();
+    let tools = metrics.tools.clone().expect("the engine runs tools");
+    let calculator = tools
+        .tool("calculator")
+        .expect("the sessions' tool is counted");
+    assert_eq!(
+        (calculator.calls as f64, calculator.ok as f64),
+        (calls, calls)
+    );
+    assert_eq!(calculator.latency.count as f64, calls);
+    assert!(
+        metrics
+            .values()
+            .contains(&("tools/calculator/calls".to_owned(), calls)),
+        "the bridge's values and the summary read the same counts"
+    );
+    assert!(tools.tool("session_verify").is_none() && tools.tool("session_create").is_none());
+    run.engine.shutdown(Duration::from_secs(10)).await;
     run.simulator.stop().await;
 }
 

@@ -40,4 +40,11 @@ pub struct TrainingSample {
     pub model_version: u64,
     /// Per-sample numbers (turns, tool calls, drift, ...).
     pub metrics: Map<String, Value>,
+    /// What the rollout's environment said that is not a number (absent when it said
+    /// nothing): `artifacts`, what its verify returned beyond the reward, `done` and numeric
+    /// metrics (those are in `metrics`: `env/NAME`, `env_verify_done`); `tools`, one
+    /// `{"name", "metadata"}` per tool call whose result carried metadata (an MCP result's
+    /// structured content is its metadata's `structured`), in call order.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub environment: Map<String, Value>,
 }

@@ -165,6 +165,10 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             Counters::add(&counters.forked_rollouts, 1);
         }
         let prompt = done.prompt;
+        let environment = done
+            .verdict
+            .map(|verdict| verdict.details)
+            .unwrap_or_default();
         for row in done.rows {
             samples.push(TrainingSample {
                 group_id: group.group_id,
@@ -180,6 +184,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
                 rewards: rewards.clone(),
                 model_version: group_version,
                 metrics: metrics.clone(),
+                environment: environment.clone(),
             });
         }
     }
@@ -305,6 +310,9 @@ fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
             "env_verified",
             f64::from(u8::from(verdict.reward.is_some())),
         );
+        if let Some(done) = verdict.done {
+            put("env_verify_done", f64::from(u8::from(done)));
+        }
         for (name, value) in &verdict.metrics {
             put(&format!("env/{name}"), *value);
         }

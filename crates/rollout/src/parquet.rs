@@ -3,8 +3,10 @@
 //! A dataset row is read as the JSON object arrow's JSON writer makes of it, then parsed as a
 //! JSON Lines row is: a Hugging Face datasets file reads as it is (`prompt` a string or a
 //! list of `{role, content, ...}` structs, other columns of any type). Training rows are
-//! written one per Parquet row: ids, mask and logprobs as lists, messages, rewards and
-//! metrics as JSON text (messages carry keys no fixed schema holds).
+//! written one per Parquet row: ids, mask and logprobs as lists, messages, rewards, metrics
+//! and the environment's `environment` object as JSON text (messages carry keys no fixed
+//! schema holds; `environment` is null when absent, and an earlier output continued by a
+//! resume gets it as nulls).
 
 use std::{
     collections::VecDeque,
@@ -116,7 +118,35 @@ fn schema() -> SchemaRef {
         Field::new("rewards", DataType::Utf8, false),
         Field::new("model_version", DataType::UInt64, false),
         Field::new("metrics", DataType::Utf8, false),
+        // Null when the environment said nothing beyond numbers (and in files written
+        // before the column existed).
+        Field::new("environment", DataType::Utf8, true),
     ]))
+}
+
+/// A batch of an earlier output in today's [`schema`]: the columns it lacks (it was written
+/// before they existed; each is nullable) added as nulls.
+fn upgraded(batch: RecordBatch) -> Result<RecordBatch, ArrowError> {
+    let schema = schema();
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|field| match batch.column_by_name(field.name()) {
+            Some(column) => Ok(Arc::clone(column)),
+            None if field.is_nullable() => Ok(arrow_array::new_null_array(
+                field.data_type(),
+                batch.num_rows(),
+            )),
+            None => Err(ArrowError::SchemaError(format!(
+                "no column `{}`: not a file of training rows this program wrote",
+                field.name()
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema, columns)
 }
 
 /// Samples as one record batch of [`schema`].
@@ -157,6 +187,16 @@ fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
         json(|s| serde_json::to_string(&s.rewards))?,
         u64s(|s| s.model_version),
         json(|s| serde_json::to_string(&s.metrics))?,
+        Arc::new(
+            samples
+                .iter()
+                .map(|s| {
+                    (!s.environment.is_empty())
+                        .then(|| serde_json::to_string(&s.environment))
+                        .transpose()
+                })
+                .collect::<Result<StringArray, _>>()?,
+        ),
     ];
     Ok(RecordBatch::try_new(schema(), columns)?)
 }
@@ -183,7 +223,7 @@ pub(crate) fn write(
     if let Some(previous) = previous {
         let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(previous)?)?.build()?;
         for batch in reader {
-            writer.write(&batch?)?;
+            writer.write(&upgraded(batch?)?)?;
         }
     }
     let lines = BufReader::new(
@@ -240,4 +280,76 @@ pub(crate) fn groups(path: &Path) -> Result<Vec<(u64, u64)>, FileError> {
         rows.extend((0..ids.len()).map(|i| (ids.value(i), sizes.value(i))));
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use rollout_core::{Message, RolloutId};
+    use serde_json::{Map, json};
+
+    use super::*;
+
+    fn sample(group_id: u64, environment: Map<String, serde_json::Value>) -> TrainingSample {
+        TrainingSample {
+            group_id,
+            group_samples: 1,
+            rollout_id: RolloutId(group_id),
+            prompt: vec![Message::user("What is 6 * 7?")],
+            completion: vec![Message::assistant("42")],
+            input_ids: vec![1, 2],
+            completion_mask: vec![0, 1],
+            old_log_probs: vec![0.0, -0.5],
+            advantage: 0.0,
+            reward: Some(1.0),
+            rewards: Map::new(),
+            model_version: 0,
+            metrics: Map::new(),
+            environment,
+        }
+    }
+
+    #[test]
+    fn the_environment_column_is_written_and_files_written_before_it_are_continued() {
+        let dir = std::env::temp_dir().join(format!("parquet-environment-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        // An output of the schema before the column: every column but `environment`.
+        let old = dir.join("old.parquet");
+        let full = batch(&[sample(0, Map::new())]).expect("a batch");
+        let without = full
+            .project(&(0..full.num_columns() - 1).collect::<Vec<_>>())
+            .expect("projected");
+        let mut writer =
+            ArrowWriter::try_new(File::create(&old).expect("created"), without.schema(), None)
+                .expect("a writer");
+        writer.write(&without).expect("written");
+        writer.close().expect("closed");
+
+        let said = json!({"artifacts": {"log": "ok"}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let journal = dir.join("out.partial.jsonl");
+        let line = serde_json::to_string(&sample(1, said)).expect("JSON");
+        std::fs::write(&journal, format!("{line}\n")).expect("the journal");
+        let out = dir.join("out.parquet");
+        write(&out, Some(&old), &journal).expect("the old rows and the new ones are written");
+
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&out).expect("opened"))
+            .and_then(|builder| builder.build())
+            .expect("readable");
+        let mut environment = Vec::new();
+        for batch in reader {
+            let batch = batch.expect("a batch");
+            let column = batch
+                .column_by_name("environment")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
+                .expect("an environment column");
+            environment.extend(column.iter().map(|text| text.map(str::to_owned)));
+        }
+        assert_eq!(
+            environment,
+            [None, Some(r#"{"artifacts":{"log":"ok"}}"#.to_owned())]
+        );
+        std::fs::remove_dir_all(&dir).expect("cleaned up");
+    }
 }

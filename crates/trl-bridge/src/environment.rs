@@ -71,6 +71,9 @@ struct VerifyResult {
     done: bool,
     #[serde(default)]
     metrics: BTreeMap<String, f64>,
+    /// `artifacts`, and metrics that are not numbers under `metrics`.
+    #[serde(default)]
+    artifacts: Map<String, Value>,
 }
 
 /// JSON the bridge produced, read as `T`; a mismatch is the environment's fault.
@@ -244,6 +247,7 @@ impl SyncSession for PySession {
             env_reward: result.env_reward,
             done: result.done,
             metrics: result.metrics,
+            artifacts: result.artifacts,
         })
     }
 

@@ -126,6 +126,7 @@ mod tests {
                 .unwrap_or_default(),
             model_version: 3,
             metrics: Map::new(),
+            environment: Map::new(),
         }
     }
 
