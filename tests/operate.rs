@@ -16,7 +16,7 @@ use reqwest::StatusCode;
 use rollout_core::TrainingSample;
 use serde_json::Value;
 
-use super::rollout::{Case, runtime};
+use super::rollout::{Case, question, runtime};
 
 /// Top-level keys and tables of a run on the built-in simulator, answering after `latency`.
 fn settings(rest: &str, latency: &str) -> String {
@@ -791,6 +791,26 @@ fn shards_run_at_once_roll_out_disjoint_parts_whose_union_is_the_whole_run() {
     assert_eq!(sorted(first.clone()), sorted(second.clone()));
     assert_eq!(sorted(first.clone()).len(), 13);
     assert_ne!(first, second, "each pass is shuffled anew");
+}
+
+#[test]
+fn a_shard_rolls_out_the_rows_whose_index_modulo_its_count_is_its_index() {
+    let case = Case::new("shard-rows");
+    case.write_dataset(7);
+    case.write_config(&settings("max_inflight = 8", "0ms"));
+    let outcome = case.rollout(&["--shard", "1/3"]);
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    let groups: Vec<u64> = groups_of(&outcome.rows).into_keys().collect();
+    assert_eq!(groups, [1, 4], "shard 1/3 of 7 rows: rows 1 and 4");
+    for row in &outcome.rows {
+        let index = usize::try_from(row.group_id).expect("a small id");
+        assert_eq!(
+            row.prompt[0].content(),
+            Some(question(index).0.as_str()),
+            "group {} is the row of the same index",
+            row.group_id
+        );
+    }
 }
 
 #[test]
