@@ -873,6 +873,48 @@ async fn turns_record_the_model_version_they_were_sampled_under() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_model_version_is_refused_with_the_current_one_and_turns_keep_the_current() {
+    let tokenizer = chat_tokenizer();
+    let generator = ScriptedGenerator::answering(&tokenizer, &[WAIT_CALL]);
+    let gate = Gate::new();
+    let (engine, mut groups) = start(
+        &generator,
+        Some(tools(2, Some(gate.clone()), None)),
+        config(2),
+        rows(1),
+    );
+    // The second turns are held by the tool: they are sent after the refusal.
+    wait_until(PATIENCE, "both first turns", || {
+        engine.health().stats.turns == 2
+    })
+    .await;
+    assert_eq!(engine.set_model_version(5), Ok(()));
+    assert_eq!(
+        engine.set_model_version(2),
+        Err(5),
+        "a lower version is refused with the current one"
+    );
+    assert_eq!(engine.model_version(), 5, "the refusal changed nothing");
+    assert_eq!(
+        engine.set_model_version(5),
+        Ok(()),
+        "the current version again is no error"
+    );
+    gate.open();
+    let out = collect(&mut groups).await;
+    engine.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(out.len(), 1);
+    for sample in &out[0].samples {
+        assert_eq!(metric(sample, "model_version_min"), 0.0);
+        assert_eq!(
+            metric(sample, "model_version_max"),
+            5.0,
+            "the turns after the refusal were sampled under the current version"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_that_falls_more_than_max_staleness_behind_is_cancelled_at_once() {
     let tokenizer = chat_tokenizer();
     // Group 0's first turns call a tool held by the gate, and its second turns hang; group 1
