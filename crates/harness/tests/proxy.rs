@@ -290,6 +290,106 @@ async fn an_answer_written_back_differently_is_continued_with_its_sampled_ids() 
     assert!(transcript.completion[0].as_map().contains_key("tool_calls"));
 }
 
+/// A call as a model may sample it: compact JSON, where the template writes `": "`.
+const COMPACT_CALL: &str =
+    "<tool_call>\n{\"name\":\"calculator\",\"arguments\":{\"expression\":\"2 + 3\"}}\n</tool_call>";
+
+/// Whether `needle` sits in `haystack` as it is, in one piece.
+fn holds(haystack: &[u32], needle: &[u32]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_answer_is_sent_as_the_ids_sampled_not_as_the_template_writes_it() {
+    let proxy = proxy().await;
+    let (s, mut prompts) = session(
+        &proxy,
+        vec![Script::Say(COMPACT_CALL), Script::Say("It is 5.")],
+    );
+    let first = json!({"messages": question(), "tools": tools()});
+    let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", first).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let call_id = json_of(&body)["choices"][0]["message"]["tool_calls"][0]["id"].clone();
+    let first_prompt = prompts.recv().await.expect("the first prompt");
+
+    // The agent writes the call back as the template would (spaced JSON), then its result.
+    let mut history = question();
+    history.push(
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": "calculator", "arguments": "{\"expression\": \"2 + 3\"}"},
+        }]}),
+    );
+    history.push(json!({"role": "tool", "tool_call_id": call_id, "content": "5"}));
+    let second = json!({"messages": history, "tools": tools()});
+    let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", second).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let second_prompt = prompts.recv().await.expect("the second prompt");
+
+    // The first prompt, the ids sampled (not the template's spaced rendering of the call),
+    // then what the template writes for the tool's result up to the next answer.
+    let tokenizer = chat_tokenizer();
+    let mut expected = first_prompt;
+    expected.extend(ids(COMPACT_CALL));
+    expected.extend(
+        tokenizer
+            .encode("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n")
+            .expect("the delta encodes"),
+    );
+    assert_eq!(
+        second_prompt, expected,
+        "the second prompt is the first, the sampled ids, then the template's delta"
+    );
+    let transcript = s.finish().await;
+    assert_eq!(transcript.stats.reused_turns, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_written_back_beside_an_edited_message_is_put_back_as_its_sampled_ids() {
+    let proxy = proxy().await;
+    let (s, mut prompts) = session(&proxy, vec![Script::Say("Five."), Script::Say("Seven.")]);
+    let (status, body) = post(
+        &proxy,
+        Some(s.key()),
+        "/chat/completions",
+        json!({"messages": question()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let _ = prompts.recv().await.expect("the first prompt");
+
+    // The agent edits its system message and writes the answer back with a newline of its
+    // own: history rewritten, so the conversation is rendered whole.
+    let mut history = question();
+    history[0] = json!({"role": "system", "content": "You calculate, briefly."});
+    history.push(json!({"role": "assistant", "content": "Five.\n"}));
+    history.push(json!({"role": "user", "content": "And 3 + 4?"}));
+    let (status, body) = post(
+        &proxy,
+        Some(s.key()),
+        "/chat/completions",
+        json!({"messages": history}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let second_prompt = prompts.recv().await.expect("the second prompt");
+
+    let sampled = ids("Five.");
+    assert!(
+        holds(&second_prompt, &sampled),
+        "the proxy's own answer is put back as the ids it sampled: {sampled:?} in {second_prompt:?}"
+    );
+    assert!(
+        !holds(&second_prompt, &ids("Five.\n")),
+        "the agent's copy of the answer is not what was rendered"
+    );
+    let transcript = s.finish().await;
+    assert_eq!(transcript.stats.reused_turns, 0);
+    assert_eq!(transcript.stats.rendered_turns, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_completion_samples_the_prompt_s_ids() {
     let proxy = proxy().await;
