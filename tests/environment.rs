@@ -270,6 +270,44 @@ fn ctrl_c_leaves_no_mcp_server_process_behind() {
     );
 }
 
+#[test]
+fn a_server_s_own_child_processes_die_with_its_session() {
+    let python = toml_path(&mcp_python());
+    let server = toml_path(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server_with_child.py"),
+    );
+    let case = Case::new("mcp-child");
+    case.write_dataset(2);
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 4\nmax_turns = 3\n\n[environment]\nkind = \"mcp\"\ncommand = [{python}, {server}]\ntimeout = \"60s\"\n\n[simulator]\ntool_rounds = 1\ntool_name = \"calculator\"\n"
+    ));
+    let children = case.dir.join("children.txt");
+    let (output, left) = run_marked(
+        case.command(&[]).env("MCP_CHILD_LOG", &children),
+        "mcp-child",
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows = case.rows();
+    assert_eq!(rows.len(), 4, "{stderr}");
+    assert!(
+        rows.iter()
+            .all(|row| row.rewards["env"].as_f64() == Some(1.0)),
+        "every session verified"
+    );
+    let helpers = std::fs::read_to_string(&children).unwrap_or_default();
+    assert_eq!(
+        helpers.lines().count(),
+        rows.len(),
+        "a server, and its helper, per rollout: {helpers}"
+    );
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "the helpers of closed sessions were left running: {stderr}"
+    );
+}
+
 /// Runs an environment `command` that goes wrong; returns stderr.
 fn bad_environment(name: &str, command: &str, timeout: &str) -> String {
     let case = Case::new(&format!("mcp-bad-{name}"));
