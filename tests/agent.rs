@@ -179,6 +179,8 @@ fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
     let rows = run_exact(&case, &sim, "opencode", 2);
     assert_eq!(rows.len(), 4, "one row per rollout");
     for row in &rows {
+        // opencode also asked for a title for its session: sampled, counted, not a row.
+        assert_eq!(row.metrics["agent_side_conversations"], 1.0, "{row:?}");
         let call = &row.completion[0]["tool_calls"][0]["function"];
         assert_eq!(call["name"], "write", "{row:?}");
         assert_eq!(row.completion[1]["role"], "tool");

@@ -45,6 +45,7 @@ export OPENCODE_CONFIG="$home/opencode.json"
 export OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_SHARE=1 \
     OPENCODE_DISABLE_DEFAULT_PLUGINS=1 OPENCODE_DISABLE_LSP_DOWNLOAD=1 \
     OPENCODE_DISABLE_EXTERNAL_SKILLS=1 OPENCODE_DISABLE_CLAUDE_CODE=1
-# The task on stdin (as an argument opencode would quote it); a title given, so that it makes
-# no side request to name the session.
-printf '%s' "$1" | "$opencode" run --model policy/policy --title task --format json
+# The task on stdin (as an argument opencode would quote it). opencode also asks the model
+# for a title for its session: a side conversation, which `[agent] conversations = "main"`
+# (the default) keeps out of the rows.
+printf '%s' "$1" | "$opencode" run --model policy/policy --format json

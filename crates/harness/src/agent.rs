@@ -64,6 +64,7 @@ use crate::{ConfigError, proxy::Proxy};
 /// sandbox = "bwrap"                             # or "none": with the engine's permissions
 /// network = false                               # only its proxy (true: the host's network)
 /// limits = { memory_mib = 8192 }                # process::Limits; unset fields keep defaults
+/// conversations = "main"                        # rows of the main conversation only ("all": each its own)
 /// ```
 ///
 /// `setup` is one command (`["./setup.sh", "arg"]`) or a list of them (`[["make"], ["./x"]]`);
@@ -113,6 +114,9 @@ pub struct ProgramConfig {
     /// The programs' resource limits; unset keeps the sandbox's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// Which of the agent's conversations with its proxy become training rows.
+    #[serde(default)]
+    pub conversations: Conversations,
     /// Where the private root of the attempts' directories is made (run time, not a key: the
     /// system's temporary directory).
     #[serde(skip, default = "std::env::temp_dir")]
@@ -136,6 +140,29 @@ pub enum Workdir {
     /// removed after verify.
     #[default]
     Fresh,
+}
+
+/// Which of an agent's conversations become training rows (`conversations`).
+///
+/// An agent may hold several conversations with the proxy: opencode asks for a title for
+/// its session beside the task itself, other agents summarize or compact. Each is its own
+/// conversation (its prompt does not continue the others), so each would be a row of its
+/// own, trained with the task's reward though it did not earn it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Conversations {
+    /// `"main"`: only the main conversation's turns become rows: the one with the most
+    /// answers (the latest of equals), which is also the transcript `verify` and the row's
+    /// `prompt`/`completion` show. The longest rather than the one that ends the run: an
+    /// agent's last request may well be a side one (a title, a summary), its work is where it
+    /// asked the most. The others' turns are counted in the row's metrics
+    /// (`agent_side_conversations`, `agent_side_turns`); raw `/v1/completions` requests
+    /// belong to no conversation and are counted there too.
+    #[default]
+    Main,
+    /// `"all"`: every conversation's turns become rows of their own.
+    All,
 }
 
 fn default_timeout() -> Duration {
@@ -172,6 +199,7 @@ impl ProgramConfig {
             sandbox: None,
             network: None,
             limits: None,
+            conversations: Conversations::default(),
             workdir_root: std::env::temp_dir(),
             max_output: default_max_output(),
             forwarder: None,
@@ -587,6 +615,11 @@ impl ProgramAgent {
         let mut outcome = AgentOutcome::new(transcript.prompt, transcript.completion)
             .tool_calls(stats.tool_calls);
         outcome.metrics = metrics;
+        if let (Conversations::Main, Some(main)) =
+            (config.conversations, transcript.main_conversation)
+        {
+            outcome = outcome.main_conversation(main);
+        }
         if let Some(verdict) = verdict {
             outcome = outcome.verdict(verdict);
         }
@@ -816,6 +849,7 @@ mod tests {
         assert_eq!(read.command_timeout, Duration::from_secs(120));
         assert_eq!(read.weight, 1.0);
         assert_eq!(read.workdir, Workdir::Fresh);
+        assert_eq!(read.conversations, Conversations::Main);
         assert_eq!(read.max_output, 64 * 1024);
         assert!(read.forwarder.is_none() && read.sandbox.is_none() && read.network.is_none());
         // What is decided at run time is no key, and is not written.
@@ -828,8 +862,14 @@ mod tests {
                 "timeout": "10m",
                 "command_timeout": "2m",
                 "weight": 1.0,
+                "conversations": "main",
             })
         );
+        let all = table(json!({"command": ["a"], "conversations": "all"})).expect("a table");
+        assert_eq!(all.conversations, Conversations::All);
+        let refused =
+            table(json!({"command": ["a"], "conversations": "longest"})).expect_err("not a choice");
+        assert!(refused.contains("unknown variant `longest`"), "{refused}");
         for key in ["workdir_root", "max_output", "forwarder"] {
             let refused = table(json!({"command": ["a"], key: 1})).expect_err(key);
             assert!(

@@ -64,6 +64,11 @@ pub struct AgentOutcome {
     pub tool_calls: u64,
     /// Further numbers about the run, added to the sample's metrics.
     pub metrics: BTreeMap<String, f64>,
+    /// The conversation whose turns become the rollout's rows (see
+    /// [`Sampler::sample_in`]); the turns of the others are counted
+    /// (`agent_side_conversations`, `agent_side_turns`) and not trained on. `None`: every
+    /// conversation's turns become rows of their own.
+    pub main_conversation: Option<usize>,
 }
 
 impl AgentOutcome {
@@ -89,6 +94,13 @@ impl AgentOutcome {
         self.tool_calls = calls;
         self
     }
+
+    /// Keeps only the turns of `conversation` as rows.
+    #[must_use]
+    pub fn main_conversation(mut self, conversation: usize) -> AgentOutcome {
+        self.main_conversation = Some(conversation);
+        self
+    }
 }
 
 /// An agent's run failed (it could not start, it crashed before answering): the attempt fails
@@ -104,6 +116,8 @@ pub struct SampleRequest {
     /// What the agent asked for at most; the engine clips it to `max_tokens`, the context
     /// and the budget.
     pub(crate) max_tokens: Option<u32>,
+    /// The agent's conversation the turn belongs to, when it said.
+    pub(crate) conversation: Option<usize>,
     pub(crate) reply: oneshot::Sender<Result<Sampled, SampleRefused>>,
 }
 
@@ -116,6 +130,11 @@ impl SampleRequest {
     /// Most tokens the agent asked for, if it said.
     pub fn max_tokens(&self) -> Option<u32> {
         self.max_tokens
+    }
+
+    /// The agent's conversation the turn belongs to ([`Sampler::sample_in`]), if it said.
+    pub fn conversation(&self) -> Option<usize> {
+        self.conversation
     }
 
     /// Answers the request (an agent that stopped waiting is not told).
@@ -194,10 +213,35 @@ impl Sampler {
         prompt_ids: Vec<u32>,
         max_tokens: Option<u32>,
     ) -> Result<Sampled, SampleRefused> {
+        self.request(None, prompt_ids, max_tokens).await
+    }
+
+    /// Samples one turn of the agent's `conversation` (0, 1, ... in the order the agent
+    /// started them): each conversation's turns are reconciled into rows of their own, and
+    /// [`AgentOutcome::main_conversation`] may keep only one's. Turns sampled with
+    /// [`sample`](Self::sample) belong to no conversation (rows of their own, never the
+    /// main conversation's).
+    pub async fn sample_in(
+        &self,
+        conversation: usize,
+        prompt_ids: Vec<u32>,
+        max_tokens: Option<u32>,
+    ) -> Result<Sampled, SampleRefused> {
+        self.request(Some(conversation), prompt_ids, max_tokens)
+            .await
+    }
+
+    async fn request(
+        &self,
+        conversation: Option<usize>,
+        prompt_ids: Vec<u32>,
+        max_tokens: Option<u32>,
+    ) -> Result<Sampled, SampleRefused> {
         let (reply, answer) = oneshot::channel();
         let request = SampleRequest {
             prompt_ids,
             max_tokens,
+            conversation,
             reply,
         };
         let ended = || SampleRefused::Failed("the rollout has ended".to_owned());

@@ -489,16 +489,27 @@ async fn drive_agent<G: Generator>(
     });
     let mut finished = Finished::new(rollout_id, attempt);
     finished.stop = Stop::Answer;
-    let mut reconciler = Reconciler::new(rollout_id, shared.config.reconciler);
+    let mut conversations: Vec<AgentConversation> = Vec::new();
     let mut answers = 0;
     let outcome = loop {
         tokio::select! {
             outcome = &mut run => break outcome,
             Some(request) = requests.next() => {
-                let state = TurnState { shared, group, finished: &mut finished, reconciler: &mut reconciler };
+                let id = request.conversation();
+                let at = match conversations.iter().position(|c| c.id == id) {
+                    Some(at) => at,
+                    None => {
+                        let reconciler = Reconciler::new(rollout_id, shared.config.reconciler);
+                        conversations.push(AgentConversation { id, reconciler, turns: 0 });
+                        conversations.len() - 1
+                    }
+                };
+                let conversation = &mut conversations[at];
+                let state = TurnState { shared, group, finished: &mut finished, reconciler: &mut conversation.reconciler };
                 let prompt_ids = request.prompt_ids().to_vec();
                 let answer = agent_turn(state, answers, prompt_ids, request.max_tokens()).await?;
                 answers += usize::from(answer.is_ok());
+                conversation.turns += u64::from(answer.is_ok());
                 request.answer(answer);
             }
         }
@@ -523,7 +534,8 @@ async fn drive_agent<G: Generator>(
     };
     finished.tool_calls = outcome.tool_calls;
     finished.metrics = outcome.metrics;
-    let mut finished = finish_rows(shared, finished, reconciler);
+    let mut finished =
+        conversation_rows(shared, finished, conversations, outcome.main_conversation);
     // Where the agent's history could not be continued from what was sampled.
     let forks = finished.tally.fork as f64;
     finished.metrics.insert("capture_forks".to_owned(), forks);
@@ -595,6 +607,57 @@ fn finish_rows<G>(shared: &Shared<G>, mut finished: Finished, reconciler: Reconc
     let reconciled = reconciler.finish();
     finished.tally = reconciled.tally;
     finished.rows = reconciled.rows;
+    if finished.versions.0 == u64::MAX {
+        finished.versions.0 = shared.model_version();
+        finished.versions.1 = finished.versions.0;
+    }
+    finished
+}
+
+/// One of an agent's conversations ([`Sampler::sample_in`](crate::Sampler::sample_in)):
+/// reconciled apart from the others, in the order they started.
+struct AgentConversation {
+    id: Option<usize>,
+    reconciler: Reconciler,
+    /// Turns sampled in it.
+    turns: u64,
+}
+
+/// An agent's rollout with the rows of its conversations: only `main`'s when it is given
+/// (the others' turns counted: `agent_side_conversations`, `agent_side_turns`), else every
+/// conversation's, in the order they started.
+fn conversation_rows<G>(
+    shared: &Shared<G>,
+    mut finished: Finished,
+    conversations: Vec<AgentConversation>,
+    main: Option<usize>,
+) -> Finished {
+    let (mut side_conversations, mut side_turns) = (0u64, 0u64);
+    let (mut rows, mut tally) = (Vec::new(), std::mem::take(&mut finished.tally));
+    for conversation in conversations {
+        if main.is_some() && conversation.id != main {
+            side_conversations += 1;
+            side_turns += conversation.turns;
+            continue;
+        }
+        let reconciled = conversation.reconciler.finish();
+        rows.extend(reconciled.rows);
+        let from = reconciled.tally;
+        tally.clean += from.clean;
+        tally.realign += from.realign;
+        tally.fork += from.fork;
+        tally.drift_tokens += from.drift_tokens;
+    }
+    if main.is_some() {
+        let metrics = &mut finished.metrics;
+        metrics.insert(
+            "agent_side_conversations".to_owned(),
+            side_conversations as f64,
+        );
+        metrics.insert("agent_side_turns".to_owned(), side_turns as f64);
+    }
+    finished.tally = tally;
+    finished.rows = rows;
     if finished.versions.0 == u64::MAX {
         finished.versions.0 = shared.model_version();
         finished.versions.1 = finished.versions.0;

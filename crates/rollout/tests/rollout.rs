@@ -1458,3 +1458,102 @@ async fn an_agent_that_never_samples_or_fails_fails_its_rollout_with_that_cause(
         );
     }
 }
+
+/// An agent with a side conversation: conversation 0 asks once for a title, between the two
+/// turns of conversation 1, the main one (each prompt the previous, the ids sampled and a
+/// user message). With `keep_main` its outcome keeps only the main conversation's rows.
+struct SideAgent {
+    keep_main: bool,
+}
+
+impl Agent for SideAgent {
+    fn run(&self, run: AgentRun) -> BoxFuture<'static, Result<AgentOutcome, AgentError>> {
+        let keep_main = self.keep_main;
+        Box::pin(async move {
+            let tokenizer = chat_tokenizer();
+            let encode = |text: &str| {
+                tokenizer
+                    .tokenizer()
+                    .encode(text, false)
+                    .expect("encodes")
+                    .get_ids()
+                    .to_vec()
+            };
+            let failed = |e: SampleRefused| AgentError(e.to_string());
+            let mut main = encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+            let first = run.sampler.sample_in(1, main.clone(), None).await;
+            main.extend_from_slice(&first.map_err(failed)?.token_ids);
+            main.extend(encode(
+                "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n",
+            ));
+            let title = encode("<|im_start|>user\nA title?<|im_end|>\n<|im_start|>assistant\n");
+            run.sampler
+                .sample_in(0, title, None)
+                .await
+                .map_err(failed)?;
+            run.sampler.sample_in(1, main, None).await.map_err(failed)?;
+            let outcome = AgentOutcome::new(
+                vec![Message::user("Hi")],
+                vec![Message::assistant(format!(
+                    "The answer is {}",
+                    run.rollout_id.0
+                ))],
+            );
+            Ok(if keep_main {
+                outcome.main_conversation(1)
+            } else {
+                outcome
+            })
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_s_side_conversation_is_counted_not_trained_when_it_keeps_its_main_one() {
+    for (keep_main, rows_per_rollout) in [(true, 1), (false, 2)] {
+        let tokenizer = chat_tokenizer();
+        let generator = ScriptedGenerator::answering(&tokenizer, &[]);
+        let (engine, mut groups) = Engine::builder(generator.clone(), chat_tokenizer(), scorer())
+            .config(config(2))
+            .agent(Arc::new(SideAgent { keep_main }))
+            .start(rows(1))
+            .expect("the loop starts");
+        let out = collect(&mut groups).await;
+        engine.shutdown(Duration::from_secs(10)).await;
+        let samples: Vec<_> = out.iter().flat_map(|g| &g.samples).collect();
+        assert_eq!(
+            samples.len(),
+            2 * rows_per_rollout,
+            "keep_main: {keep_main}"
+        );
+        for sample in &samples {
+            // Each conversation is reconciled apart: the title between the main turns
+            // forks nothing.
+            assert_eq!(metric(sample, "forked_turns"), 0.0);
+            assert_eq!(metric(sample, "turns"), 3.0, "every turn sampled counts");
+        }
+        if keep_main {
+            for sample in &samples {
+                assert_eq!(metric(sample, "agent_side_conversations"), 1.0);
+                assert_eq!(metric(sample, "agent_side_turns"), 1.0);
+                // Trained on exactly the main conversation's answers: the first and the last.
+                let answered = generator.answered(sample.rollout_id.0);
+                let main: Vec<u32> = [&answered[0], &answered[2]]
+                    .iter()
+                    .flat_map(|l| l.sampled.clone())
+                    .collect();
+                let trained: Vec<u32> = (sample.input_ids.iter().zip(&sample.completion_mask))
+                    .filter(|(_, mask)| **mask == 1)
+                    .map(|(id, _)| *id)
+                    .collect();
+                assert_eq!(trained, main);
+            }
+        } else {
+            assert!(
+                samples
+                    .iter()
+                    .all(|s| !s.metrics.contains_key("agent_side_turns"))
+            );
+        }
+    }
+}

@@ -331,7 +331,15 @@ impl Capture {
         max_tokens: Option<u32>,
     ) -> Result<Turn, ApiError> {
         let prompt_tokens = prompt.ids.len();
-        let sampled = match self.sampler.sample(prompt.ids.clone(), max_tokens).await {
+        let conversation = match &prompt.change {
+            Change::Continue { index, .. } => *index,
+            Change::Start(_) => self.threads.len(),
+        };
+        let sampled = match self
+            .sampler
+            .sample_in(conversation, prompt.ids.clone(), max_tokens)
+            .await
+        {
             Ok(sampled) => sampled,
             Err(SampleRefused::Failed(message)) => return Err(ApiError::server(message)),
             Err(limit) => {
@@ -470,15 +478,22 @@ impl Capture {
         &mut self.threads[index]
     }
 
-    /// The agent's transcript: its main conversation (the one with the most answers, the
-    /// latest of equals) split before the proxy's first answer.
-    pub(crate) fn transcript(&self) -> (Vec<Message>, Vec<Message>) {
-        let Some(main) = self
-            .threads
+    /// The agent's main conversation: the one with the most answers, the latest of equals.
+    /// The longest rather than the last: an agent's last request may be a side one (a
+    /// title, a summary), while its work is where it asked the most.
+    pub(crate) fn main(&self) -> Option<usize> {
+        self.threads
             .iter()
-            .filter(|thread| thread.answers > 0)
-            .max_by_key(|thread| (thread.answers, thread.used))
-        else {
+            .enumerate()
+            .filter(|(_, thread)| thread.answers > 0)
+            .max_by_key(|(_, thread)| (thread.answers, thread.used))
+            .map(|(index, _)| index)
+    }
+
+    /// The agent's transcript: its [`main`](Self::main) conversation split before the
+    /// proxy's first answer.
+    pub(crate) fn transcript(&self) -> (Vec<Message>, Vec<Message>) {
+        let Some(main) = self.main().map(|index| &self.threads[index]) else {
             return (Vec::new(), Vec::new());
         };
         let split = main

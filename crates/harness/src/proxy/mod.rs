@@ -266,6 +266,10 @@ pub struct Transcript {
     pub completion: Vec<Message>,
     /// What the capture counted.
     pub stats: CaptureStats,
+    /// The main conversation (the one with the most answers, the latest of equals: the
+    /// prompt and completion above), as [`Sampler::sample_in`](rollout::Sampler::sample_in)
+    /// numbered it; `None` when no request was answered.
+    pub main_conversation: Option<usize>,
 }
 
 impl ProxySession {
@@ -288,6 +292,7 @@ impl ProxySession {
             prompt,
             completion,
             stats: capture.stats,
+            main_conversation: capture.main(),
         }
     }
 }
