@@ -164,27 +164,31 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         if done.rows.len() > 1 {
             Counters::add(&counters.forked_rollouts, 1);
         }
-        let prompt = done.prompt;
         let environment = done
             .verdict
             .map(|verdict| verdict.details)
             .unwrap_or_default();
-        for row in done.rows {
+        // A rollout's one row takes what describes it; only a forked rollout's rows copy it.
+        let described = (done.prompt, done.messages, rewards, metrics, environment);
+        let copies = copies(described, done.rows.len());
+        for (row, (prompt, completion, rewards, metrics, environment)) in
+            done.rows.into_iter().zip(copies)
+        {
             samples.push(TrainingSample {
                 group_id: group.group_id,
                 group_samples: 0,
                 rollout_id: done.rollout_id,
-                prompt: prompt.clone(),
-                completion: done.messages.clone(),
+                prompt,
+                completion,
                 input_ids: row.input_ids,
                 completion_mask: row.completion_mask,
                 old_log_probs: row.old_log_probs,
                 advantage: advantages.advantages[index],
                 reward: scores.rewards[index],
-                rewards: rewards.clone(),
+                rewards,
                 model_version: group_version,
-                metrics: metrics.clone(),
-                environment: environment.clone(),
+                metrics,
+                environment,
             });
         }
     }
@@ -200,6 +204,18 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         failures,
         metrics: scores.metrics.to_map(),
     });
+}
+
+/// `value` `n` times: `n - 1` copies, then `value` itself.
+fn copies<T: Clone>(value: T, n: usize) -> impl Iterator<Item = T> {
+    let mut value = Some(value);
+    (0..n).filter_map(move |i| {
+        if i + 1 == n {
+            value.take()
+        } else {
+            value.clone()
+        }
+    })
 }
 
 /// The rollouts a group is scored on, and its failures; `None` (counted) when the group is
@@ -321,4 +337,21 @@ fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
         put(name, *value);
     }
     metrics
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copies;
+
+    #[test]
+    fn copies_gives_the_value_n_times_and_moves_it_last() {
+        assert_eq!(copies(vec![7], 0).count(), 0);
+        assert_eq!(copies(vec![7], 1).collect::<Vec<_>>(), [vec![7]]);
+        assert_eq!(copies(vec![7], 3).collect::<Vec<_>>(), [vec![7], vec![7], vec![7]]);
+        // The last is the value itself: its buffer, not a copy's.
+        let value = vec![1, 2, 3];
+        let buffer = value.as_ptr();
+        let last = copies(value, 2).last();
+        assert_eq!(last.map(|v| v.as_ptr()), Some(buffer));
+    }
 }
