@@ -104,20 +104,27 @@ class CalculatorSession:
         self.transcripts.append(transcript)
         # A reward of the session's own, so that each sample can be traced to its session.
         self.reward = float(self.index % 5)
-        return VerifyResult(env_reward=self.reward, done=True, metrics={"session": self.index, "note": "not a number"})
+        return VerifyResult(
+            env_reward=self.reward,
+            done=True,
+            metrics={"session": self.index, "note": "not a number"},
+            artifacts={"log": f"session {self.index}"},
+        )
 
     def close(self) -> None:
         self.closed += 1
 
 
-def test_each_rollout_runs_in_a_session_of_its_own_from_create_to_close(simulator, make_worker) -> None:
+def test_each_rollout_runs_in_a_session_of_its_own_from_create_to_close(simulator, make_worker, tmp_path) -> None:
     sim = simulator(tool_rounds=1)
     environment = Calculators()
+    output = tmp_path / "rows.jsonl"
     worker = make_worker(
         sim,
         reward_funcs=None,
         environment=environment,
         dataset=[{"prompt": "What is 6 * 7?", "answer": "42"}, {"prompt": "What is 2 + 3?", "answer": "5"}],
+        output=str(output),
     )
     worker.start()
     samples = take(worker, 8)
@@ -152,6 +159,18 @@ def test_each_rollout_runs_in_a_session_of_its_own_from_create_to_close(simulato
         assert session.transcripts == [sample.prompt + sample.completion]
         assert sample.metrics["rewards/env"] == session.reward
         assert "rollout/env/note" not in sample.metrics
+        assert sample.metrics["rollout/env_verify_done"] == 1.0
+
+    # What the session said beyond numbers is in the rows written: verify's artifacts (and
+    # its metric that is not a number), each tool call's metadata.
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert rows
+    for row in rows:
+        index = int(row["metrics"]["env/session"])
+        assert row["environment"] == {
+            "artifacts": {"log": f"session {index}", "metrics": {"note": "not a number"}},
+            "tools": [{"name": "calculator", "metadata": {"reward": 1.0}}],
+        }
 
 
 class AsyncCalculators:

@@ -7,7 +7,7 @@ The shape, as OpenEnv's harness defines it (``ResourceSessionFactory``, ``Resour
     session.initial_messages() -> list[dict]          # optional; before the row's prompt
     session.list_tools() -> list[Tool | dict]          # MCP tools or OpenAI function dicts
     session.call_tool(name, arguments) -> ToolResult   # data, done, error, metadata
-    session.verify(transcript, final_state=None) -> VerifyResult  # env_reward, done, metrics
+    session.verify(transcript, final_state=None) -> VerifyResult  # env_reward, done, metrics, artifacts
     session.close() -> None
 
 ``task`` is the dataset row (a dict: ``prompt`` and every other column). Any of these may be
@@ -138,12 +138,24 @@ def _verify_result(result: Any) -> dict[str, Any]:
         raise TypeError(
             f"verify() must return a VerifyResult (env_reward, done, metrics), a number or None; got {result!r}"
         )
-    metrics = {}
+    metrics, other = {}, {}
     for key, value in dict(_field(result, "metrics") or {}).items():
         number = _number(value)
         if number is not None:
             metrics[str(key)] = number
-    return {"env_reward": _number(_field(result, "env_reward")), "done": bool(_field(result, "done")), "metrics": metrics}
+        else:
+            other[str(key)] = value
+    # The rest is kept in the row's `environment.artifacts`: `artifacts`, and metrics that
+    # are not numbers under `metrics`.
+    artifacts = {str(key): value for key, value in dict(_plain(_field(result, "artifacts")) or {}).items()}
+    if other:
+        artifacts["metrics"] = other
+    return {
+        "env_reward": _number(_field(result, "env_reward")),
+        "done": bool(_field(result, "done")),
+        "metrics": metrics,
+        "artifacts": json.loads(json.dumps(artifacts, default=str)),
+    }
 
 
 def _error(name: str, method: str, error: BaseException) -> str:
