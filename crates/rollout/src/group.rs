@@ -347,7 +347,10 @@ mod tests {
     fn copies_gives_the_value_n_times_and_moves_it_last() {
         assert_eq!(copies(vec![7], 0).count(), 0);
         assert_eq!(copies(vec![7], 1).collect::<Vec<_>>(), [vec![7]]);
-        assert_eq!(copies(vec![7], 3).collect::<Vec<_>>(), [vec![7], vec![7], vec![7]]);
+        assert_eq!(
+            copies(vec![7], 3).collect::<Vec<_>>(),
+            [vec![7], vec![7], vec![7]]
+        );
         // The last is the value itself: its buffer, not a copy's.
         let value = vec![1, 2, 3];
         let buffer = value.as_ptr();
