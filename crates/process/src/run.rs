@@ -150,6 +150,11 @@ impl Program {
             return Err(Error::NoProgram);
         }
         let line = self.sandbox.command_line(&self.argv, self.dir.as_deref());
+        if line.len() > self.argv.len() && self.sandbox.isolation == crate::Isolation::None {
+            // A wrapper (setpriv, prlimit) would start and then fail to run a program that is
+            // not there: say so as a program that could not start, as without the wrapper.
+            self.check_found()?;
+        }
         let (program, args) = line.split_first().ok_or(Error::NoProgram)?;
         let mut command = Command::new(program);
         command.args(args).kill_on_drop(true);
@@ -170,6 +175,38 @@ impl Program {
         #[cfg(unix)]
         command.process_group(0);
         Ok(command)
+    }
+
+    /// That the program is there to be started: a file where its path names one (from its
+    /// directory when relative), or a name found on its `PATH`.
+    fn check_found(&self) -> Result<(), Error> {
+        let program = self.name();
+        let path = std::path::Path::new(program);
+        let found = if path.components().count() > 1 {
+            match &self.dir {
+                Some(dir) => dir.join(path).is_file(),
+                None => path.is_file(),
+            }
+        } else {
+            let dirs = self
+                .env
+                .get("PATH")
+                .map(std::ffi::OsString::from)
+                .or_else(|| std::env::var_os("PATH"));
+            dirs.is_some_and(|dirs| {
+                std::env::split_paths(&dirs).any(|dir| dir.join(path).is_file())
+            })
+        };
+        if found {
+            return Ok(());
+        }
+        Err(Error::Start {
+            program: program.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such file, or not on PATH",
+            ),
+        })
     }
 
     /// Runs the program to its end with `input` on stdin. Its process group (and, sandboxed,
