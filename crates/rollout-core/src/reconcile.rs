@@ -246,9 +246,16 @@ impl Reconciler {
         Ok(transition)
     }
 
-    /// Closes the open row and returns every row with the tally.
+    /// Closes the open row and returns every row with the tally. Each row's vectors are cut
+    /// to their length: grown by doubling as turns were appended, they would otherwise keep
+    /// up to twice the memory while the row waits to be scored and trained on.
     pub fn finish(mut self) -> Reconciled {
         self.rows.extend(self.current.take().map(|open| open.row));
+        for row in &mut self.rows {
+            row.input_ids.shrink_to_fit();
+            row.completion_mask.shrink_to_fit();
+            row.old_log_probs.shrink_to_fit();
+        }
         Reconciled {
             rows: self.rows,
             tally: self.tally,

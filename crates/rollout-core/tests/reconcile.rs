@@ -189,6 +189,31 @@ fn history_rewritten_before_the_last_answer_forks_a_new_row() {
 }
 
 #[test]
+fn finished_rows_hold_no_more_memory_than_their_tokens() {
+    let mut reconciler = Reconciler::new(ID, config(100));
+    let prompt: Vec<u32> = (1..=150).collect();
+    reconciler
+        .push(&turn(&prompt, &[900; 12]))
+        .expect("valid turns");
+    // A fork closes a row mid-conversation: it is cut too.
+    let mut forked = prompt.clone();
+    forked[0] = 0;
+    forked.extend([900; 12]);
+    forked.push(7);
+    reconciler
+        .push(&turn(&forked, &[901; 3]))
+        .expect("valid turns");
+    let reconciled = reconciler.finish();
+    assert_eq!(reconciled.rows.len(), 2, "{:?}", reconciled.tally);
+    for row in &reconciled.rows {
+        // Appending the answer to the prompt's exact-size vectors doubled their capacity.
+        assert_eq!(row.input_ids.capacity(), row.input_ids.len());
+        assert_eq!(row.completion_mask.capacity(), row.completion_mask.len());
+        assert_eq!(row.old_log_probs.capacity(), row.old_log_probs.len());
+    }
+}
+
+#[test]
 fn realign_is_measured_against_the_last_answer_not_earlier_ones() {
     let mut reconciler = Reconciler::new(ID, config(100));
     reconciler.push(&turn(&[1], &[10])).expect("valid turns");

@@ -300,7 +300,9 @@ fn message_value(message: &Message) -> Value {
 /// when the rollout's prompts were built in append mode, 0 in rerender mode, and
 /// `fallback_turns` counts the turns append mode had to re-render.
 fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
-    let mut metrics = Map::new();
+    // Sized once: the 13 always there, the environment's 3 and the named ones.
+    let named = done.verdict.as_ref().map_or(0, |v| 3 + v.metrics.len()) + done.metrics.len();
+    let mut metrics = Map::with_capacity(13 + named);
     let mut put = |key: &str, value: f64| {
         metrics.insert(key.to_owned(), json!(value));
     };
