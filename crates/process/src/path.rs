@@ -2,7 +2,7 @@
 //! mapping) is read relative to where it was written, not to the directory the program later
 //! runs in (an agent's fresh directory, say).
 
-use std::path::Path;
+use std::{ffi::OsStr, path::Path};
 
 /// A program named by a relative path with a directory part (`./score.py`, `bin/x`) is
 /// relative to `base`; a bare name is looked up on PATH as usual, and an absolute path is
@@ -21,23 +21,28 @@ pub fn program_path(base: &Path, program: &str) -> String {
 /// # Errors
 /// What is missing: `program 'X' not found: no such file` (or `not on PATH`).
 pub fn check_program(program: &str) -> Result<(), String> {
-    let path = Path::new(program);
-    let named_by_path = path.components().count() > 1;
-    let found = if named_by_path {
-        path.is_file()
-    } else {
-        std::env::var_os("PATH")
-            .is_some_and(|dirs| std::env::split_paths(&dirs).any(|dir| dir.join(path).is_file()))
-    };
-    if found {
+    if found(program, None, std::env::var_os("PATH").as_deref()) {
         return Ok(());
     }
-    let why = if named_by_path {
+    let why = if Path::new(program).components().count() > 1 {
         "no such file"
     } else {
         "not on PATH"
     };
     Err(format!("program '{program}' not found: {why}"))
+}
+
+/// Whether `program` is there to be started: a file where its path names one (relative to
+/// `dir`, when given, if the path is relative), or a name found in one of `path_var`'s
+/// directories.
+pub(crate) fn found(program: &str, dir: Option<&Path>, path_var: Option<&OsStr>) -> bool {
+    let path = Path::new(program);
+    if path.components().count() > 1 {
+        return dir
+            .map_or_else(|| path.to_path_buf(), |dir| dir.join(path))
+            .is_file();
+    }
+    path_var.is_some_and(|dirs| std::env::split_paths(dirs).any(|dir| dir.join(path).is_file()))
 }
 
 /// Resolves a command line written at `base`: its program found ([`program_path`],

@@ -178,26 +178,14 @@ impl Program {
     }
 
     /// That the program is there to be started: a file where its path names one (from its
-    /// directory when relative), or a name found on its `PATH`.
+    /// directory when relative), or a name found on its `PATH` (its own, else the engine's).
     fn check_found(&self) -> Result<(), Error> {
         let program = self.name();
-        let path = std::path::Path::new(program);
-        let found = if path.components().count() > 1 {
-            match &self.dir {
-                Some(dir) => dir.join(path).is_file(),
-                None => path.is_file(),
-            }
-        } else {
-            let dirs = self
-                .env
-                .get("PATH")
-                .map(std::ffi::OsString::from)
-                .or_else(|| std::env::var_os("PATH"));
-            dirs.is_some_and(|dirs| {
-                std::env::split_paths(&dirs).any(|dir| dir.join(path).is_file())
-            })
+        let path_var = match self.env.get("PATH") {
+            Some(own) => Some(std::ffi::OsString::from(own)),
+            None => std::env::var_os("PATH"),
         };
-        if found {
+        if crate::path::found(program, self.dir.as_deref(), path_var.as_deref()) {
             return Ok(());
         }
         Err(Error::Start {
