@@ -253,13 +253,7 @@ async fn an_answer_written_back_differently_is_continued_with_its_sampled_ids() 
 
     // The agent writes the answer back its own way: compact arguments, no content.
     let mut history = question();
-    history.push(
-        json!({"role": "assistant", "content": null, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": "calculator", "arguments": "{\"expression\":\"2 + 3\"}"},
-        }]}),
-    );
-    history.push(json!({"role": "tool", "tool_call_id": call_id, "content": "5"}));
+    history.extend(call_written_back(&call_id, "{\"expression\":\"2 + 3\"}"));
     let second = json!({"messages": history.clone(), "tools": tools()});
     let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", second).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -290,6 +284,18 @@ async fn an_answer_written_back_differently_is_continued_with_its_sampled_ids() 
     assert!(transcript.completion[0].as_map().contains_key("tool_calls"));
 }
 
+/// The proxy's calculator call (`call_id`) as an agent writes it back, with `arguments` as
+/// it serializes them and no content, then the call's result.
+fn call_written_back(call_id: &Value, arguments: &str) -> [Value; 2] {
+    [
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": "calculator", "arguments": arguments},
+        }]}),
+        json!({"role": "tool", "tool_call_id": call_id, "content": "5"}),
+    ]
+}
+
 /// A call as a model may sample it: compact JSON, where the template writes `": "`.
 const COMPACT_CALL: &str =
     "<tool_call>\n{\"name\":\"calculator\",\"arguments\":{\"expression\":\"2 + 3\"}}\n</tool_call>";
@@ -316,13 +322,7 @@ async fn a_continued_answer_is_sent_as_the_ids_sampled_not_as_the_template_write
 
     // The agent writes the call back as the template would (spaced JSON), then its result.
     let mut history = question();
-    history.push(
-        json!({"role": "assistant", "content": null, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": "calculator", "arguments": "{\"expression\": \"2 + 3\"}"},
-        }]}),
-    );
-    history.push(json!({"role": "tool", "tool_call_id": call_id, "content": "5"}));
+    history.extend(call_written_back(&call_id, "{\"expression\": \"2 + 3\"}"));
     let second = json!({"messages": history, "tools": tools()});
     let (status, body) = post(&proxy, Some(s.key()), "/chat/completions", second).await;
     assert_eq!(status, StatusCode::OK, "{body}");
