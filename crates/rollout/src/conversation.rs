@@ -8,7 +8,7 @@
 //! mode, the whole conversation is rendered (incrementally) instead and the reconciler
 //! compares it with the sampled ids.
 
-use std::{panic::AssertUnwindSafe, slice, sync::Arc};
+use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use futures::FutureExt;
 use serde_json::Value;
@@ -147,10 +147,7 @@ async fn converse<G: Generator>(
         shared,
         group,
         first,
-        render: shared
-            .tokenizer
-            .resume(first.clone())
-            .map_err(render_error)?,
+        render: None,
         reconciler: Reconciler::new(rollout_id, shared.config.reconciler),
         finished: Finished::new(rollout_id, attempt),
         last: None,
@@ -280,7 +277,9 @@ struct Conversation<'a, G> {
     group: &'a GroupState,
     /// The group's prompt, rendered once.
     first: &'a RenderState,
-    render: IncrementalRender<'a>,
+    /// The conversation's rendering, `first` and then `finished.messages`: made when a turn
+    /// after the first needs it, so that a rollout that answers at once never copies `first`.
+    render: Option<IncrementalRender<'a>>,
     reconciler: Reconciler,
     finished: Finished,
     /// Append mode: the last turn's prompt and answer, where the answer's message is in the
@@ -290,34 +289,50 @@ struct Conversation<'a, G> {
     lease: Option<Lease<'a>>,
 }
 
-impl<G: Generator> Conversation<'_, G> {
+impl<'a, G: Generator> Conversation<'a, G> {
     /// The prompt of `turn`: the group's prompt first; then, in append mode, the previous
     /// prompt + the sampled ids + the template's delta, or the conversation rendered when
     /// there is no exact delta (counted) or in rerender mode.
     fn prompt(&mut self, turn: usize) -> Result<Vec<u32>, Failure> {
         // The group's prompt was rendered once with a generation prompt: turn 0 sends it.
         if turn == 0 {
-            return Ok(self.render.ids().to_vec());
+            return Ok(self.first.ids().to_vec());
         }
-        let delta = self.last.take().map(|(ids, assistant, stop)| {
+        if let Some((mut ids, assistant, stop)) = self.last.take() {
+            let first = self.first;
             let delta = match stop {
-                Some(stop) => self.render.delta(self.first, assistant, stop),
+                Some(stop) => self.render()?.delta(first, assistant, stop),
                 None => Err(NoExactDelta::NoStopToken { last: None }),
             };
-            (ids, delta)
-        });
-        match delta {
-            Some((mut ids, Ok(delta))) => {
-                ids.extend_from_slice(&delta);
-                Ok(ids)
+            match delta {
+                Ok(delta) => {
+                    ids.extend_from_slice(&delta);
+                    return Ok(ids);
+                }
+                Err(reason) => {
+                    self.finished.fallbacks += 1;
+                    self.shared.fell_back(&reason);
+                }
             }
-            Some((_, Err(reason))) => {
-                self.finished.fallbacks += 1;
-                self.shared.fell_back(&reason);
-                Ok(self.render.prompt().map_err(render_error)?.ids.to_vec())
-            }
-            None => Ok(self.render.prompt().map_err(render_error)?.ids.to_vec()),
         }
+        Ok(self.render()?.prompt().map_err(render_error)?.ids.to_vec())
+    }
+
+    /// The conversation's rendering, made from `first` the first time, with the messages
+    /// added since pushed.
+    fn render(&mut self) -> Result<&mut IncrementalRender<'a>, Failure> {
+        let render = match self.render.take() {
+            Some(render) => render,
+            None => self
+                .shared
+                .tokenizer
+                .resume(self.first.clone())
+                .map_err(render_error)?,
+        };
+        let render = self.render.insert(render);
+        let pushed = render.len() - self.first.len();
+        render.push(&self.finished.messages[pushed..]);
+        Ok(render)
     }
 
     /// What `turn` may sample after a prompt of `prompt_len` tokens; `None` when nothing is
@@ -392,8 +407,8 @@ impl<G: Generator> Conversation<'_, G> {
         if !parsed.tool_calls.is_empty() {
             message = message.with_tool_calls(&parsed.tool_calls);
         }
-        let assistant_at = self.render.len();
-        self.render.push(slice::from_ref(&message));
+        // Where the message is in the rendering (`first`, then the messages added).
+        let assistant_at = self.first.len() + self.finished.messages.len();
         self.finished.messages.push(message);
         Ok((assistant_at, parsed.tool_calls))
     }
@@ -416,7 +431,6 @@ impl<G: Generator> Conversation<'_, G> {
             .run(calls)
             .await
             .map_err(|e| (FailureCause::Cancelled, format!("tools: {e}")))?;
-        let start = self.finished.messages.len();
         for result in results {
             if !result.is_ok() {
                 self.finished.tool_errors += 1;
@@ -424,7 +438,6 @@ impl<G: Generator> Conversation<'_, G> {
             }
             self.finished.messages.push(tool_message(&result));
         }
-        self.render.push(&self.finished.messages[start..]);
         Ok(true)
     }
 
