@@ -577,12 +577,23 @@ impl Client {
     ) -> Result<GenerateOutput, Error> {
         const ENDPOINT: &str = "POST /v1/completions";
         let seed = params.sampling.seed.unwrap_or_else(|| self.next_seed());
-        let request = generate_request(self.require_model(ENDPOINT)?, prompt_ids, params, seed);
+        // Serialized at once: the request's copy of the prompt ids is not kept while it runs.
+        let (endpoint, body) = prepare(
+            &Method::POST,
+            "/v1/completions",
+            Some(&generate_request(
+                self.require_model(ENDPOINT)?,
+                prompt_ids,
+                params,
+                seed,
+            )),
+        )?;
         let response: TurnResponse = self
-            .call(
+            .send(
                 Method::POST,
                 "/v1/completions",
-                Some(&request),
+                endpoint,
+                body,
                 params.sticky_key.as_deref(),
             )
             .await?;
@@ -830,6 +841,19 @@ impl Client {
         key: Option<&str>,
     ) -> Result<Resp, Error> {
         let (endpoint, body) = prepare(&method, path, body)?;
+        self.send(method, path, endpoint, body, key).await
+    }
+
+    /// [`Client::call`] with the body serialized, so that the caller need not keep what it
+    /// was serialized from while the request runs.
+    async fn send<Resp: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        endpoint: String,
+        body: Option<Bytes>,
+        key: Option<&str>,
+    ) -> Result<Resp, Error> {
         let policy = self.inner.retry;
         let deadline = after_tokio(tokio::time::Instant::now(), policy.deadline);
         let mut attempt = 0u32;
