@@ -74,7 +74,7 @@ fn run_exact(
         "{turns} answers per rollout, in one row: {runs:?}"
     );
     for row in &rows {
-        let metric = |name: &str| row.metrics[name].as_f64().unwrap_or(f64::NAN);
+        let metric = |name: &str| row.metrics.get(name).unwrap_or(f64::NAN);
         assert_eq!(metric("forked_turns"), 0.0, "{row:?}");
         assert_eq!(metric("capture_forks"), 0.0, "{row:?}");
         assert_eq!(
@@ -234,8 +234,8 @@ fn an_agent_past_its_timeout_is_killed_with_its_children_and_its_turns_still_cou
     let rows = case.rows();
     assert_eq!(rows.len(), 2, "{stderr}");
     for row in &rows {
-        assert_eq!(row.metrics["agent_timed_out"].as_f64(), Some(1.0));
-        assert_eq!(row.metrics["turns"].as_f64(), Some(1.0));
+        assert_eq!(row.metrics.get("agent_timed_out"), Some(1.0));
+        assert_eq!(row.metrics.get("turns"), Some(1.0));
     }
 }
 

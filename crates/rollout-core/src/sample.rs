@@ -1,6 +1,8 @@
 //! Training samples: the engine's output, one per training row.
 
-use serde::{Deserialize, Serialize};
+use std::{borrow::Cow, fmt, ops::Index};
+
+use serde::{Deserialize, Serialize, de, ser::SerializeMap};
 use serde_json::{Map, Value};
 
 use crate::{Message, reconcile::RolloutId};
@@ -39,7 +41,7 @@ pub struct TrainingSample {
     /// (`model_version_min`, `model_version_max`).
     pub model_version: u64,
     /// Per-sample numbers (turns, tool calls, drift, ...).
-    pub metrics: Map<String, Value>,
+    pub metrics: SampleMetrics,
     /// What the rollout's environment said that is not a number (absent when it said
     /// nothing): `artifacts`, what its verify returned beyond the reward, `done` and numeric
     /// metrics (those are in `metrics`: `env/NAME`, `env_verify_done`); `tools`, one
@@ -47,4 +49,143 @@ pub struct TrainingSample {
     /// structured content is its metadata's `structured`), in call order.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub environment: Map<String, Value>,
+}
+
+/// A sample's numbers by name, in the order they were put, written as a JSON object of
+/// numbers (a non-finite number as `null`, read back as NaN). The engine's own names are
+/// static strings: a sample's metrics are one small vector, not a map with a string and a
+/// JSON value per name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampleMetrics(Vec<(Cow<'static, str>, f64)>);
+
+impl SampleMetrics {
+    /// No metric yet.
+    pub fn new() -> SampleMetrics {
+        SampleMetrics::default()
+    }
+
+    /// No metric yet, with room for `capacity`.
+    pub fn with_capacity(capacity: usize) -> SampleMetrics {
+        SampleMetrics(Vec::with_capacity(capacity))
+    }
+
+    /// Sets `name` to `value`: where it already is, else last.
+    pub fn insert(&mut self, name: impl Into<Cow<'static, str>>, value: f64) {
+        let name = name.into();
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, old)) => *old = value,
+            None => self.0.push((name, value)),
+        }
+    }
+
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+
+    /// Whether `name` is set.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// The metrics, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, f64)> {
+        self.0.iter().map(|(n, v)| (n.as_ref(), *v))
+    }
+
+    /// How many metrics are set.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Index<&str> for SampleMetrics {
+    type Output = f64;
+
+    /// The value of `name`; panics when it is not set.
+    fn index(&self, name: &str) -> &f64 {
+        match self.0.iter().find(|(n, _)| n == name) {
+            Some((_, value)) => value,
+            None => panic!("no sample metric named '{name}'"),
+        }
+    }
+}
+
+impl<N: Into<Cow<'static, str>>> FromIterator<(N, f64)> for SampleMetrics {
+    fn from_iter<I: IntoIterator<Item = (N, f64)>>(iter: I) -> SampleMetrics {
+        let mut metrics = SampleMetrics::new();
+        for (name, value) in iter {
+            metrics.insert(name, value);
+        }
+        metrics
+    }
+}
+
+impl Serialize for SampleMetrics {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, value) in &self.0 {
+            map.serialize_entry(name.as_ref(), value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for SampleMetrics {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = SampleMetrics;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of numbers (or null)")
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SampleMetrics, A::Error> {
+                let mut metrics = SampleMetrics::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((name, value)) = map.next_entry::<String, Option<f64>>()? {
+                    metrics.insert(name, value.unwrap_or(f64::NAN));
+                }
+                Ok(metrics)
+            }
+        }
+
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_metrics_keep_their_order_replace_in_place_and_write_a_json_object() {
+        let mut metrics = SampleMetrics::with_capacity(3);
+        metrics.insert("turns", 2.0);
+        metrics.insert(format!("env/{}", "steps"), 3.0);
+        metrics.insert("broken", f64::NAN);
+        metrics.insert("turns", 4.0);
+        assert_eq!(metrics.len(), 3);
+        assert_eq!(metrics["turns"], 4.0);
+        assert_eq!(metrics.get("env/steps"), Some(3.0));
+        assert!(!metrics.contains_key("tool_calls"));
+        let text = serde_json::to_string(&metrics).expect("serializes");
+        assert_eq!(text, r#"{"turns":4.0,"env/steps":3.0,"broken":null}"#);
+        let back: SampleMetrics = serde_json::from_str(&text).expect("deserializes");
+        let names: Vec<&str> = back.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["turns", "env/steps", "broken"]);
+        assert!(back["broken"].is_nan());
+        let error = serde_json::from_str::<SampleMetrics>(r#"{"turns":"two"}"#)
+            .expect_err("a string is not a number");
+        assert!(error.to_string().contains("invalid type"), "{error}");
+    }
 }

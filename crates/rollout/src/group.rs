@@ -22,7 +22,7 @@ use crate::{
     outcome::{FailureCause, Finished, RolloutFailure, Stop},
     shared::Shared,
 };
-use rollout_core::{Message, RenderError, RenderState, TrainingSample};
+use rollout_core::{Message, RenderError, RenderState, SampleMetrics, TrainingSample};
 
 use crate::DatasetRow;
 
@@ -40,6 +40,9 @@ pub struct ScoredGroup {
     pub metrics: BTreeMap<String, f64>,
 }
 
+/// How a rollout of the group ended.
+type Outcome = Result<Finished, RolloutFailure>;
+
 /// A group in flight.
 pub(crate) struct GroupState {
     pub(crate) group_id: u64,
@@ -48,7 +51,9 @@ pub(crate) struct GroupState {
     pub(crate) first: Result<RenderState, RenderError>,
     /// The version of the group's first request (`u64::MAX` before it).
     first_version: AtomicU64,
-    outcomes: Mutex<Vec<Option<Result<Finished, RolloutFailure>>>>,
+    /// Each rollout's outcome once it ends; boxed, so that a group waiting for its rollouts
+    /// holds a pointer per rollout rather than room for a whole conversation.
+    outcomes: Mutex<Vec<Option<Box<Outcome>>>>,
     remaining: AtomicUsize,
     output: Mutex<Option<OwnedPermit<ScoredGroup>>>,
 }
@@ -102,7 +107,7 @@ impl GroupState {
     /// Records rollout `index`'s outcome; `true` for the last one, whose caller finishes the
     /// group.
     pub(crate) fn complete(&self, index: usize, outcome: Result<Finished, RolloutFailure>) -> bool {
-        lock(&self.outcomes)[index] = Some(outcome);
+        lock(&self.outcomes)[index] = Some(Box::new(outcome));
         self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
@@ -131,7 +136,7 @@ impl GroupState {
 /// Scores a complete group and sends its samples, or drops it and counts why.
 pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState) {
     let counters = &shared.counters;
-    let outcomes: Vec<_> = lock(&group.outcomes).drain(..).flatten().collect();
+    let outcomes = std::mem::take(&mut *lock(&group.outcomes));
     let Some(output) = lock(&group.output).take() else {
         return;
     };
@@ -142,7 +147,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
     // What the samples need of each rollout is taken before its ids move into the group
     // the rewards see; the rewards see copies of the messages (the samples keep them typed).
     let append = shared.config.prompt_mode == PromptMode::Append;
-    let metrics: Vec<Map<String, Value>> = finished
+    let metrics: Vec<SampleMetrics> = finished
         .iter()
         .map(|done| sample_metrics(done, append))
         .collect();
@@ -223,12 +228,17 @@ fn copies<T: Clone>(value: T, n: usize) -> impl Iterator<Item = T> {
 fn kept<G>(
     shared: &Shared<G>,
     group: &GroupState,
-    outcomes: Vec<Result<Finished, RolloutFailure>>,
+    outcomes: Vec<Option<Box<Outcome>>>,
 ) -> Option<(Vec<Finished>, Vec<RolloutFailure>)> {
     let counters = &shared.counters;
-    let (finished, failures): (Vec<_>, Vec<_>) = outcomes.into_iter().partition(Result::is_ok);
-    let finished: Vec<Finished> = finished.into_iter().filter_map(Result::ok).collect();
-    let failures: Vec<RolloutFailure> = failures.into_iter().filter_map(Result::err).collect();
+    let mut finished = Vec::with_capacity(outcomes.len());
+    let mut failures = Vec::new();
+    for outcome in outcomes.into_iter().flatten() {
+        match *outcome {
+            Ok(done) => finished.push(done),
+            Err(failure) => failures.push(failure),
+        }
+    }
     if failures.iter().any(|f| f.cause == FailureCause::Stale) {
         // A trainer would drop every sample of the group: none is sent.
         Counters::add(&counters.groups_stale, 1);
@@ -299,44 +309,41 @@ fn message_value(message: &Message) -> Value {
 /// A sample's metrics (floats, as TRL's `RolloutSample.metrics`): `prompt_mode_append` is 1
 /// when the rollout's prompts were built in append mode, 0 in rerender mode, and
 /// `fallback_turns` counts the turns append mode had to re-render.
-fn sample_metrics(done: &Finished, append: bool) -> Map<String, Value> {
+fn sample_metrics(done: &Finished, append: bool) -> SampleMetrics {
     // Sized once: the 13 always there, the environment's 3 and the named ones.
     let named = done.verdict.as_ref().map_or(0, |v| 3 + v.metrics.len()) + done.metrics.len();
-    let mut metrics = Map::with_capacity(13 + named);
-    let mut put = |key: &str, value: f64| {
-        metrics.insert(key.to_owned(), json!(value));
-    };
-    put("turns", done.turns as f64);
-    put("prompt_mode_append", f64::from(u8::from(append)));
-    put("tool_calls", done.tool_calls as f64);
-    put("tool_errors", done.tool_errors as f64);
-    put("completion_tokens", done.sampled.len() as f64);
-    put("attempts", f64::from(done.attempts));
-    put("model_version_min", done.versions.0 as f64);
-    put("model_version_max", done.versions.1 as f64);
-    put("realigned_turns", done.tally.realign as f64);
-    put("forked_turns", done.tally.fork as f64);
-    put("drift_tokens", done.tally.drift_tokens as f64);
-    put("fallback_turns", done.fallbacks as f64);
-    put(
+    let mut metrics = SampleMetrics::with_capacity(13 + named);
+    metrics.insert("turns", done.turns as f64);
+    metrics.insert("prompt_mode_append", f64::from(u8::from(append)));
+    metrics.insert("tool_calls", done.tool_calls as f64);
+    metrics.insert("tool_errors", done.tool_errors as f64);
+    metrics.insert("completion_tokens", done.sampled.len() as f64);
+    metrics.insert("attempts", f64::from(done.attempts));
+    metrics.insert("model_version_min", done.versions.0 as f64);
+    metrics.insert("model_version_max", done.versions.1 as f64);
+    metrics.insert("realigned_turns", done.tally.realign as f64);
+    metrics.insert("forked_turns", done.tally.fork as f64);
+    metrics.insert("drift_tokens", done.tally.drift_tokens as f64);
+    metrics.insert("fallback_turns", done.fallbacks as f64);
+    metrics.insert(
         "truncated",
         f64::from(u8::from(matches!(done.stop, Stop::Length | Stop::Context))),
     );
     if let Some(verdict) = &done.verdict {
-        put("env_done", f64::from(u8::from(done.stop == Stop::Done)));
-        put(
+        metrics.insert("env_done", f64::from(u8::from(done.stop == Stop::Done)));
+        metrics.insert(
             "env_verified",
             f64::from(u8::from(verdict.reward.is_some())),
         );
         if let Some(done) = verdict.done {
-            put("env_verify_done", f64::from(u8::from(done)));
+            metrics.insert("env_verify_done", f64::from(u8::from(done)));
         }
         for (name, value) in &verdict.metrics {
-            put(&format!("env/{name}"), *value);
+            metrics.insert(format!("env/{name}"), *value);
         }
     }
     for (name, value) in &done.metrics {
-        put(name, *value);
+        metrics.insert(name.clone(), *value);
     }
     metrics
 }

@@ -303,7 +303,7 @@ mod tests {
             reward: Some(1.0),
             rewards: Map::new(),
             model_version: 0,
-            metrics: Map::new(),
+            metrics: rollout_core::SampleMetrics::new(),
             environment,
         }
     }

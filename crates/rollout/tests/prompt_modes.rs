@@ -155,9 +155,10 @@ fn samples(run: &Run) -> impl Iterator<Item = &TrainingSample> {
 }
 
 fn metric(sample: &TrainingSample, name: &str) -> f64 {
-    sample.metrics[name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {name} is a number"))
+    sample
+        .metrics
+        .get(name)
+        .unwrap_or_else(|| panic!("no metric {name}"))
 }
 
 /// Each rollout's requests, in order, found from its rows: every run of trained positions in

@@ -432,9 +432,10 @@ async fn collect(groups: &mut Groups) -> Vec<ScoredGroup> {
 }
 
 fn metric(sample: &rollout_core::TrainingSample, name: &str) -> f64 {
-    sample.metrics[name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {name} is a number"))
+    sample
+        .metrics
+        .get(name)
+        .unwrap_or_else(|| panic!("no metric {name}"))
 }
 
 /// The trained positions of a sample hold exactly what the generator sampled for its rollout,

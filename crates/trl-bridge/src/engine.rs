@@ -825,10 +825,8 @@ fn sample_to_python<'py>(py: Python<'py>, sample: &TrainingSample) -> PyResult<B
     dict.set_item("group_id", sample.group_id)?;
     dict.set_item("rollout_id", sample.rollout_id.0)?;
     let metrics = PyDict::new(py);
-    for (key, value) in &sample.metrics {
-        if let Some(number) = value.as_f64() {
-            metrics.set_item(key, number)?;
-        }
+    for (key, value) in sample.metrics.iter() {
+        metrics.set_item(key, value)?;
     }
     dict.set_item("metrics", metrics)?;
     Ok(dict)

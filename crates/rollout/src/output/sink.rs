@@ -125,7 +125,7 @@ mod tests {
                 .cloned()
                 .unwrap_or_default(),
             model_version: 3,
-            metrics: Map::new(),
+            metrics: rollout_core::SampleMetrics::new(),
             environment: Map::new(),
         }
     }
