@@ -16,6 +16,10 @@
 //!   and answers fixed ids: the loop's own capacity, without HTTP or a simulator;
 //! - `blocking`: 64 rollouts whose sync tool blocks its thread for 500 ms: the heartbeat's
 //!   p99 lag.
+//! - `tool-results`: 1024 rollouts in flight at 200 ms per request, two tool rounds each,
+//!   every tool result about 2 KB of text, with Qwen3's real tokenizer and chat template
+//!   (from `cargo xtask fixtures`; the scenario is skipped without them): the scheduler lag
+//!   while every later turn's prompt is built from a long tool result.
 //!
 //! Prints a markdown table and, when `BENCH_OUT` names a folder, writes
 //! `rollout-loop.json` there.
@@ -45,7 +49,19 @@ const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | toj
 {%- for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}\
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
-const SCENARIOS: [&str; 5] = ["zero", "1024", "4096", "4096-loop", "blocking"];
+const SCENARIOS: [&str; 6] = [
+    "zero",
+    "1024",
+    "4096",
+    "4096-loop",
+    "blocking",
+    "tool-results",
+];
+
+/// Where `cargo xtask fixtures` puts Qwen3's tokenizer and chat template.
+fn qwen3_dir() -> std::path::PathBuf {
+    test_support::cache_dir().join("qwen3")
+}
 
 /// This process's resident memory.
 fn resident_bytes() -> u64 {
@@ -74,7 +90,11 @@ fn rows() -> impl Iterator<Item = Result<DatasetRow, DatasetError>> + Send + 'st
     })
 }
 
-fn tokenizer() -> ChatTokenizer {
+/// The training tokenizer with a ChatML template, or Qwen3's own (`real`).
+fn tokenizer(real: bool) -> ChatTokenizer {
+    if real {
+        return ChatTokenizer::from_dir(qwen3_dir()).expect("Qwen3's tokenizer and template");
+    }
     let template = ChatTemplate::new("chatml-tools", TEMPLATE).expect("the template compiles");
     let specials = json!({ "eos_token": "<|im_end|>" })
         .as_object()
@@ -83,7 +103,9 @@ fn tokenizer() -> ChatTokenizer {
     ChatTokenizer::new(training_tokenizer(), template, specials)
 }
 
-fn tools(block: Option<Duration>, threads: usize) -> ToolDispatcher {
+/// The calculator; its result is padded to about `result_bytes` of text, as a tool that
+/// prints a log or a file would answer.
+fn tools(block: Option<Duration>, result_bytes: usize, threads: usize) -> ToolDispatcher {
     let spec = ToolSpec::new("calculator", "Evaluate arithmetic").parameters(
         json!({ "type": "object", "properties": { "expression": { "type": "string" } } }),
     );
@@ -95,7 +117,21 @@ fn tools(block: Option<Duration>, threads: usize) -> ToolDispatcher {
             .get("expression")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        Ok(json!(tool_dispatch::builtin::evaluate(expression)?))
+        let value = tool_dispatch::builtin::evaluate(expression)?;
+        if result_bytes == 0 {
+            return Ok(json!(value));
+        }
+        let mut text = String::with_capacity(result_bytes + 100);
+        for line in 1.. {
+            if text.len() >= result_bytes {
+                break;
+            }
+            text.push_str(&format!(
+                "step {line}: evaluated the expression '{expression}' and checked it, status ok\n"
+            ));
+        }
+        text.push_str(&format!("result: {value}"));
+        Ok(json!(text))
     });
     let registry = Registry::new().with(tool).expect("one tool");
     ToolDispatcher::new(registry, DispatcherConfig::new(threads))
@@ -106,6 +142,10 @@ struct Scenario {
     latency: Duration,
     tool_rounds: usize,
     tool_block: Option<Duration>,
+    /// Bytes of text in each tool result (0: the bare number).
+    result_bytes: usize,
+    /// Qwen3's tokenizer and template, for the engine and the simulator.
+    real_tokenizer: bool,
     warmup: Duration,
     measure: Duration,
 }
@@ -116,13 +156,17 @@ impl Scenario {
             "zero" => (256, Duration::ZERO, 1, None),
             "1024" => (1024, Duration::from_millis(200), 0, None),
             "4096" | "4096-loop" => (4096, Duration::from_millis(200), 0, None),
+            "tool-results" => (1024, Duration::from_millis(200), 2, None),
             _ => (64, Duration::ZERO, 3, Some(Duration::from_millis(500))),
         };
+        let real = name == "tool-results";
         Scenario {
             in_flight,
             latency,
             tool_rounds,
             tool_block,
+            result_bytes: if real { 2048 } else { 0 },
+            real_tokenizer: real,
             warmup: Duration::from_secs(2),
             measure: Duration::from_secs(6),
         }
@@ -153,7 +197,12 @@ impl SimulatorProcess {
         let mut child = Command::new(std::env::current_exe().expect("this program"))
             .env(
                 "ROLLOUT_BENCH_SIMULATOR",
-                format!("{},{}", scenario.latency.as_millis(), scenario.tool_rounds),
+                format!(
+                    "{},{},{}",
+                    scenario.latency.as_millis(),
+                    scenario.tool_rounds,
+                    u8::from(scenario.real_tokenizer)
+                ),
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -181,9 +230,17 @@ impl Drop for SimulatorProcess {
 /// The child side: serve until the parent closes stdin.
 fn serve_simulator(spec: &str) {
     let mut parts = spec.split(',').map(|p| p.parse::<u64>().unwrap_or(0));
-    let mut config = SimConfig::new(training_tokenizer());
-    config.latency = Duration::from_millis(parts.next().unwrap_or(0));
-    config.tool_rounds = parts.next().unwrap_or(0) as usize;
+    let latency = Duration::from_millis(parts.next().unwrap_or(0));
+    let tool_rounds = parts.next().unwrap_or(0) as usize;
+    let tokenizer = if parts.next() == Some(1) {
+        tokenizers::Tokenizer::from_file(qwen3_dir().join("tokenizer.json"))
+            .expect("Qwen3's tokenizer")
+    } else {
+        training_tokenizer()
+    };
+    let mut config = SimConfig::new(tokenizer);
+    config.latency = latency;
+    config.tool_rounds = tool_rounds;
     config.answer_tokens = 16;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -213,7 +270,7 @@ struct SleepingGenerator {
 
 impl SleepingGenerator {
     fn new(latency: Duration) -> SleepingGenerator {
-        let tokenizer = tokenizer();
+        let tokenizer = tokenizer(false);
         let mut answer = tokenizer
             .encode("The answer is 42. the model thinks about numbers and tools")
             .expect("encodes");
@@ -265,11 +322,16 @@ async fn run<G: Generator>(scenario: &Scenario, generator: G) -> Measured {
     config.max_tokens = 64;
     config.output_buffer = 1024;
     let resident_before = resident_bytes();
-    let (engine, mut groups) = Engine::builder(generator, tokenizer(), scorer)
-        .tools(tools(scenario.tool_block, scenario.in_flight.min(256)))
-        .config(config)
-        .start(rows())
-        .expect("the loop starts");
+    let (engine, mut groups) =
+        Engine::builder(generator, tokenizer(scenario.real_tokenizer), scorer)
+            .tools(tools(
+                scenario.tool_block,
+                scenario.result_bytes,
+                scenario.in_flight.min(256),
+            ))
+            .config(config)
+            .start(rows())
+            .expect("the loop starts");
     // A consumer that keeps up, as a trainer's reader would.
     let consumer = tokio::spawn(async move {
         let (mut samples, mut tokens) = (0u64, 0u64);
@@ -288,7 +350,7 @@ async fn run<G: Generator>(scenario: &Scenario, generator: G) -> Measured {
     // millisecond; a task on the runtime records how late each arrives.
     // Only where it is reported: its thousand wake-ups a second are not free.
     let probing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
-        scenario.tool_block.is_some(),
+        scenario.tool_block.is_some() || scenario.result_bytes > 0,
     ));
     let (stamps, mut received) = tokio::sync::mpsc::unbounded_channel::<Instant>();
     let sender = {
@@ -349,6 +411,13 @@ async fn run<G: Generator>(scenario: &Scenario, generator: G) -> Measured {
 /// Runs one scenario in this process; prints its table rows and returns its results.
 fn scenario(name: &str) -> Map<String, Value> {
     let scenario = Scenario::named(name);
+    if scenario.real_tokenizer && !qwen3_dir().join("tokenizer.json").is_file() {
+        println!(
+            "| {name} | skipped: no Qwen3 tokenizer in {} (`cargo xtask fixtures`) | - |",
+            qwen3_dir().display()
+        );
+        return Map::new();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -410,6 +479,43 @@ fn scenario(name: &str) -> Map<String, Value> {
                 ),
                 "<= 64 KiB + tokens",
                 json!(measured.resident_per_rollout),
+            );
+        }
+        "tool-results" => {
+            let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
+            let achieved = measured.turns_per_second / ideal * 100.0;
+            row(
+                format!(
+                    "tool results of ~2 KB, Qwen3 tokenizer, {in_flight} in flight, 200 ms latency: achieved / ideal turns/s"
+                ),
+                format!(
+                    "{achieved:.1}% ({:.0} of {ideal:.0})",
+                    measured.turns_per_second
+                ),
+                "-",
+                json!(achieved),
+            );
+            row(
+                "tool results of ~2 KB: engine CPU ms per turn".into(),
+                format!("{:.3}", measured.cpu_ms_per_turn),
+                "-",
+                json!(measured.cpu_ms_per_turn),
+            );
+            row(
+                "tool results of ~2 KB: scheduler lag p99 (1 ms probe)".into(),
+                format!(
+                    "{:.3} ms ({} samples)",
+                    measured.probe_p99.as_secs_f64() * 1e3,
+                    measured.probe_samples
+                ),
+                "< 2 ms",
+                json!(measured.probe_p99.as_secs_f64() * 1e3),
+            );
+            row(
+                "tool results of ~2 KB: the engine's heartbeat lag p99".into(),
+                format!("{:.2} ms", measured.lag_p99.as_secs_f64() * 1e3),
+                "-",
+                json!(measured.lag_p99.as_secs_f64() * 1e3),
             );
         }
         "blocking" => {
