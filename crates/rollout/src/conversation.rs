@@ -25,7 +25,7 @@ use crate::{
     shared::Shared,
 };
 use rollout_core::{
-    IncrementalRender, Message, NoExactDelta, ParsedCall, Reconciler, RenderError, RenderState,
+    ChatTokenizer, Message, NoExactDelta, ParsedCall, Reconciler, RenderError, RenderState,
     RolloutId, TurnRecord, parse::split_reasoning,
 };
 
@@ -134,14 +134,12 @@ async fn converse<G: Generator>(
         .as_ref()
         .map(|lease| lease.get().initial_messages())
         .unwrap_or_default();
-    let episode_first;
     let first = match &lease {
         Some(lease) => {
             let tools = lease.get().tools().registry().to_openai();
-            episode_first = episode_prompt(shared, group, tools, &initial).await?;
-            &episode_first
+            Arc::new(episode_prompt(shared, group, tools, &initial).await?)
         }
-        None => group.first.as_ref().map_err(|e| render_error(e.clone()))?,
+        None => Arc::clone(group.first.as_ref().map_err(|e| render_error(e.clone()))?),
     };
     let mut conversation = Conversation {
         shared,
@@ -154,7 +152,7 @@ async fn converse<G: Generator>(
         lease,
     };
     for turn in 0..shared.config.max_turns {
-        let prompt_ids = conversation.prompt(turn)?;
+        let prompt_ids = conversation.prompt(turn).await?;
         let Some(limit) = conversation.limit(turn, prompt_ids.len())? else {
             break;
         };
@@ -212,9 +210,8 @@ async fn open_episode<'s, G: Generator>(
 
 /// The first prompt of a rollout in an environment: the episode's `tools` and initial
 /// messages, then the dataset row's prompt. Each episode may offer other tools, so it is
-/// rendered per rollout: whole, through the chat template, on a blocking thread (at most
-/// `render_threads` at once) rather than on the runtime's workers, as a group's prompt is
-/// rendered on the dataset's reader thread.
+/// rendered per rollout: whole, through the chat template, off the runtime (see
+/// [`off_runtime`]), as a group's prompt is rendered on the dataset's reader thread.
 async fn episode_prompt<G: Generator>(
     shared: &Arc<Shared<G>>,
     group: &Arc<GroupState>,
@@ -223,28 +220,86 @@ async fn episode_prompt<G: Generator>(
 ) -> Result<RenderState, Failure> {
     let mut options = shared.options.clone();
     options.tools = (!tools.is_empty()).then_some(tools);
-    let _slot = shared
-        .render_threads
-        .acquire()
-        .await
-        .map_err(|_| (FailureCause::Cancelled, "the engine is closing".to_owned()))?;
     let (task, group, initial) = (Arc::clone(shared), Arc::clone(group), initial.to_vec());
-    let rendered = tokio::task::spawn_blocking(move || {
+    off_runtime(shared, move || {
         let mut render = task.tokenizer.incremental(options)?;
         render.push(&initial);
         render.push(&group.row.prompt);
         render.prompt()?;
         Ok(render.into_state())
     })
-    .await;
-    match rendered {
-        Ok(rendered) => rendered.map_err(render_error),
+    .await?
+    .map_err(render_error)
+}
+
+/// Runs `job` (a template render and its tokenization) on a blocking thread, at most
+/// `render_threads` (the machine's cores) at once, so that the runtime's workers keep
+/// serving every other rollout meanwhile. Tokenizing a 2 KB tool result with a real
+/// tokenizer takes about a millisecond; with a thousand rollouts in flight, such turns run on
+/// a worker held the runtime seconds behind (BENCHMARKS.md, `tool-results`).
+async fn off_runtime<G, T: Send + 'static>(
+    shared: &Shared<G>,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
+    let _slot = shared
+        .render_threads
+        .acquire()
+        .await
+        .map_err(|_| (FailureCause::Cancelled, "the engine is closing".to_owned()))?;
+    match tokio::task::spawn_blocking(job).await {
+        Ok(value) => Ok(value),
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
         Err(_) => Err((
             FailureCause::Cancelled,
-            "the runtime shut down while the prompt was rendered".to_owned(),
+            "the runtime shut down while a prompt was rendered".to_owned(),
         )),
     }
+}
+
+/// A later turn's prompt, built off the runtime.
+struct NextPrompt {
+    /// The conversation's rendering, for the turn after.
+    state: RenderState,
+    ids: Vec<u32>,
+    /// Why append mode had no exact delta, when it fell back to rendering the whole prompt.
+    fell_back: Option<NoExactDelta>,
+}
+
+/// Builds the next prompt from the conversation's rendering (`first` when there is none
+/// yet) and the messages `added` since it was last brought up to date. With `last` (append
+/// mode: the previous prompt, where its answer is in the conversation, the id the answer
+/// ended on) it is the previous prompt, the sampled ids (already in it) and the template's
+/// delta; without, or when there is no exact delta, the conversation rendered.
+fn next_prompt(
+    tokenizer: &ChatTokenizer,
+    first: &RenderState,
+    state: Option<RenderState>,
+    added: &[Message],
+    last: Option<(Vec<u32>, usize, Option<u32>)>,
+) -> Result<NextPrompt, RenderError> {
+    let mut render = tokenizer.resume(state.unwrap_or_else(|| first.clone()))?;
+    render.push(added);
+    let fell_back = match last {
+        Some((mut ids, assistant, Some(stop))) => match render.delta(first, assistant, stop) {
+            Ok(delta) => {
+                ids.extend_from_slice(&delta);
+                return Ok(NextPrompt {
+                    state: render.into_state(),
+                    ids,
+                    fell_back: None,
+                });
+            }
+            Err(reason) => Some(reason),
+        },
+        Some((_, _, None)) => Some(NoExactDelta::NoStopToken { last: None }),
+        None => None,
+    };
+    let ids = render.prompt()?.ids.to_vec();
+    Ok(NextPrompt {
+        state: render.into_state(),
+        ids,
+        fell_back,
+    })
 }
 
 fn render_error(error: RenderError) -> Failure {
@@ -273,13 +328,14 @@ impl Limit {
 
 /// A conversation in progress: its rendering, its reconciler and what it has produced.
 struct Conversation<'a, G> {
-    shared: &'a Shared<G>,
+    shared: &'a Arc<Shared<G>>,
     group: &'a GroupState,
-    /// The group's prompt, rendered once.
-    first: &'a RenderState,
-    /// The conversation's rendering, `first` and then `finished.messages`: made when a turn
-    /// after the first needs it, so that a rollout that answers at once never copies `first`.
-    render: Option<IncrementalRender<'a>>,
+    /// The group's prompt, rendered once (the episode's, in an environment).
+    first: Arc<RenderState>,
+    /// The conversation's rendering as of the last prompt: `first`, then the messages
+    /// added before it. Made on the first turn after the first, so that a rollout that
+    /// answers at once never copies `first`.
+    render: Option<RenderState>,
     reconciler: Reconciler,
     finished: Finished,
     /// Append mode: the last turn's prompt and answer, where the answer's message is in the
@@ -292,47 +348,33 @@ struct Conversation<'a, G> {
 impl<'a, G: Generator> Conversation<'a, G> {
     /// The prompt of `turn`: the group's prompt first; then, in append mode, the previous
     /// prompt + the sampled ids + the template's delta, or the conversation rendered when
-    /// there is no exact delta (counted) or in rerender mode.
-    fn prompt(&mut self, turn: usize) -> Result<Vec<u32>, Failure> {
+    /// there is no exact delta (counted) or in rerender mode. Built off the runtime.
+    async fn prompt(&mut self, turn: usize) -> Result<Vec<u32>, Failure> {
         // The group's prompt was rendered once with a generation prompt: turn 0 sends it.
         if turn == 0 {
             return Ok(self.first.ids().to_vec());
         }
-        if let Some((mut ids, assistant, stop)) = self.last.take() {
-            let first = self.first;
-            let delta = match stop {
-                Some(stop) => self.render()?.delta(first, assistant, stop),
-                None => Err(NoExactDelta::NoStopToken { last: None }),
-            };
-            match delta {
-                Ok(delta) => {
-                    ids.extend_from_slice(&delta);
-                    return Ok(ids);
-                }
-                Err(reason) => {
-                    self.finished.fallbacks += 1;
-                    self.shared.fell_back(&reason);
-                }
-            }
+        // The messages added since the last render go with the job and come back with it.
+        let rendered = self
+            .render
+            .as_ref()
+            .map_or(0, |r| r.len() - self.first.len());
+        let added = self.finished.messages.split_off(rendered);
+        let (shared, first) = (Arc::clone(self.shared), Arc::clone(&self.first));
+        let (state, last) = (self.render.take(), self.last.take());
+        let (next, added) = off_runtime(self.shared, move || {
+            let next = next_prompt(&shared.tokenizer, &first, state, &added, last);
+            (next, added)
+        })
+        .await?;
+        self.finished.messages.extend(added);
+        let next = next.map_err(render_error)?;
+        if let Some(reason) = &next.fell_back {
+            self.finished.fallbacks += 1;
+            self.shared.fell_back(reason);
         }
-        Ok(self.render()?.prompt().map_err(render_error)?.ids.to_vec())
-    }
-
-    /// The conversation's rendering, made from `first` the first time, with the messages
-    /// added since pushed.
-    fn render(&mut self) -> Result<&mut IncrementalRender<'a>, Failure> {
-        let render = match self.render.take() {
-            Some(render) => render,
-            None => self
-                .shared
-                .tokenizer
-                .resume(self.first.clone())
-                .map_err(render_error)?,
-        };
-        let render = self.render.insert(render);
-        let pushed = render.len() - self.first.len();
-        render.push(&self.finished.messages[pushed..]);
-        Ok(render)
+        self.render = Some(next.state);
+        Ok(next.ids)
     }
 
     /// What `turn` may sample after a prompt of `prompt_len` tokens; `None` when nothing is

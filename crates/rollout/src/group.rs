@@ -48,7 +48,7 @@ pub(crate) struct GroupState {
     pub(crate) group_id: u64,
     pub(crate) row: DatasetRow,
     /// The prompt rendered once for every rollout of the group to start from.
-    pub(crate) first: Result<RenderState, RenderError>,
+    pub(crate) first: Result<Arc<RenderState>, RenderError>,
     /// The version of the group's first request (`u64::MAX` before it).
     first_version: AtomicU64,
     /// Each rollout's outcome once it ends; boxed, so that a group waiting for its rollouts
@@ -86,7 +86,7 @@ impl GroupState {
         GroupState {
             group_id,
             row,
-            first,
+            first: first.map(Arc::new),
             first_version: AtomicU64::new(u64::MAX),
             outcomes: Mutex::new((0..size).map(|_| None).collect()),
             remaining: AtomicUsize::new(size),

@@ -1286,6 +1286,69 @@ async fn the_heartbeat_keeps_beating_while_sync_tools_block() {
     assert_eq!(block.1.load(Ordering::SeqCst), 4);
 }
 
+/// A later turn's prompt is built off the runtime: on a single-threaded runtime, a task that
+/// ticks every millisecond keeps ticking while a tool result takes long to render (here a
+/// template that loops over each tool message; in a run, a long result through a real
+/// tokenizer). Built on the runtime's one thread, the render would stop every tick.
+#[tokio::test(flavor = "current_thread")]
+async fn a_later_turn_s_prompt_is_built_off_the_runtime() {
+    let slow = CHATML_WITH_TOOLS.replace(
+        "{% elif m.role == \"tool\" %}",
+        "{% elif m.role == \"tool\" %}{% for i in range(2000) %}{% for j in range(100) %}{% endfor %}{% endfor %}",
+    );
+    assert_ne!(
+        slow, CHATML_WITH_TOOLS,
+        "the template has a tool branch to slow down"
+    );
+    let template = ChatTemplate::new("slow-tools", &slow).expect("the template compiles");
+    let base = chat_tokenizer();
+    let special = json!({ "eos_token": "<|im_end|>" })
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let tokenizer = ChatTokenizer::new(base.tokenizer().clone(), template, special);
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let ticker = tokio::spawn({
+        let ticks = Arc::clone(&ticks);
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                ticks.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    // The ticks seen by each turn's request: between them, the tool ran and the second
+    // prompt was built.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let generator = ScriptedGenerator::new(&tokenizer, &[ADD_CALL], {
+        let (ticks, seen) = (Arc::clone(&ticks), Arc::clone(&seen));
+        move |_| {
+            lock(&seen).push(ticks.load(Ordering::SeqCst));
+            Act::Answer
+        }
+    });
+    let mut config = config(1);
+    config.min_group_size = 1;
+    config.max_inflight = 1;
+    let (engine, mut groups) = Engine::builder(generator.clone(), tokenizer, scorer())
+        .config(config)
+        .tools(tools(1, None, None))
+        .start(rows(1))
+        .expect("the loop starts");
+    let out = collect(&mut groups).await;
+    engine.shutdown(Duration::from_secs(10)).await;
+    ticker.abort();
+    assert_eq!(out.len(), 1, "the group is scored");
+    let seen = lock(&seen).clone();
+    assert_eq!(seen.len(), 2, "two turns: the call, then the answer");
+    let during = seen[1] - seen[0];
+    assert!(
+        during >= 20,
+        "the runtime ticked {during} times while the second prompt was built: it was built on \
+         the runtime's thread"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_groups_stops_admission_after_that_many_groups() {
     let tokenizer = chat_tokenizer();
