@@ -477,7 +477,7 @@ fn scenario(name: &str) -> Map<String, Value> {
                     measured.resident_per_rollout / 1024.0,
                     measured.tokens_per_sample
                 ),
-                "<= 64 KiB + tokens",
+                "<= 10 KiB",
                 json!(measured.resident_per_rollout),
             );
         }
@@ -561,7 +561,7 @@ fn scenario(name: &str) -> Map<String, Value> {
                     measured.resident_per_rollout / 1024.0,
                     measured.tokens_per_sample
                 ),
-                "<= 64 KiB + tokens",
+                if in_flight == 1024 { "<= 56 KiB" } else { "-" },
                 json!(measured.resident_per_rollout),
             );
             row(
