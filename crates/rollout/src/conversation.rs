@@ -345,7 +345,7 @@ struct Conversation<'a, G> {
     lease: Option<Lease<'a>>,
 }
 
-impl<'a, G: Generator> Conversation<'a, G> {
+impl<G: Generator> Conversation<'_, G> {
     /// The prompt of `turn`: the group's prompt first; then, in append mode, the previous
     /// prompt + the sampled ids + the template's delta, or the conversation rendered when
     /// there is no exact delta (counted) or in rerender mode. Built off the runtime.
