@@ -428,6 +428,11 @@ fn a_paused_run_admits_nothing_and_its_metrics_match_the_summary_it_ends_with() 
     );
     let health = endpoint.health();
     assert_eq!(health["paused"], true);
+    // The pause answers once nothing is generated; the writer thread may still be writing
+    // the last groups the engine handed over.
+    endpoint.until("the writer wrote every row the engine sent", |h| {
+        h["samples_written"] == h["counters"]["samples"]
+    });
     let metrics = endpoint.metrics();
     let m = |name: &str| {
         metrics
