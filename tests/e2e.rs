@@ -5,13 +5,11 @@
 //! Face folder: its tokenizer and chat template). Without them every test fails, saying so:
 //! this suite never skips.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
 use rollout_core::ChatTokenizer;
 use serde_json::Value;
+use test_support::ScratchDir;
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -19,11 +17,8 @@ fn env(name: &str) -> String {
     })
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("async-grpo-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a scratch directory");
-    dir
+fn scratch(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("async-grpo-e2e-{name}"))
 }
 
 fn rows(path: &Path) -> Vec<Value> {

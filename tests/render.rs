@@ -7,7 +7,7 @@ use std::{
 
 use serde_json::Value;
 
-use test_support::cache_dir;
+use test_support::{ScratchDir, cache_dir};
 
 fn qwen3() -> PathBuf {
     let dir = cache_dir().join("qwen3");
@@ -19,10 +19,8 @@ fn qwen3() -> PathBuf {
     dir
 }
 
-fn workdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("async-grpo-render-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+fn workdir(name: &str) -> ScratchDir {
+    ScratchDir::new(&format!("async-grpo-render-{name}"))
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -15,6 +15,7 @@ use std::{
 
 use rollout_core::TrainingSample;
 use serde_json::{Value, json};
+use test_support::ScratchDir;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     runtime::Runtime,
@@ -50,7 +51,7 @@ pub(crate) fn dataset_line(i: usize) -> String {
 
 /// A fresh directory for one test, with a dataset and a config file in it.
 pub(crate) struct Case {
-    pub(crate) dir: PathBuf,
+    pub(crate) dir: ScratchDir,
 }
 
 /// What a run left: its exit code, its stderr, and the rows of its output file.
@@ -62,12 +63,11 @@ pub(crate) struct Outcome {
 }
 
 impl Case {
+    /// A case in a fresh directory, removed when the test passes (see [`ScratchDir`]).
     pub(crate) fn new(name: &str) -> Case {
-        let dir =
-            std::env::temp_dir().join(format!("async-grpo-rollout-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temp dir");
-        Case { dir }
+        Case {
+            dir: ScratchDir::new(&format!("async-grpo-rollout-{name}")),
+        }
     }
 
     pub(crate) fn dataset(&self) -> PathBuf {

@@ -1,15 +1,13 @@
 //! `async-grpo rollout`'s settings: a TOML file and flags, resolved (read back from the TOML
 //! `--check` prints), and what `--check` refuses before any output is touched.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
+
+use test_support::ScratchDir;
 
 /// A fresh directory with a dataset and a tokenizer folder (the quickstart's files).
-fn workspace(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("async-grpo-config-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn workspace(name: &str) -> ScratchDir {
+    let dir = ScratchDir::new(&format!("async-grpo-config-{name}"));
     std::fs::create_dir_all(dir.join("data/tok")).expect("temp dir");
     std::fs::write(
         dir.join("data/rows.jsonl"),

@@ -16,6 +16,7 @@ use std::{
 
 use rollout_core::TrainingSample;
 use serde_json::json;
+use test_support::ScratchDir;
 
 use super::{
     reliability::kill_all,
@@ -25,11 +26,12 @@ use super::{
 /// A fresh directory for one test under the target directory: readable in the sandbox like
 /// the rest of the file system, so that only the engine's hiding keeps the run's files out.
 fn case(name: &str) -> Case {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("untrusted-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a directory for the case");
-    Case { dir }
+    Case {
+        dir: ScratchDir::new_in(
+            Path::new(env!("CARGO_TARGET_TMPDIR")),
+            &format!("untrusted-{name}"),
+        ),
+    }
 }
 
 /// A value no other test, file or process holds: for secrets and markers.

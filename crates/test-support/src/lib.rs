@@ -4,9 +4,10 @@
 //!   templates and venvs (xtask's own tasks read the same function);
 //! - [`within`] and [`wait_until`] (feature `wait`): waits bounded in real time that fail
 //!   the test with what was awaited, never by a hang, with the test clock paused or not;
-//! - [`cpu_seconds`]: this process's CPU time, for the benchmarks' per-turn figures.
+//! - [`cpu_seconds`]: this process's CPU time, for the benchmarks' per-turn figures;
+//! - [`ScratchDir`]: a test's working directory, removed when the test passes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 #[cfg(feature = "wait")]
 use std::time::{Duration, Instant};
 
@@ -88,4 +89,55 @@ pub fn cpu_seconds() -> f64 {
     // Fields 14 and 15 of stat(5) (utime, stime), counted after the command's `)`, in
     // clock ticks (`sysconf(_SC_CLK_TCK)`: 100 on every Linux this runs on).
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A directory a test works in (`temp_dir()/NAME-PID` by default), empty when made. Dropped after the test
+/// passed, it is removed; dropped while the test panics, it is kept for a look at what the
+/// failing run left.
+#[derive(Debug)]
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Makes `temp_dir()/NAME-PID`, emptied of what an earlier run left.
+    #[track_caller]
+    pub fn new(name: &str) -> ScratchDir {
+        ScratchDir::new_in(&std::env::temp_dir(), name)
+    }
+
+    /// Makes `PARENT/NAME-PID`, emptied of what an earlier run left.
+    #[track_caller]
+    pub fn new_in(parent: &Path, name: &str) -> ScratchDir {
+        let dir = parent.join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+        ScratchDir(dir)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for ScratchDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
