@@ -656,10 +656,9 @@ proptest! {
     }
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("rollout-core-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A fresh directory, removed when the test passes.
+fn tempdir(name: &str) -> test_support::ScratchDir {
+    test_support::ScratchDir::new(&format!("rollout-core-{name}"))
 }
 
 #[test]
