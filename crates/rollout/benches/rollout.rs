@@ -429,142 +429,62 @@ fn scenario(name: &str) -> Map<String, Value> {
         let simulator = SimulatorProcess::start(&scenario);
         runtime.block_on(async { run(&scenario, client(simulator.url.clone()).await).await })
     };
-    let mut results = Map::new();
-    let mut row = |measure: String, value: String, target: &str, raw: Value| {
-        println!("| {measure} | {value} | {target} |");
-        results.insert(measure, raw);
-    };
     let in_flight = scenario.in_flight;
+    let mut report = Report::new(&measured);
     match name {
         "zero" => {
-            row(
+            report.row(
                 format!("turns/s, zero latency, {in_flight} in flight, 1 tool round"),
                 format!("{:.0}", measured.turns_per_second),
                 "-",
                 json!(measured.turns_per_second),
             );
-            row(
-                "engine CPU ms per turn, zero latency (loop, HTTP client, tool, scoring)".into(),
-                format!("{:.3}", measured.cpu_ms_per_turn),
-                "-",
-                json!(measured.cpu_ms_per_turn),
-            );
+            report.cpu("engine CPU ms per turn, zero latency (loop, HTTP client, tool, scoring)");
         }
         "4096-loop" => {
-            let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
-            let achieved = measured.turns_per_second / ideal * 100.0;
-            row(
+            report.achieved(
                 format!(
                     "loop alone (in-process generator sleeping 200 ms, no HTTP), {in_flight} in flight: achieved / ideal turns/s"
                 ),
-                format!(
-                    "{achieved:.1}% ({:.0} of {ideal:.0})",
-                    measured.turns_per_second
-                ),
+                &scenario,
                 ">= 95%",
-                json!(achieved),
             );
-            row(
-                "loop alone: engine CPU ms per turn".into(),
-                format!("{:.3}", measured.cpu_ms_per_turn),
-                "-",
-                json!(measured.cpu_ms_per_turn),
-            );
-            row(
+            report.cpu("loop alone: engine CPU ms per turn");
+            report.memory(
                 format!("loop alone: resident memory per in-flight rollout, {in_flight} in flight"),
-                format!(
-                    "{:.1} KiB (samples of ~{:.0} tokens)",
-                    measured.resident_per_rollout / 1024.0,
-                    measured.tokens_per_sample
-                ),
                 "<= 10 KiB",
-                json!(measured.resident_per_rollout),
             );
         }
         "tool-results" => {
-            let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
-            let achieved = measured.turns_per_second / ideal * 100.0;
-            row(
+            report.achieved(
                 format!(
                     "tool results of ~2 KB, Qwen3 tokenizer, {in_flight} in flight, 200 ms latency: achieved / ideal turns/s"
                 ),
-                format!(
-                    "{achieved:.1}% ({:.0} of {ideal:.0})",
-                    measured.turns_per_second
-                ),
+                &scenario,
                 "-",
-                json!(achieved),
             );
-            row(
-                "tool results of ~2 KB: engine CPU ms per turn".into(),
-                format!("{:.3}", measured.cpu_ms_per_turn),
-                "-",
-                json!(measured.cpu_ms_per_turn),
-            );
-            row(
-                "tool results of ~2 KB: scheduler lag p99 (1 ms probe)".into(),
-                format!(
-                    "{:.3} ms ({} samples)",
-                    measured.probe_p99.as_secs_f64() * 1e3,
-                    measured.probe_samples
-                ),
-                "< 2 ms",
-                json!(measured.probe_p99.as_secs_f64() * 1e3),
-            );
-            row(
-                "tool results of ~2 KB: the engine's heartbeat lag p99".into(),
-                format!("{:.2} ms", measured.lag_p99.as_secs_f64() * 1e3),
-                "-",
-                json!(measured.lag_p99.as_secs_f64() * 1e3),
+            report.cpu("tool results of ~2 KB: engine CPU ms per turn");
+            report.lags(
+                "tool results of ~2 KB: scheduler lag p99 (1 ms probe)",
+                "tool results of ~2 KB: the engine's heartbeat lag p99",
             );
         }
-        "blocking" => {
-            row(
-                "scheduler lag p99 while 64 sync tools block for 500 ms each (1 ms probe)".into(),
-                format!(
-                    "{:.3} ms ({} samples)",
-                    measured.probe_p99.as_secs_f64() * 1e3,
-                    measured.probe_samples
-                ),
-                "< 2 ms",
-                json!(measured.probe_p99.as_secs_f64() * 1e3),
-            );
-            row(
-                "the engine's heartbeat lag p99 (100 ms sleeps, 1 ms timer)".into(),
-                format!("{:.2} ms", measured.lag_p99.as_secs_f64() * 1e3),
-                "-",
-                json!(measured.lag_p99.as_secs_f64() * 1e3),
-            );
-        }
+        "blocking" => report.lags(
+            "scheduler lag p99 while 64 sync tools block for 500 ms each (1 ms probe)",
+            "the engine's heartbeat lag p99 (100 ms sleeps, 1 ms timer)",
+        ),
         _ => {
-            let ideal = in_flight as f64 / scenario.latency.as_secs_f64();
-            let achieved = measured.turns_per_second / ideal * 100.0;
-            row(
+            report.achieved(
                 format!("achieved / ideal turns/s, 200 ms latency, {in_flight} in flight"),
-                format!(
-                    "{achieved:.1}% ({:.0} of {ideal:.0})",
-                    measured.turns_per_second
-                ),
+                &scenario,
                 ">= 95%",
-                json!(achieved),
             );
-            row(
-                format!("engine CPU ms per turn, {in_flight} in flight"),
-                format!("{:.3}", measured.cpu_ms_per_turn),
-                "-",
-                json!(measured.cpu_ms_per_turn),
-            );
-            row(
+            report.cpu(&format!("engine CPU ms per turn, {in_flight} in flight"));
+            report.memory(
                 format!("engine resident memory per in-flight rollout, {in_flight} in flight"),
-                format!(
-                    "{:.1} KiB (samples of ~{:.0} tokens)",
-                    measured.resident_per_rollout / 1024.0,
-                    measured.tokens_per_sample
-                ),
                 if in_flight == 1024 { "<= 56 KiB" } else { "-" },
-                json!(measured.resident_per_rollout),
             );
-            row(
+            report.row(
                 format!("drain time, {in_flight} rollouts mid-request"),
                 format!(
                     "{:.0} ms ({})",
@@ -578,7 +498,7 @@ fn scenario(name: &str) -> Map<String, Value> {
                 "-",
                 json!(measured.drain.as_secs_f64()),
             );
-            row(
+            report.row(
                 format!("failed rollouts, {in_flight} in flight"),
                 measured.failed.to_string(),
                 "0",
@@ -586,7 +506,79 @@ fn scenario(name: &str) -> Map<String, Value> {
             );
         }
     }
-    results
+    report.results
+}
+
+/// A scenario's table rows, printed as they come and kept by name for `BENCH_OUT`.
+struct Report<'m> {
+    measured: &'m Measured,
+    results: Map<String, Value>,
+}
+
+impl<'m> Report<'m> {
+    fn new(measured: &'m Measured) -> Report<'m> {
+        Report {
+            measured,
+            results: Map::new(),
+        }
+    }
+
+    fn row(&mut self, measure: String, value: String, target: &str, raw: Value) {
+        println!("| {measure} | {value} | {target} |");
+        self.results.insert(measure, raw);
+    }
+
+    /// Turns/s against the ideal `in_flight / latency`, in percent.
+    fn achieved(&mut self, measure: String, scenario: &Scenario, target: &str) {
+        let ideal = scenario.in_flight as f64 / scenario.latency.as_secs_f64();
+        let turns = self.measured.turns_per_second;
+        let achieved = turns / ideal * 100.0;
+        self.row(
+            measure,
+            format!("{achieved:.1}% ({turns:.0} of {ideal:.0})"),
+            target,
+            json!(achieved),
+        );
+    }
+
+    fn cpu(&mut self, measure: &str) {
+        let cpu = self.measured.cpu_ms_per_turn;
+        self.row(measure.into(), format!("{cpu:.3}"), "-", json!(cpu));
+    }
+
+    fn memory(&mut self, measure: String, target: &str) {
+        let (bytes, tokens) = (
+            self.measured.resident_per_rollout,
+            self.measured.tokens_per_sample,
+        );
+        self.row(
+            measure,
+            format!("{:.1} KiB (samples of ~{tokens:.0} tokens)", bytes / 1024.0),
+            target,
+            json!(bytes),
+        );
+    }
+
+    /// The 1 ms probe's lag p99 and the heartbeat's.
+    fn lags(&mut self, probe: &str, heartbeat: &str) {
+        let (probe_ms, samples, heartbeat_ms) = (
+            self.measured.probe_p99.as_secs_f64() * 1e3,
+            self.measured.probe_samples,
+            self.measured.lag_p99.as_secs_f64() * 1e3,
+        );
+        self.row(
+            probe.into(),
+            format!("{probe_ms:.3} ms ({samples} samples)"),
+            "< 2 ms",
+            json!(probe_ms),
+        );
+        self.row(
+            heartbeat.into(),
+            format!("{heartbeat_ms:.2} ms"),
+            "-",
+            json!(heartbeat_ms),
+        );
+    }
 }
 
 fn main() {
