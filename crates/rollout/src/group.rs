@@ -106,7 +106,7 @@ impl GroupState {
 
     /// Records rollout `index`'s outcome; `true` for the last one, whose caller finishes the
     /// group.
-    pub(crate) fn complete(&self, index: usize, outcome: Result<Finished, RolloutFailure>) -> bool {
+    pub(crate) fn complete(&self, index: usize, outcome: Outcome) -> bool {
         lock(&self.outcomes)[index] = Some(Box::new(outcome));
         self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
     }
