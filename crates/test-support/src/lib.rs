@@ -113,11 +113,6 @@ impl ScratchDir {
             .unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
         ScratchDir(dir)
     }
-
-    /// Where it is.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
 }
 
 impl std::ops::Deref for ScratchDir {
