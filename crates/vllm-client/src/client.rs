@@ -10,12 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::{Bytes, BytesMut};
-use reqwest::{Method, header::CONTENT_TYPE};
+use bytes::Bytes;
+use http::{Method, Uri};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     error::Error,
+    http::{Http, Settings},
     retry::RetryPolicy,
     types::{
         ChatRequest, ChatResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
@@ -174,7 +175,7 @@ pub struct Client {
 }
 
 struct Inner {
-    http: reqwest::Client,
+    http: Http,
     servers: Vec<Server>,
     sticky: Mutex<HashMap<String, usize>>,
     rotate: AtomicUsize,
@@ -183,7 +184,6 @@ struct Inner {
     retry: RetryPolicy,
     request_timeout: Duration,
     eject_for: Duration,
-    max_response_bytes: usize,
     seeds: AtomicU64,
     seed_base: u64,
     attempts: AtomicU64,
@@ -268,8 +268,10 @@ fn after_tokio(now: tokio::time::Instant, duration: Duration) -> tokio::time::In
 /// Fails when `base`'s host name does not resolve: no wait makes it resolve.
 async fn resolve(base: &str) -> Result<(), Error> {
     let endpoint = "GET /health";
-    let url = reqwest::Url::parse(base).map_err(|e| Error::invalid(endpoint, e.to_string()))?;
-    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+    let url: Uri = base
+        .parse()
+        .map_err(|e| Error::invalid(endpoint, format!("{base}: {e}")))?;
+    let (Some(host), Some(port)) = (url.host(), port_of(&url)) else {
         return Err(Error::invalid(endpoint, format!("'{base}' names no host")));
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -287,6 +289,15 @@ async fn resolve(base: &str) -> Result<(), Error> {
             format!("the host '{host}' of {base} does not resolve: {e}"),
         )),
     }
+}
+
+/// The port `url` names, or its scheme's.
+fn port_of(url: &Uri) -> Option<u16> {
+    url.port_u16().or(match url.scheme_str()? {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    })
 }
 
 /// Counts a request against its server while it is in flight.
@@ -308,7 +319,7 @@ impl Client {
             ));
         }
         for server in &config.servers {
-            let url = reqwest::Url::parse(server).map_err(|e| {
+            let url: Uri = server.parse().map_err(|e| {
                 Error::invalid(
                     "client",
                     format!(
@@ -316,7 +327,7 @@ impl Client {
                     ),
                 )
             })?;
-            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            if !matches!(url.scheme_str(), Some("http" | "https")) || url.host().is_none() {
                 return Err(Error::invalid(
                     "client",
                     format!("server URL '{server}' must be http://HOST:PORT or https://HOST:PORT"),
@@ -324,26 +335,12 @@ impl Client {
             }
         }
         // `https://` goes through rustls, verifying against the system's roots and any given.
-        let mut http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(config.connect_timeout)
-            .pool_max_idle_per_host(config.max_idle_per_host)
-            .tcp_nodelay(true);
-        for pem in &config.root_certificates {
-            let certificates = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| {
-                Error::invalid("client", format!("a root certificate is not PEM: {e}"))
-            })?;
-            if certificates.is_empty() {
-                return Err(Error::invalid(
-                    "client",
-                    "a root certificate file holds no PEM certificate",
-                ));
-            }
-            for certificate in certificates {
-                http = http.add_root_certificate(certificate);
-            }
-        }
-        let http = http.build().map_err(|e| Error::transport("client", e))?;
+        let http = Http::new(Settings {
+            connect_timeout: config.connect_timeout,
+            max_idle_per_host: config.max_idle_per_host,
+            root_certificates: &config.root_certificates,
+            max_response_bytes: config.max_response_bytes,
+        })?;
         let seed_base = {
             use std::hash::{BuildHasher, Hasher};
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -370,7 +367,6 @@ impl Client {
                 retry: config.retry,
                 request_timeout: config.request_timeout,
                 eject_for: config.eject_for,
-                max_response_bytes: config.max_response_bytes,
                 seeds: AtomicU64::new(0),
                 seed_base,
                 attempts: AtomicU64::new(0),
@@ -461,12 +457,11 @@ impl Client {
                     (inner.http.clone(), targets)
                 };
                 for (index, base, ejection) in targets {
-                    let probe = http
-                        .get(format!("{base}/health"))
-                        .timeout(probe_timeout)
-                        .send();
+                    let url = format!("{base}/health");
+                    let probe =
+                        http.send(&Method::GET, &url, None, "GET /health", Some(probe_timeout));
                     let healthy =
-                        matches!(probe.await, Ok(response) if response.status().is_success());
+                        matches!(probe.await, Ok((status, _)) if (200..300).contains(&status));
                     if !healthy {
                         continue;
                     }
@@ -918,26 +913,14 @@ impl Client {
             server.inflight.fetch_add(1, Ordering::Relaxed);
             let _in_flight = InFlight(server);
             self.inner.attempts.fetch_add(1, Ordering::Relaxed);
-            let mut request = self
+            let url = format!("{}{path}", server.base);
+            let (status, bytes) = self
                 .inner
                 .http
-                .request(method.clone(), format!("{}{path}", server.base));
-            if let Some(body) = body {
-                request = request
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(body.clone());
-            }
-            if let Some(timeout) = timeout {
-                request = request.timeout(timeout);
-            }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| Error::transport(endpoint, e))?;
-            let status = response.status();
-            let bytes = read_capped(response, self.inner.max_response_bytes, endpoint).await?;
-            if !status.is_success() {
-                return Err(Error::from_status(endpoint, status.as_u16(), &bytes));
+                .send(method, &url, body, endpoint, timeout)
+                .await?;
+            if !(200..300).contains(&status) {
+                return Err(Error::from_status(endpoint, status, &bytes));
             }
             Ok(bytes)
         }
@@ -1105,52 +1088,6 @@ fn prepare(
             )
         })?;
     Ok((endpoint, body))
-}
-
-/// A response's body, read as it arrives and no further than `limit` bytes: a body that
-/// says (`Content-Length`) or turns out to be longer is [`Error::too_large`].
-async fn read_capped(
-    mut response: reqwest::Response,
-    limit: usize,
-    endpoint: &str,
-) -> Result<Bytes, Error> {
-    let status = response.status().as_u16();
-    let too_large = || Error::too_large(endpoint, limit, status);
-    let declared = response.content_length();
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large());
-    }
-    // Most bodies come in one chunk, kept as it is; only a second one starts a copy.
-    let mut first: Option<Bytes> = None;
-    let mut rest: Option<BytesMut> = None;
-    let mut length = 0usize;
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| Error::transport(endpoint, e))?
-    {
-        length = length.saturating_add(chunk.len());
-        if length > limit {
-            return Err(too_large());
-        }
-        match (&mut rest, first.take()) {
-            (Some(rest), _) => rest.extend_from_slice(&chunk),
-            (None, None) => first = Some(chunk),
-            (None, Some(head)) => {
-                let capacity = declared
-                    .map_or(0, |d| d as usize)
-                    .max(head.len() + chunk.len());
-                let mut buffer = BytesMut::with_capacity(capacity);
-                buffer.extend_from_slice(&head);
-                buffer.extend_from_slice(&chunk);
-                rest = Some(buffer);
-            }
-        }
-    }
-    Ok(match rest {
-        Some(rest) => rest.freeze(),
-        None => first.unwrap_or_default(),
-    })
 }
 
 fn decode<T: DeserializeOwned>(endpoint: &str, bytes: &[u8]) -> Result<T, Error> {

@@ -17,10 +17,24 @@ struct Inner {
     endpoint: String,
 }
 
+/// The error a transport failure carries from the HTTP stack.
+pub(crate) type Source = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a connection failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// It could not be made (refused, no route, the connect timeout, TLS).
+    Connect,
+    /// No whole answer within the request's timeout.
+    Timeout(Duration),
+    /// It broke (reset, closed before or in the middle of the answer).
+    Broken,
+}
+
 #[derive(Debug)]
 enum Kind {
-    /// The connection failed or broke (refused, reset, closed mid-body).
-    Transport(reqwest::Error),
+    /// The connection failed or broke (refused, reset, closed mid-body, timed out).
+    Transport(Transport, Option<Source>),
     /// The server answered with an error status.
     Status {
         status: u16,
@@ -47,12 +61,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn transport(endpoint: &str, error: reqwest::Error) -> Error {
-        if error.is_builder() {
-            // A request that could not even be built will not build on a retry.
-            return Error::invalid(endpoint, format!("the request could not be built: {error}"));
-        }
-        Error::new(Kind::Transport(error), endpoint)
+    pub(crate) fn transport(endpoint: &str, how: Transport, source: Option<Source>) -> Error {
+        Error::new(Kind::Transport(how, source), endpoint)
     }
 
     pub(crate) fn from_status(endpoint: &str, status: u16, body: &[u8]) -> Error {
@@ -87,20 +97,19 @@ impl Error {
     /// Whether the deadline (or a request timeout) passed.
     pub fn is_timeout(&self) -> bool {
         match &self.inner.kind {
-            Kind::Timeout(..) => true,
-            Kind::Transport(error) => error.is_timeout(),
+            Kind::Timeout(..) | Kind::Transport(Transport::Timeout(_), _) => true,
             _ => false,
         }
     }
 
     /// Whether the server could not be reached (refused while loading, no route).
     pub fn is_connect(&self) -> bool {
-        matches!(&self.inner.kind, Kind::Transport(error) if error.is_connect())
+        matches!(self.inner.kind, Kind::Transport(Transport::Connect, _))
     }
 
     /// Whether the connection failed or broke.
     pub fn is_transport(&self) -> bool {
-        matches!(self.inner.kind, Kind::Transport(_))
+        matches!(self.inner.kind, Kind::Transport(..))
     }
 
     /// Whether the server answered with an error status.
@@ -149,7 +158,7 @@ impl Error {
     /// long stays too long).
     pub fn is_retryable(&self) -> bool {
         match &self.inner.kind {
-            Kind::Transport(_) => true,
+            Kind::Transport(..) => true,
             Kind::Status { status, .. } => *status >= 500,
             _ => false,
         }
@@ -165,12 +174,22 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let endpoint = &self.inner.endpoint;
         match &self.inner.kind {
-            Kind::Transport(error) => {
-                write!(f, "{endpoint}: connection failed: {error}")?;
-                let mut source = std::error::Error::source(error);
-                while let Some(cause) = source {
-                    write!(f, ": {cause}")?;
-                    source = cause.source();
+            Kind::Transport(Transport::Timeout(after), _) => {
+                write!(
+                    f,
+                    "{endpoint}: connection failed: no answer within {after:?}"
+                )
+            }
+            Kind::Transport(_, source) => {
+                write!(f, "{endpoint}: connection failed")?;
+                // hyper's errors say little on their own ("client error (Connect)"); their
+                // causes say what happened ("Connection refused").
+                let mut cause = source
+                    .as_deref()
+                    .map(|e| e as &(dyn std::error::Error + 'static));
+                while let Some(error) = cause {
+                    write!(f, ": {error}")?;
+                    cause = error.source();
                 }
                 Ok(())
             }
@@ -219,7 +238,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.inner.kind {
-            Kind::Transport(error) => Some(error),
+            Kind::Transport(_, Some(source)) => Some(source.as_ref()),
             Kind::Timeout(_, Some(last)) => Some(last),
             _ => None,
         }

@@ -40,6 +40,7 @@
 
 mod client;
 mod error;
+mod http;
 mod retry;
 pub mod types;
 
