@@ -96,10 +96,10 @@ impl Error {
 
     /// Whether the deadline (or a request timeout) passed.
     pub fn is_timeout(&self) -> bool {
-        match &self.inner.kind {
-            Kind::Timeout(..) | Kind::Transport(Transport::Timeout(_), _) => true,
-            _ => false,
-        }
+        matches!(
+            self.inner.kind,
+            Kind::Timeout(..) | Kind::Transport(Transport::Timeout(_), _)
+        )
     }
 
     /// Whether the server could not be reached (refused while loading, no route).
