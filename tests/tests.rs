@@ -10,6 +10,7 @@ mod operate;
 mod quickstart;
 mod reliability;
 mod render;
+mod rewards;
 mod rollout;
 mod rollout_config;
 mod untrusted;

@@ -252,6 +252,16 @@ pub(crate) struct RewardTable {
     /// `kind = "command"`: resource limits.
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<process::Limits>,
+    /// `kind = "http"`: the reward service's URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    /// `kind = "http"`: the most requests in flight at once (default 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency: Option<usize>,
+    /// `kind = "http"`: attempts per group, retries of transport errors and 5xx included
+    /// (default 3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
 }
 
 impl RewardTable {
@@ -737,6 +747,9 @@ impl RewardTable {
             ("sandbox", self.sandbox.is_some()),
             ("network", self.network.is_some()),
             ("limits", self.limits.is_some()),
+            ("url", self.url.is_some()),
+            ("concurrency", self.concurrency.is_some()),
+            ("attempts", self.attempts.is_some()),
         ];
         let reward = match (&self.spec, &self.kind) {
             (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
@@ -786,8 +799,12 @@ impl RewardTable {
             "regex" => &["pattern"],
             "command" => &["program", "sandbox", "network", "limits"],
             "length" => &["max", "buffer"],
+            "http" => &["url", "concurrency", "attempts"],
             other => {
-                bail!("unknown kind '{other}'; expected numeric, exact, regex, command or length")
+                bail!(
+                    "unknown kind '{other}'; expected numeric, exact, regex, command, length \
+                     or http"
+                )
             }
         };
         if let Some((field, _)) = given
@@ -818,6 +835,23 @@ impl RewardTable {
                 let sandbox = start.with_keys(None, self.network, self.limits);
                 sandbox.check()?;
                 builtin::command_in(&program_path(base, program), args.iter().cloned(), sandbox)
+            }
+            "http" => {
+                let url = self.url.as_deref().ok_or_else(missing)?;
+                if self.concurrency == Some(0) {
+                    bail!("`concurrency` must be at least 1");
+                }
+                if self.attempts == Some(0) {
+                    bail!("`attempts` must be at least 1");
+                }
+                let mut config = builtin::HttpRewardConfig::new(url);
+                if let Some(concurrency) = self.concurrency {
+                    config = config.concurrency(concurrency);
+                }
+                if let Some(attempts) = self.attempts {
+                    config = config.attempts(attempts);
+                }
+                builtin::http(config)?
             }
             _ => builtin::length(self.max.ok_or_else(missing)?, self.buffer)?,
         })

@@ -25,6 +25,7 @@
 //! | `scorer` | yes | `Scorer`: a group's reward functions run at once, sync ones on a pool of their own | tokio, rayon, tracing |
 //! | `regex` | yes | the `regex` and `numeric` rewards | regex |
 //! | `command` | yes | the `command` reward, a program scoring the group | tokio (`process`), rustix |
+//! | `http` | no | the `http` reward, a reward service scoring the group | reqwest |
 //!
 //! # The estimators alone
 //!

@@ -21,7 +21,10 @@
 //!   dropped mid-response, of slow responses, of malformed bodies;
 //! - `/pause` and `/resume` that really hold requests (`mode=keep` freezes them, `mode=abort`
 //!   ends them with `finish_reason: "abort"` and their partial ids), and counters, among them
-//!   requests aborted because the client disconnected.
+//!   requests aborted because the client disconnected;
+//! - `POST /reward`, not a vLLM endpoint: a reward service for the engine's `http` reward
+//!   (a completion whose text contains the row's `answer` scores 1, else 0), with the same
+//!   latency and faults, counting the groups it scored and its most requests at once.
 //!
 //! `async-grpo simulate --port P --tokenizer PATH` runs it from the binary.
 //!
@@ -261,6 +264,10 @@ pub struct SimCounters {
     pub injected_slow: u64,
     /// Malformed bodies injected.
     pub injected_malformed: u64,
+    /// Groups scored by `POST /reward` (the simulator as a reward service), any outcome.
+    pub rewards: u64,
+    /// The most `POST /reward` requests that were in flight at once.
+    pub rewards_in_flight_max: u64,
 }
 
 #[derive(Debug, Default)]
@@ -275,6 +282,9 @@ struct Counters {
     injected_drops: AtomicU64,
     injected_slow: AtomicU64,
     injected_malformed: AtomicU64,
+    rewards: AtomicU64,
+    rewards_in_flight: AtomicU64,
+    rewards_in_flight_max: AtomicU64,
 }
 
 impl Counters {
@@ -291,6 +301,8 @@ impl Counters {
             injected_drops: get(&self.injected_drops),
             injected_slow: get(&self.injected_slow),
             injected_malformed: get(&self.injected_malformed),
+            rewards: get(&self.rewards),
+            rewards_in_flight_max: get(&self.rewards_in_flight_max),
         }
     }
 }

@@ -383,6 +383,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/is_paused", get(is_paused))
         .route("/get_world_size", get(world_size))
         .route("/reset_prefix_cache", post(acknowledge))
+        .route("/reward", post(reward))
         .route("/init_weight_transfer_engine", post(acknowledge))
         .route("/start_weight_update", post(acknowledge))
         .route("/update_weights", post(acknowledge))
@@ -791,6 +792,56 @@ async fn is_paused(Extract(state): Shared) -> Json<Value> {
 async fn world_size(Extract(state): Shared) -> Json<Value> {
     state.count();
     Json(json!({ "world_size": 1 }))
+}
+
+/// `POST /reward`, the simulator as a reward service (no vLLM endpoint): it takes a group as
+/// the `http` reward sends it and scores each completion 1.0 when its text contains the row's
+/// `answer`, 0.0 when not, `null` when the row has no `answer`. It answers after `latency`,
+/// with the faults drawn per request as generation's are.
+async fn reward(Extract(state): Shared, body: Bytes) -> Response {
+    let sequence = state.count();
+    let counters = &state.counters;
+    counters.rewards.fetch_add(1, Ordering::Relaxed);
+    let in_flight = counters.rewards_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    counters
+        .rewards_in_flight_max
+        .fetch_max(in_flight, Ordering::Relaxed);
+    let _release = Released(&counters.rewards_in_flight);
+    let group: Value = match serde_json::from_slice(&body) {
+        Ok(group) => group,
+        Err(e) => {
+            let message = format!("invalid group: {e}");
+            return error(StatusCode::BAD_REQUEST, &message, "BadRequestError", None);
+        }
+    };
+    tokio::time::sleep(state.config.latency).await;
+    match state.fault(sequence).await {
+        Some(Fault::Unavailable) => return unavailable(),
+        Some(Fault::Drop) => return dropped(),
+        Some(Fault::Malformed) => return malformed(&state.config.model),
+        None => {}
+    }
+    let answer = match &group["row"]["answer"] {
+        Value::Null => None,
+        Value::String(text) => Some(text.clone()),
+        other => Some(other.to_string()),
+    };
+    let score = |completion: &Value| match &answer {
+        None => Value::Null,
+        Some(answer) => {
+            let text = completion["text"].as_str().unwrap_or_default();
+            json!(if text.contains(answer.as_str()) {
+                1.0
+            } else {
+                0.0
+            })
+        }
+    };
+    let scores: Vec<Value> = group["completions"]
+        .as_array()
+        .map(|completions| completions.iter().map(score).collect())
+        .unwrap_or_default();
+    Json(Value::Array(scores)).into_response()
 }
 
 async fn acknowledge(Extract(state): Shared) -> Json<Value> {

@@ -8,19 +8,22 @@
 //! | `numeric:COLUMN` | [`NumericMatch`] | 1 if the answer's number (last `\boxed{}`, else last number) equals the column's within tolerance, else 0 |
 //! | `length:MAX[:BUFFER]` | [`LengthPenalty`] | 0 up to `MAX - BUFFER` tokens, falling linearly to -1 at `MAX`, -1 beyond |
 //! | `command:PROGRAM [ARGS..]` | [`CommandReward`] | whatever the program prints: the group as JSON on stdin, a JSON array of numbers or nulls on stdout |
+//! | (no spec; [`http`]) | [`HttpReward`] | whatever a reward service answers: the group as JSON in a POST, a JSON array of numbers or nulls back |
 //! | (no spec) | [`environment`] | the reward the rollout's environment gave its episode (`Completion::rollout_reward`) |
 //!
 //! A completion that cannot be judged (the row lacks the column, the column holds no
 //! number, no token ids for a length) scores `None`, never a made-up 0.
 //!
 //! `exact` and `length` need no feature; `regex` and `numeric` need the `regex` feature and
-//! `command` the `command` feature (all on by default). Without its feature, a spec of that
+//! `command` the `command` feature (all on by default); [`http`] needs the `http` feature. Without its feature, a spec of that
 //! kind is an error that names the feature.
 
 #[cfg(feature = "command")]
 mod command;
 mod environment;
 mod exact;
+#[cfg(feature = "http")]
+mod http;
 mod length;
 #[cfg(feature = "regex")]
 mod numeric;
@@ -31,6 +34,8 @@ mod pattern;
 pub use command::CommandReward;
 pub use environment::{ENVIRONMENT_COLUMN, environment};
 pub use exact::{ExactMatch, Normalization};
+#[cfg(feature = "http")]
+pub use http::{HttpReward, HttpRewardConfig, HttpRewardError, HttpRewardStats};
 pub use length::{LengthPenalty, LengthPenaltyError};
 #[cfg(feature = "regex")]
 pub use numeric::{NumericMatch, extract_number};
@@ -139,6 +144,12 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
         }
     };
     Ok(reward.weight(weight))
+}
+
+/// A reward service (named `http`): see [`HttpReward`].
+#[cfg(feature = "http")]
+pub fn http(config: HttpRewardConfig) -> Result<Reward, HttpRewardError> {
+    Ok(Reward::from_async("http", HttpReward::new(config)?))
 }
 
 /// `exact:COLUMN`: 1 when the answer equals the row's `column` (normalized), else 0.
