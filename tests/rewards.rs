@@ -73,6 +73,11 @@ fn a_reward_service_scores_every_completion_once_per_group_within_its_concurrenc
     }
     // The simulator answers right half of the time: the service's scores vary.
     assert!(scored[0] > 0 && scored[1] > 0, "{scored:?}");
+    assert!(
+        !outcome.stderr.contains("reward 'service' failed"),
+        "{}",
+        outcome.stderr
+    );
     let counters = service.counters();
     assert_eq!(counters.rewards, 12, "one request per group");
     assert!(
@@ -108,6 +113,14 @@ fn a_service_that_answers_503_is_retried_then_leaves_its_column_empty_and_the_ru
         6,
         "two attempts per group: {:?}",
         service.counters()
+    );
+    assert!(
+        outcome.stderr.contains(
+            "reward 'service' failed on 3 of 3 groups (3 errors, 0 timeouts, 0 panics, 0 with \
+             the wrong number of scores)"
+        ),
+        "{}",
+        outcome.stderr
     );
     assert!(
         outcome.stderr.contains("answered 503 (after 2 attempts)"),

@@ -143,6 +143,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         simulator.stop().await;
     }
     summary(settings, &report, &totals, started.elapsed());
+    rewards_summary(&engine.scorer().stats());
     let written = written.with_context(|| format!("cannot write {}", settings.out.display()))?;
     exit_code(settings, &report, interrupted, written)
 }
@@ -486,6 +487,26 @@ impl Signals {
             Some(name) => name,
             None => std::future::pending().await,
         }
+    }
+}
+
+/// The reward functions that failed on a group, on stderr: how often, by cause, and the last
+/// failure's words.
+fn rewards_summary(rewards: &[(String, scoring::RewardStats)]) {
+    for (name, stats) in rewards {
+        let failed = stats.errors + stats.panics + stats.timeouts + stats.wrong_length;
+        if failed == 0 {
+            continue;
+        }
+        let last = stats.last_failure.as_ref().map_or_else(String::new, |f| {
+            let words: String = f.message.chars().take(300).collect();
+            format!("; the last: {words}")
+        });
+        eprintln!(
+            "async-grpo: reward '{name}' failed on {failed} of {} groups ({} errors, {} timeouts, \
+             {} panics, {} with the wrong number of scores), its column empty for those{last}",
+            stats.groups, stats.errors, stats.timeouts, stats.panics, stats.wrong_length,
+        );
     }
 }
 

@@ -152,6 +152,7 @@ impl<G: Generator> Engine<G> {
             generation_latency: shared.generation_latency.snapshot(),
             generator: shared.generator.stats(),
             tools: shared.tools.as_ref().map(ToolDispatcher::metrics),
+            rewards: shared.scorer.stats(),
         }
     }
 

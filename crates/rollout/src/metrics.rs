@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use scoring::RewardStats;
 use serde::Serialize;
 use tool_dispatch::MetricsSnapshot;
 
@@ -26,6 +27,9 @@ pub struct Metrics {
     /// The tool dispatcher's, when the loop runs tools: an environment's session tools are
     /// counted there by name too (its sessions' tools are made from it).
     pub tools: Option<MetricsSnapshot>,
+    /// Each reward function's counts by name, in the scorer's order: groups it ran on, and
+    /// those it failed on by cause (an error, a panic, a timeout, the wrong number of scores).
+    pub rewards: Vec<(String, RewardStats)>,
 }
 
 impl Metrics {
@@ -35,7 +39,9 @@ impl Metrics {
     /// `scheduler_lag_p99_s`, `scheduler_lag_max_s`), the generator's (`server_retries`,
     /// `server_failures`, `server_ejections`) and, per tool, `tools/NAME/calls`,
     /// `tools/NAME/failed`, `tools/NAME/timed_out`, with `tools/unknown_name` and
-    /// `tool_threads_stuck`.
+    /// `tool_threads_stuck`, and per reward function `reward_functions/NAME/groups` and
+    /// `reward_functions/NAME/CAUSE` for the groups it failed on (`errors`, `panics`,
+    /// `timeouts`, `wrong_length`).
     pub fn values(&self) -> Vec<(String, f64)> {
         let health = &self.health;
         let mut values = Vec::new();
@@ -85,8 +91,25 @@ impl Metrics {
             values.push(("tools/unknown_name".to_owned(), tools.unknown_tool as f64));
             values.push(("tool_threads_stuck".to_owned(), tools.pool.stuck as f64));
         }
+        for (name, stats) in &self.rewards {
+            for (what, count) in reward_counts(stats) {
+                values.push((format!("reward_functions/{name}/{what}"), count as f64));
+            }
+        }
         values
     }
+}
+
+/// A reward function's counts under their names: the groups it ran on, then its failures by
+/// cause.
+fn reward_counts(stats: &RewardStats) -> [(&'static str, u64); 5] {
+    [
+        ("groups", stats.groups),
+        ("errors", stats.errors),
+        ("panics", stats.panics),
+        ("timeouts", stats.timeouts),
+        ("wrong_length", stats.wrong_length),
+    ]
 }
 
 #[cfg(feature = "prometheus")]
@@ -100,7 +123,7 @@ mod prometheus {
         metrics::MetricType::{self, Counter, Gauge},
     };
 
-    use super::{LatencySnapshot, Metrics};
+    use super::{LatencySnapshot, Metrics, reward_counts};
 
     /// Writes one metric family of one sample (no labels).
     fn single(
@@ -174,6 +197,7 @@ mod prometheus {
             self.encode_groups(encoder)?;
             self.encode_counters(encoder)?;
             self.encode_tools(encoder)?;
+            self.encode_rewards(encoder)?;
             self.encode_generation_latency(encoder)?;
             self.encode_gauges(encoder)
         }
@@ -386,6 +410,42 @@ mod prometheus {
             Ok(())
         }
 
+        /// Groups each reward function ran on, and those it failed on by cause.
+        fn encode_rewards(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+            if self.rewards.is_empty() {
+                return Ok(());
+            }
+            let mut metric = encoder.encode_descriptor(
+                "async_grpo_reward_function_groups",
+                "Groups each reward function ran on, by outcome: scored, or failed by cause \
+                 (error, panic, timeout, wrong_length); a failed function's column is empty \
+                 for that group.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, stats) in &self.rewards {
+                let [(_, groups), failures @ ..] = reward_counts(stats);
+                let failed: u64 = failures.iter().map(|(_, count)| count).sum();
+                let outcomes = std::iter::once(("scored", groups.saturating_sub(failed))).chain(
+                    failures.into_iter().map(|(cause, count)| {
+                        let outcome = match cause {
+                            "errors" => "error",
+                            "panics" => "panic",
+                            "timeouts" => "timeout",
+                            other => other,
+                        };
+                        (outcome, count)
+                    }),
+                );
+                for (outcome, count) in outcomes {
+                    let labels = [("reward", name.as_str()), ("outcome", outcome)];
+                    let mut family = metric.encode_family(&labels)?;
+                    sample(&mut family, MetricType::Counter, count as f64)?;
+                }
+            }
+            Ok(())
+        }
+
         /// Tool calls by tool and outcome, and each tool's latency histogram.
         fn encode_tools(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
             let Some(tools) = &self.tools else {
@@ -480,6 +540,15 @@ mod tests {
             generation_latency: latency,
             generator: GeneratorStats::new(10, 2, 1, 1),
             tools: None,
+            rewards: vec![(
+                "judge".to_owned(),
+                RewardStats {
+                    groups: 9,
+                    errors: 2,
+                    timeouts: 1,
+                    ..RewardStats::default()
+                },
+            )],
         }
     }
 
@@ -511,6 +580,9 @@ mod tests {
             "async_grpo_generation_duration_seconds_bucket{le=\"0.1\"} 5",
             "async_grpo_generation_duration_seconds_bucket{le=\"+Inf\"} 6",
             "async_grpo_generation_duration_seconds_count 6",
+            "async_grpo_reward_function_groups_total{reward=\"judge\",outcome=\"scored\"} 6",
+            "async_grpo_reward_function_groups_total{reward=\"judge\",outcome=\"error\"} 2",
+            "async_grpo_reward_function_groups_total{reward=\"judge\",outcome=\"timeout\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
         }
