@@ -25,11 +25,17 @@ fn service(runtime: &Runtime, latency: Duration, faults: Faults) -> Simulator {
         .expect("the reward service starts")
 }
 
-/// A case of `rows` questions, groups of 2, rolled out against `model` with the `http`
+/// A case named `name` of `rows` questions, groups of 2, rolled out against `model` with the `http`
 /// reward named `service` at `url` (besides the numeric reward), with `fields` added to its
 /// table.
-fn run(model: &Simulator, rows: usize, url: &str, fields: &str) -> (Case, super::rollout::Outcome) {
-    let case = Case::new("http-reward");
+fn run(
+    model: &Simulator,
+    name: &str,
+    rows: usize,
+    url: &str,
+    fields: &str,
+) -> (Case, super::rollout::Outcome) {
+    let case = Case::new(name);
     case.write_dataset(rows);
     case.write_config(&format!(
         "num_generations = 2\n\n[[tools]]\nname = \"calculator\"\nkind = \"calculator\"\n\n\
@@ -49,28 +55,49 @@ fn answer_text(row: &TrainingSample) -> &str {
         .unwrap_or_default()
 }
 
+/// Asserts that the service scored each row 1 when its answer holds the row's answer, else 0,
+/// and returns how many of each.
+#[track_caller]
+fn assert_service_scores_match(rows: &[TrainingSample]) -> [usize; 2] {
+    let mut scored = [0, 0];
+    for row in rows {
+        let (_, answer) = question(row.group_id as usize);
+        let expected = usize::from(answer_text(row).contains(&answer));
+        let got = row.rewards.get("service").and_then(|v| v.as_f64());
+        assert_eq!(
+            got,
+            Some(expected as f64),
+            "group {}: {row:?}",
+            row.group_id
+        );
+        scored[expected] += 1;
+    }
+    scored
+}
+
+/// Asserts that no row has a score of the service's.
+#[track_caller]
+fn assert_service_column_empty(rows: &[TrainingSample]) {
+    for row in rows {
+        assert_eq!(
+            row.rewards.get("service"),
+            Some(&serde_json::Value::Null),
+            "{row:?}"
+        );
+    }
+}
+
 #[test]
 fn a_reward_service_scores_every_completion_once_per_group_within_its_concurrency() {
     let runtime = runtime();
     let model = simulator(&runtime, 1, "calculator");
     let service = service(&runtime, Duration::from_millis(200), Faults::default());
     let url = format!("{}/reward", service.url());
-    let (_case, outcome) = run(&model, 12, &url, "concurrency = 2");
+    let (_case, outcome) = run(&model, "http-reward-scores", 12, &url, "concurrency = 2");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_eq!(outcome.rows.len(), 24);
 
-    let mut scored = [0, 0];
-    for row in &outcome.rows {
-        let (_, answer) = question(row.group_id as usize);
-        let expected = if answer_text(row).contains(&answer) {
-            1.0
-        } else {
-            0.0
-        };
-        let got = row.rewards.get("service").and_then(|v| v.as_f64());
-        assert_eq!(got, Some(expected), "group {}: {row:?}", row.group_id);
-        scored[expected as usize] += 1;
-    }
+    let scored = assert_service_scores_match(&outcome.rows);
     // The simulator answers right half of the time: the service's scores vary.
     assert!(scored[0] > 0 && scored[1] > 0, "{scored:?}");
     assert!(
@@ -87,6 +114,32 @@ fn a_reward_service_scores_every_completion_once_per_group_within_its_concurrenc
 }
 
 #[test]
+fn scores_read_from_an_object_are_the_same_and_a_service_that_miscounts_is_counted() {
+    let runtime = runtime();
+    let model = simulator(&runtime, 1, "calculator");
+    let service = service(&runtime, Duration::ZERO, Faults::default());
+    let url = format!("{}/reward?shape=object", service.url());
+    let (_case, outcome) = run(&model, "http-reward-object", 4, &url, "");
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    assert_eq!(outcome.rows.len(), 8);
+    assert_service_scores_match(&outcome.rows);
+
+    // One score fewer than completions: the column is empty for the group, counted.
+    let url = format!("{}/reward?shape=short", service.url());
+    let (_case, outcome) = run(&model, "http-reward-short", 2, &url, "");
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    assert_service_column_empty(&outcome.rows);
+    assert!(
+        outcome.stderr.contains(
+            "reward 'service' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with \
+             the wrong number of scores)"
+        ),
+        "{}",
+        outcome.stderr
+    );
+}
+
+#[test]
 fn a_service_that_answers_503_is_retried_then_leaves_its_column_empty_and_the_run_goes_on() {
     let runtime = runtime();
     let model = simulator(&runtime, 1, "calculator");
@@ -96,18 +149,12 @@ fn a_service_that_answers_503_is_retried_then_leaves_its_column_empty_and_the_ru
     };
     let service = service(&runtime, Duration::ZERO, failing);
     let url = format!("{}/reward", service.url());
-    let (_case, outcome) = run(&model, 3, &url, "attempts = 2");
+    let (_case, outcome) = run(&model, "http-reward-503", 3, &url, "attempts = 2");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_eq!(outcome.rows.len(), 6);
-    for row in &outcome.rows {
-        assert_eq!(
-            row.rewards.get("service"),
-            Some(&serde_json::Value::Null),
-            "{row:?}"
-        );
-        // The numeric reward still scored the row.
-        assert!(row.reward.is_some(), "{row:?}");
-    }
+    assert_service_column_empty(&outcome.rows);
+    // The numeric reward still scored every row.
+    assert!(outcome.rows.iter().all(|row| row.reward.is_some()));
     assert_eq!(
         service.counters().rewards,
         6,
@@ -137,16 +184,9 @@ fn an_answer_that_is_not_one_score_per_completion_is_not_retried_and_leaves_the_
     // `/reset_prefix_cache` answers a POST with 200 and `{}`: an answer that cannot be read,
     // which another attempt would not change.
     let url = format!("{}/reset_prefix_cache", service.url());
-    let (_case, outcome) = run(&model, 3, &url, "attempts = 3");
+    let (_case, outcome) = run(&model, "http-reward-unreadable", 3, &url, "attempts = 3");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert!(
-        outcome
-            .rows
-            .iter()
-            .all(|row| row.rewards.get("service") == Some(&serde_json::Value::Null)),
-        "{:?}",
-        outcome.rows
-    );
+    assert_service_column_empty(&outcome.rows);
     assert_eq!(
         service.counters().requests,
         3,
@@ -166,7 +206,7 @@ fn an_answer_that_is_not_one_score_per_completion_is_not_retried_and_leaves_the_
 fn a_reward_service_url_that_is_not_http_is_refused_before_the_run() {
     let runtime = runtime();
     let model = simulator(&runtime, 1, "calculator");
-    let (case, outcome) = run(&model, 1, "ftp://example.com/score", "");
+    let (case, outcome) = run(&model, "http-reward-ftp", 1, "ftp://example.com/score", "");
     assert_eq!(outcome.code, Some(1), "{}", outcome.stderr);
     assert!(
         outcome

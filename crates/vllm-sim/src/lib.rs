@@ -23,8 +23,10 @@
 //!   ends them with `finish_reason: "abort"` and their partial ids), and counters, among them
 //!   requests aborted because the client disconnected;
 //! - `POST /reward`, not a vLLM endpoint: a reward service for the engine's `http` reward
-//!   (a completion whose text contains the row's `answer` scores 1, else 0), with the same
-//!   latency and faults, counting the groups it scored and its most requests at once.
+//!   (a completion whose text contains the row's `answer` scores 1, else 0), answering a
+//!   JSON array (`?shape=object`: `{"scores": [...]}`; `?shape=short`: one score too few),
+//!   with the same latency and faults, counting the groups it scored and its most requests
+//!   at once.
 //!
 //! `async-grpo simulate --port P --tokenizer PATH` runs it from the binary.
 //!

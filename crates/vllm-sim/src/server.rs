@@ -794,11 +794,18 @@ async fn world_size(Extract(state): Shared) -> Json<Value> {
     Json(json!({ "world_size": 1 }))
 }
 
+/// How `POST /reward` shapes its answer: `?shape=object` answers `{"scores": [...]}`,
+/// `?shape=short` leaves the last score out (a service that miscounts); else a bare array.
+#[derive(Deserialize)]
+struct RewardQuery {
+    shape: Option<String>,
+}
+
 /// `POST /reward`, the simulator as a reward service (no vLLM endpoint): it takes a group as
 /// the `http` reward sends it and scores each completion 1.0 when its text contains the row's
 /// `answer`, 0.0 when not, `null` when the row has no `answer`. It answers after `latency`,
 /// with the faults drawn per request as generation's are.
-async fn reward(Extract(state): Shared, body: Bytes) -> Response {
+async fn reward(Extract(state): Shared, Query(query): Query<RewardQuery>, body: Bytes) -> Response {
     let sequence = state.count();
     let counters = &state.counters;
     counters.rewards.fetch_add(1, Ordering::Relaxed);
@@ -837,11 +844,18 @@ async fn reward(Extract(state): Shared, body: Bytes) -> Response {
             })
         }
     };
-    let scores: Vec<Value> = group["completions"]
+    let mut scores: Vec<Value> = group["completions"]
         .as_array()
         .map(|completions| completions.iter().map(score).collect())
         .unwrap_or_default();
-    Json(Value::Array(scores)).into_response()
+    match query.shape.as_deref() {
+        Some("object") => Json(json!({ "scores": scores })).into_response(),
+        Some("short") => {
+            scores.pop();
+            Json(Value::Array(scores)).into_response()
+        }
+        _ => Json(Value::Array(scores)).into_response(),
+    }
 }
 
 async fn acknowledge(Extract(state): Shared) -> Json<Value> {
