@@ -58,7 +58,7 @@ impl HttpRewardConfig {
     }
 
     /// How long one attempt may take. The scorer's timeout of the reward bounds the whole
-    /// call, retries included.
+    /// call: the wait for a turn under the concurrency bound and the retries included.
     pub fn request_timeout(mut self, timeout: Duration) -> HttpRewardConfig {
         self.request_timeout = timeout;
         self
