@@ -166,7 +166,7 @@ impl Program {
                 command.env_clear().envs(env);
             }
             None => {
-                for secret in crate::ENGINE_SECRETS {
+                for secret in crate::secrets() {
                     command.env_remove(secret);
                 }
                 command.envs(&self.env);

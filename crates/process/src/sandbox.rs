@@ -1,20 +1,44 @@
 //! [`Sandbox`]: what a program may see and use, and the bubblewrap command line that gives it.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     ffi::OsString,
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
 
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 
 use crate::Error;
 
 /// Environment variables of the engine that no program it starts ever sees, sandboxed or not:
 /// the control endpoint's token.
 pub const ENGINE_SECRETS: &[&str] = &["ASYNC_GRPO_LISTEN_TOKEN"];
+
+/// The variables [`hide_secret`] added to [`ENGINE_SECRETS`].
+static HIDDEN: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
+
+/// Hides the environment variable `name` from every program the engine starts from now on,
+/// sandboxed or not, as [`ENGINE_SECRETS`] are: for a key the run reads from its own
+/// environment, such as a judge's API key.
+pub fn hide_secret(name: &str) {
+    HIDDEN
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(name.to_owned());
+}
+
+/// Every variable no program the engine starts sees: [`ENGINE_SECRETS`] and those
+/// [`hide_secret`] added.
+pub fn secrets() -> Vec<String> {
+    let hidden = HIDDEN.read().unwrap_or_else(|e| e.into_inner());
+    ENGINE_SECRETS
+        .iter()
+        .map(|name| (*name).to_owned())
+        .chain(hidden.iter().cloned())
+        .collect()
+}
 
 /// What a sandboxed program gets of the engine's environment (besides what its table sets and
 /// `TMPDIR`). `HOME` is kept so that programs find what is installed under it (read-only).
@@ -345,7 +369,7 @@ impl Sandbox {
     }
 
     /// The environment of a program given `own` variables: `None` to inherit the engine's
-    /// (less [`ENGINE_SECRETS`]), or the whole environment to set.
+    /// (less [`secrets`]), or the whole environment to set.
     pub(crate) fn environment(
         &self,
         own: &BTreeMap<String, String>,
@@ -359,8 +383,8 @@ impl Sandbox {
             .collect();
         env.insert("TMPDIR".into(), "/tmp".into());
         env.extend(own.iter().map(|(k, v)| (k.into(), v.into())));
-        for secret in ENGINE_SECRETS {
-            env.remove(std::ffi::OsStr::new(secret));
+        for secret in secrets() {
+            env.remove(std::ffi::OsStr::new(&secret));
         }
         Some(env.into_iter().collect())
     }

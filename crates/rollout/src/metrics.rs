@@ -41,7 +41,9 @@ impl Metrics {
     /// `tools/NAME/failed`, `tools/NAME/timed_out`, with `tools/unknown_name` and
     /// `tool_threads_stuck`, and per reward function `reward_functions/NAME/groups` and
     /// `reward_functions/NAME/CAUSE` for the groups it failed on (`errors`, `panics`,
-    /// `timeouts`, `wrong_length`).
+    /// `timeouts`, `wrong_length`), and for one that calls a service (a judge)
+    /// `reward_functions/NAME/calls`, `call_retries`, `cache_hits` and
+    /// `calls_failed/CAUSE` (`transport`, `status`, `unreadable`).
     pub fn values(&self) -> Vec<(String, f64)> {
         let health = &self.health;
         let mut values = Vec::new();
@@ -92,23 +94,41 @@ impl Metrics {
             values.push(("tool_threads_stuck".to_owned(), tools.pool.stuck as f64));
         }
         for (name, stats) in &self.rewards {
-            for (what, count) in reward_counts(stats) {
+            values.push((
+                format!("reward_functions/{name}/groups"),
+                stats.groups as f64,
+            ));
+            for (what, _, count) in reward_failures(stats) {
                 values.push((format!("reward_functions/{name}/{what}"), count as f64));
+            }
+            if let Some(calls) = &stats.calls {
+                for (what, count) in [
+                    ("calls", calls.calls),
+                    ("call_retries", calls.retries),
+                    ("cache_hits", calls.cache_hits),
+                ] {
+                    values.push((format!("reward_functions/{name}/{what}"), count as f64));
+                }
+                for (cause, count) in calls.failures() {
+                    values.push((
+                        format!("reward_functions/{name}/calls_failed/{cause}"),
+                        count as f64,
+                    ));
+                }
             }
         }
         values
     }
 }
 
-/// A reward function's counts under their names: the groups it ran on, then its failures by
-/// cause.
-fn reward_counts(stats: &RewardStats) -> [(&'static str, u64); 5] {
+/// A reward function's failed groups by cause: the name in [`Metrics::values`], the outcome
+/// in the exposition, the count.
+fn reward_failures(stats: &RewardStats) -> [(&'static str, &'static str, u64); 4] {
     [
-        ("groups", stats.groups),
-        ("errors", stats.errors),
-        ("panics", stats.panics),
-        ("timeouts", stats.timeouts),
-        ("wrong_length", stats.wrong_length),
+        ("errors", "error", stats.errors),
+        ("panics", "panic", stats.panics),
+        ("timeouts", "timeout", stats.timeouts),
+        ("wrong_length", "wrong_length", stats.wrong_length),
     ]
 }
 
@@ -123,7 +143,9 @@ mod prometheus {
         metrics::MetricType::{self, Counter, Gauge},
     };
 
-    use super::{LatencySnapshot, Metrics, reward_counts};
+    use scoring::CallStats;
+
+    use super::{LatencySnapshot, Metrics, reward_failures};
 
     /// Writes one metric family of one sample (no labels).
     fn single(
@@ -424,24 +446,57 @@ mod prometheus {
                 MetricType::Counter,
             )?;
             for (name, stats) in &self.rewards {
-                let [(_, groups), failures @ ..] = reward_counts(stats);
-                let failed: u64 = failures.iter().map(|(_, count)| count).sum();
-                let outcomes = std::iter::once(("scored", groups.saturating_sub(failed))).chain(
-                    failures.into_iter().map(|(cause, count)| {
-                        let outcome = match cause {
-                            "errors" => "error",
-                            "panics" => "panic",
-                            "timeouts" => "timeout",
-                            other => other,
-                        };
-                        (outcome, count)
-                    }),
-                );
+                let failures = reward_failures(stats);
+                let failed: u64 = failures.iter().map(|(_, _, count)| count).sum();
+                let scored = stats.groups.saturating_sub(failed);
+                let outcomes = std::iter::once(("scored", scored))
+                    .chain(failures.map(|(_, outcome, count)| (outcome, count)));
                 for (outcome, count) in outcomes {
                     let labels = [("reward", name.as_str()), ("outcome", outcome)];
                     let mut family = metric.encode_family(&labels)?;
                     sample(&mut family, MetricType::Counter, count as f64)?;
                 }
+            }
+            let calls: Vec<(&str, &CallStats)> = self
+                .rewards
+                .iter()
+                .filter_map(|(name, stats)| Some((name.as_str(), stats.calls.as_ref()?)))
+                .collect();
+            if calls.is_empty() {
+                return Ok(());
+            }
+            let mut metric = encoder.encode_descriptor(
+                "async_grpo_reward_calls",
+                "Calls of each reward function that calls a service (a judge, a reward \
+                 service), by outcome: answered, cached (from its cache, no call), or failed \
+                 by cause (transport, status, unreadable), which leaves what it scores \
+                 unscorable.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, calls) in &calls {
+                let failures = calls.failures();
+                let answered = calls.calls.saturating_sub(calls.failed());
+                let outcomes = [("answered", answered), ("cached", calls.cache_hits)]
+                    .into_iter()
+                    .chain(failures);
+                for (outcome, count) in outcomes {
+                    let labels = [("reward", *name), ("outcome", outcome)];
+                    let mut family = metric.encode_family(&labels)?;
+                    sample(&mut family, MetricType::Counter, count as f64)?;
+                }
+            }
+            let mut metric = encoder.encode_descriptor(
+                "async_grpo_reward_call_retries",
+                "Attempts each reward function that calls a service made again after one \
+                 failed.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, calls) in &calls {
+                let labels = [("reward", *name)];
+                let mut family = metric.encode_family(&labels)?;
+                sample(&mut family, MetricType::Counter, calls.retries as f64)?;
             }
             Ok(())
         }
@@ -546,6 +601,15 @@ mod tests {
                     groups: 9,
                     errors: 2,
                     timeouts: 1,
+                    calls: Some(scoring::CallStats {
+                        calls: 30,
+                        retries: 4,
+                        cache_hits: 6,
+                        transport: 1,
+                        status: 2,
+                        unreadable: 3,
+                        last_failure: None,
+                    }),
                     ..RewardStats::default()
                 },
             )],
@@ -583,6 +647,11 @@ mod tests {
             "async_grpo_reward_function_groups_total{reward=\"judge\",outcome=\"scored\"} 6",
             "async_grpo_reward_function_groups_total{reward=\"judge\",outcome=\"error\"} 2",
             "async_grpo_reward_function_groups_total{reward=\"judge\",outcome=\"timeout\"} 1",
+            "async_grpo_reward_calls_total{reward=\"judge\",outcome=\"answered\"} 24",
+            "async_grpo_reward_calls_total{reward=\"judge\",outcome=\"cached\"} 6",
+            "async_grpo_reward_calls_total{reward=\"judge\",outcome=\"status\"} 2",
+            "async_grpo_reward_calls_total{reward=\"judge\",outcome=\"unreadable\"} 3",
+            "async_grpo_reward_call_retries_total{reward=\"judge\"} 4",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
         }
@@ -600,5 +669,10 @@ mod tests {
         assert_eq!(values["in_flight"], 3.0);
         assert_eq!(values["paused"], 1.0);
         assert_eq!(values["server_retries"], 2.0);
+        assert_eq!(values["reward_functions/judge/groups"], 9.0);
+        assert_eq!(values["reward_functions/judge/timeouts"], 1.0);
+        assert_eq!(values["reward_functions/judge/calls"], 30.0);
+        assert_eq!(values["reward_functions/judge/cache_hits"], 6.0);
+        assert_eq!(values["reward_functions/judge/calls_failed/transport"], 1.0);
     }
 }

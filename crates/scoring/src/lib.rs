@@ -25,7 +25,7 @@
 //! | `scorer` | yes | `Scorer`: a group's reward functions run at once, sync ones on a pool of their own | tokio, rayon, tracing |
 //! | `regex` | yes | the `regex` and `numeric` rewards | regex |
 //! | `command` | yes | the `command` reward, a program scoring the group | tokio (`process`), rustix |
-//! | `http` | no | the `http` reward, a reward service scoring the group | reqwest |
+//! | `http` | no | the `http` and `judge` rewards: a reward service scoring the group, an LLM judge on a chat endpoint | reqwest |
 //!
 //! # The estimators alone
 //!
@@ -114,5 +114,5 @@ pub use crate::{
         InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
     },
     group::{Completion, Group},
-    reward::{AsyncReward, Reward, RewardError, Scores, SyncReward},
+    reward::{AsyncReward, CallStats, Reward, RewardError, Scores, SyncReward},
 };

@@ -36,6 +36,50 @@ where
 pub trait AsyncReward: Send + Sync + 'static {
     /// Scores every completion of `group`.
     fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, RewardError>>;
+
+    /// What the function's calls to a service did so far, for a function that makes them (a
+    /// judge, a reward service); the scorer reports it with its own counts of the function
+    /// ([`RewardStats::calls`](crate::RewardStats::calls)). `None` (the default) for others.
+    fn calls(&self) -> Option<CallStats> {
+        None
+    }
+}
+
+/// What a reward function's calls to a service did. A call is one request with its retries,
+/// for one completion or for one group as the function asks; a call that fails leaves what it
+/// scores unscorable, counted here by cause.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CallStats {
+    /// Calls made (each counted once, its retries apart); answers from a cache are not.
+    pub calls: u64,
+    /// Attempts made again after one failed.
+    pub retries: u64,
+    /// Answers taken from the function's cache instead of a call.
+    pub cache_hits: u64,
+    /// Calls given up because the connection failed, broke or timed out.
+    pub transport: u64,
+    /// Calls given up because the service answered an error status.
+    pub status: u64,
+    /// Calls whose answer held no score in the form expected.
+    pub unreadable: u64,
+    /// What the last failed call said.
+    pub last_failure: Option<String>,
+}
+
+impl CallStats {
+    /// Calls that gave no score, whatever the cause.
+    pub fn failed(&self) -> u64 {
+        self.transport + self.status + self.unreadable
+    }
+
+    /// The failures under their names: `transport`, `status`, `unreadable`.
+    pub fn failures(&self) -> [(&'static str, u64); 3] {
+        [
+            ("transport", self.transport),
+            ("status", self.status),
+            ("unreadable", self.unreadable),
+        ]
+    }
 }
 
 impl<F, Fut> AsyncReward for F

@@ -19,7 +19,7 @@ use crate::{
     advantage::{AdvantageConfig, CompletionReward, GroupAdvantages, group_advantages},
     group::Group,
     pool::RewardPool,
-    reward::{Reward, Runner, Scores},
+    reward::{CallStats, Reward, Runner, Scores},
 };
 
 /// How a [`Scorer`] is sized.
@@ -277,6 +277,8 @@ pub struct RewardStats {
     pub non_finite: u64,
     /// The most recent failure, with its message.
     pub last_failure: Option<ColumnFailure>,
+    /// For a function that calls a service (a judge, a reward service), what its calls did.
+    pub calls: Option<CallStats>,
 }
 
 #[derive(Debug, Default)]
@@ -305,6 +307,7 @@ impl Counters {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            calls: None,
         }
     }
 
@@ -384,7 +387,13 @@ impl Scorer {
             .rewards
             .iter()
             .zip(&self.inner.counters)
-            .map(|(r, c)| (r.name.clone(), c.snapshot()))
+            .map(|(reward, counters)| {
+                let mut stats = counters.snapshot();
+                if let Runner::Async(function) = &reward.runner {
+                    stats.calls = function.calls();
+                }
+                (reward.name.clone(), stats)
+            })
             .collect()
     }
 

@@ -9,13 +9,15 @@
 //! | `length:MAX[:BUFFER]` | [`LengthPenalty`] | 0 up to `MAX - BUFFER` tokens, falling linearly to -1 at `MAX`, -1 beyond |
 //! | `command:PROGRAM [ARGS..]` | [`CommandReward`] | whatever the program prints: the group as JSON on stdin, a JSON array of numbers or nulls on stdout |
 //! | (no spec; [`http`]) | [`HttpReward`] | whatever a reward service answers: the group as JSON in a POST, a JSON array of numbers or nulls back |
+//! | (no spec; [`judge`]) | [`Judge`] | what an LLM judge answers on an OpenAI-compatible chat endpoint, per completion or per group, read as a number, a JSON field or a label |
 //! | (no spec) | [`environment`] | the reward the rollout's environment gave its episode (`Completion::rollout_reward`) |
 //!
 //! A completion that cannot be judged (the row lacks the column, the column holds no
 //! number, no token ids for a length) scores `None`, never a made-up 0.
 //!
 //! `exact` and `length` need no feature; `regex` and `numeric` need the `regex` feature and
-//! `command` the `command` feature (all on by default); [`http`] needs the `http` feature. Without its feature, a spec of that
+//! `command` the `command` feature (all on by default); [`http`] and [`judge`] need the `http`
+//! feature. Without its feature, a spec of that
 //! kind is an error that names the feature.
 
 #[cfg(feature = "command")]
@@ -24,23 +26,31 @@ mod environment;
 mod exact;
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "http")]
+mod judge;
 mod length;
 #[cfg(feature = "regex")]
 mod numeric;
 #[cfg(feature = "regex")]
 mod pattern;
+#[cfg(feature = "http")]
+mod service;
 
 #[cfg(feature = "command")]
 pub use command::CommandReward;
 pub use environment::{ENVIRONMENT_COLUMN, environment};
 pub use exact::{ExactMatch, Normalization};
 #[cfg(feature = "http")]
-pub use http::{HttpReward, HttpRewardConfig, HttpRewardError, HttpRewardStats};
+pub use http::HttpReward;
+#[cfg(feature = "http")]
+pub use judge::{Judge, JudgeConfig, JudgeError, JudgeMode, ScoreFormat};
 pub use length::{LengthPenalty, LengthPenaltyError};
 #[cfg(feature = "regex")]
 pub use numeric::{NumericMatch, extract_number};
 #[cfg(feature = "regex")]
 pub use pattern::RegexMatch;
+#[cfg(feature = "http")]
+pub use service::{ServiceConfig, ServiceError};
 
 use crate::reward::Reward;
 
@@ -148,8 +158,20 @@ pub fn from_spec(spec: &str) -> Result<Reward, SpecError> {
 
 /// A reward service (named `http`): see [`HttpReward`].
 #[cfg(feature = "http")]
-pub fn http(config: HttpRewardConfig) -> Result<Reward, HttpRewardError> {
-    Ok(Reward::from_async("http", HttpReward::new(config)?))
+pub fn http(service: ServiceConfig) -> Result<Reward, ServiceError> {
+    Ok(Reward::from_async("http", HttpReward::new(service)?))
+}
+
+/// An LLM judge (named `judge`, reading the first column its template names): see [`Judge`].
+#[cfg(feature = "http")]
+pub fn judge(service: ServiceConfig, config: JudgeConfig) -> Result<Reward, JudgeError> {
+    let judge = Judge::new(service, config)?;
+    let column = judge.column().map(str::to_owned);
+    let reward = Reward::from_async("judge", judge);
+    Ok(match column {
+        Some(column) => reward.reads_column(column),
+        None => reward,
+    })
 }
 
 /// `exact:COLUMN`: 1 when the answer equals the row's `column` (normalized), else 0.
