@@ -12,7 +12,7 @@ use super::rollout::{Case, question, quickstart, runtime, simulator};
 
 /// A second simulator, used only as the reward service: it answers after `latency`, with
 /// `faults`.
-fn service(runtime: &Runtime, latency: Duration, faults: Faults) -> Simulator {
+pub(crate) fn service(runtime: &Runtime, latency: Duration, faults: Faults) -> Simulator {
     let mut config = SimConfig::from_tokenizer_file(&quickstart().join("tokenizer.json"))
         .expect("the quickstart tokenizer loads");
     config.latency = latency;
@@ -46,7 +46,7 @@ fn run(
 }
 
 /// The final answer of a row's completion.
-fn answer_text(row: &TrainingSample) -> &str {
+pub(crate) fn answer_text(row: &TrainingSample) -> &str {
     row.completion
         .iter()
         .rev()

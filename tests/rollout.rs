@@ -119,8 +119,13 @@ impl Case {
 
     /// Runs the binary to the end; the rows are read back when it succeeded.
     pub(crate) fn rollout(&self, args: &[&str]) -> Outcome {
-        let output = self
-            .command(args)
+        self.run(self.command(args))
+    }
+
+    /// Runs `command` (made by [`Case::command`]) to the end; the rows are read back when it
+    /// succeeded.
+    pub(crate) fn run(&self, mut command: Command) -> Outcome {
+        let output = command
             .stdin(Stdio::null())
             .output()
             .expect("the binary starts");

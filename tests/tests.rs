@@ -6,6 +6,7 @@ mod agent_forgery;
 mod cli;
 mod control_security;
 mod environment;
+mod judge;
 mod operate;
 mod quickstart;
 mod reliability;

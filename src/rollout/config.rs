@@ -28,6 +28,7 @@
 //! ```
 
 use std::{
+    collections::BTreeMap,
     ops::Range,
     path::{Path, PathBuf},
     time::Duration,
@@ -258,10 +259,49 @@ pub(crate) struct RewardTable {
     /// `kind = "http"`: the most requests in flight at once (default 8).
     #[serde(skip_serializing_if = "Option::is_none")]
     concurrency: Option<usize>,
-    /// `kind = "http"`: attempts per group, retries of transport errors and 5xx included
-    /// (default 3).
+    /// `kind = "http"` or `"judge"`: attempts per call, retries of transport errors and 5xx
+    /// included (default 3).
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<u32>,
+    /// `kind = "http"` or `"judge"`: the environment variable holding the key sent as
+    /// `Authorization: Bearer KEY`; no program the run starts sees that variable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key_env: Option<String>,
+    /// `kind = "judge"`: the model the endpoint serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
+    /// `kind = "judge"`: the user message, with `{prompt}`, `{completion}` (or
+    /// `{completions}` in group mode) and `{COLUMN}` for the row's columns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    template: Option<String>,
+    /// `kind = "judge"`: a system message before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    /// `kind = "judge"`: `"number"` (the default: the answer's last number), `"json"` (a
+    /// field of a JSON object in the answer) or `"labels"` (the last of `labels` in it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    score: Option<String>,
+    /// `kind = "judge"` with `score = "json"`: the field (default `score`, or `scores` in
+    /// group mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<String>,
+    /// `kind = "judge"`: labels and the scores they stand for, `{ CORRECT = 1, WRONG = 0 }`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<BTreeMap<String, f64>>,
+    /// `kind = "judge"`: `"each"` (the default: a request per completion) or `"group"` (a
+    /// request per group, one score per completion back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<String>,
+    /// `kind = "judge"`: answers kept by request, so that the same request is asked once
+    /// (default 0: none kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache: Option<usize>,
+    /// `kind = "judge"`: the most tokens of an answer (default 1024).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    /// `kind = "judge"`: the judge's temperature (default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
 }
 
 impl RewardTable {
@@ -648,6 +688,14 @@ fn build_rewards(
     sandbox: &process::Sandbox,
 ) -> anyhow::Result<Vec<RewardSetting>> {
     let from_flags = places.given("rewards");
+    // A judge or a reward service over TLS trusts what `--server` trusts.
+    let roots = match &settings.ca_cert {
+        Some(pem) => Some(
+            std::fs::read(pem)
+                .with_context(|| format!("--ca-cert {}: cannot read the file", pem.display()))?,
+        ),
+        None => None,
+    };
     let mut rewards: Vec<RewardSetting> = Vec::new();
     for (i, table) in settings.rewards.iter().enumerate() {
         let place = match (&table.spec, from_flags) {
@@ -657,7 +705,7 @@ fn build_rewards(
                 .and_then(|s| s.place_in_array("rewards", i))
                 .unwrap_or_else(|| format!("rewards[{i}]")),
         };
-        let reward = table.build(base, sandbox).map_err(|e| {
+        let reward = table.build(base, sandbox, roots.as_deref()).map_err(|e| {
             let place = if from_flags {
                 "--reward"
             } else {
@@ -737,7 +785,12 @@ fn check_simulator(simulator: &SimSettings, places: &Places<'_>) -> anyhow::Resu
 
 impl RewardTable {
     /// The reward this table describes: `spec`, or `kind` with the field that kind takes.
-    fn build(&self, base: &Path, sandbox: &process::Sandbox) -> anyhow::Result<Reward> {
+    fn build(
+        &self,
+        base: &Path,
+        sandbox: &process::Sandbox,
+        roots: Option<&[u8]>,
+    ) -> anyhow::Result<Reward> {
         let given = [
             ("column", self.column.is_some()),
             ("pattern", self.pattern.is_some()),
@@ -750,6 +803,17 @@ impl RewardTable {
             ("url", self.url.is_some()),
             ("concurrency", self.concurrency.is_some()),
             ("attempts", self.attempts.is_some()),
+            ("api_key_env", self.api_key_env.is_some()),
+            ("model", self.model.is_some()),
+            ("template", self.template.is_some()),
+            ("system", self.system.is_some()),
+            ("score", self.score.is_some()),
+            ("field", self.field.is_some()),
+            ("labels", self.labels.is_some()),
+            ("mode", self.mode.is_some()),
+            ("cache", self.cache.is_some()),
+            ("max_tokens", self.max_tokens.is_some()),
+            ("temperature", self.temperature.is_some()),
         ];
         let reward = match (&self.spec, &self.kind) {
             (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
@@ -772,7 +836,7 @@ impl RewardTable {
                 }
                 builtin::from_spec(spec)?
             }
-            (None, Some(kind)) => self.build_kind(kind, &given, base, sandbox)?,
+            (None, Some(kind)) => self.build_kind(kind, &given, base, sandbox, roots)?,
         };
         let reward = match self.weight {
             Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
@@ -793,17 +857,34 @@ impl RewardTable {
         given: &[(&str, bool)],
         base: &Path,
         sandbox: &process::Sandbox,
+        roots: Option<&[u8]>,
     ) -> anyhow::Result<Reward> {
         let wants: &[&str] = match kind {
             "numeric" | "exact" => &["column"],
             "regex" => &["pattern"],
             "command" => &["program", "sandbox", "network", "limits"],
             "length" => &["max", "buffer"],
-            "http" => &["url", "concurrency", "attempts"],
+            "http" => &["url", "concurrency", "attempts", "api_key_env"],
+            "judge" => &[
+                "url",
+                "model",
+                "template",
+                "system",
+                "score",
+                "field",
+                "labels",
+                "mode",
+                "cache",
+                "max_tokens",
+                "temperature",
+                "concurrency",
+                "attempts",
+                "api_key_env",
+            ],
             other => {
                 bail!(
-                    "unknown kind '{other}'; expected numeric, exact, regex, command, length \
-                     or http"
+                    "unknown kind '{other}'; expected numeric, exact, regex, command, length, \
+                     http or judge"
                 )
             }
         };
@@ -836,25 +917,128 @@ impl RewardTable {
                 sandbox.check()?;
                 builtin::command_in(&program_path(base, program), args.iter().cloned(), sandbox)
             }
-            "http" => {
-                let url = self.url.as_deref().ok_or_else(missing)?;
-                if self.concurrency == Some(0) {
-                    bail!("`concurrency` must be at least 1");
-                }
-                if self.attempts == Some(0) {
-                    bail!("`attempts` must be at least 1");
-                }
-                let mut config = builtin::HttpRewardConfig::new(url);
-                if let Some(concurrency) = self.concurrency {
-                    config = config.concurrency(concurrency);
-                }
-                if let Some(attempts) = self.attempts {
-                    config = config.attempts(attempts);
-                }
-                builtin::http(config)?
-            }
+            "http" => builtin::http(self.service(roots)?)?,
+            "judge" => builtin::judge(self.service(roots)?, self.judge()?)?,
             _ => builtin::length(self.max.ok_or_else(missing)?, self.buffer)?,
         })
+    }
+
+    /// Where an `http` or `judge` reward's service is, and how to call it. Reads the key
+    /// `api_key_env` names, and hides that variable from every program the run starts.
+    fn service(&self, roots: Option<&[u8]>) -> anyhow::Result<builtin::ServiceConfig> {
+        let url = self
+            .url
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("kind \"{}\" needs `url`", self.kind_name()))?;
+        if self.concurrency == Some(0) {
+            bail!("`concurrency` must be at least 1");
+        }
+        if self.attempts == Some(0) {
+            bail!("`attempts` must be at least 1");
+        }
+        let mut config = builtin::ServiceConfig::new(url);
+        if let Some(concurrency) = self.concurrency {
+            config = config.concurrency(concurrency);
+        }
+        if let Some(attempts) = self.attempts {
+            config = config.attempts(attempts);
+        }
+        if let Some(variable) = &self.api_key_env {
+            let key = std::env::var(variable).map_err(|_| {
+                anyhow::anyhow!(
+                    "api_key_env = \"{variable}\": the environment variable is not set (or \
+                     not UTF-8); export it before the run"
+                )
+            })?;
+            if key.is_empty() {
+                bail!("api_key_env = \"{variable}\": the environment variable is empty");
+            }
+            process::hide_secret(variable);
+            config = config.api_key(key);
+        }
+        if let Some(pem) = roots {
+            config = config.root_certificates_pem(pem);
+        }
+        Ok(config)
+    }
+
+    /// What a `judge` reward asks and how it reads the answer.
+    fn judge(&self) -> anyhow::Result<builtin::JudgeConfig> {
+        let model = self
+            .model
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("kind \"judge\" needs `model`"))?;
+        let template = self
+            .template
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("kind \"judge\" needs `template`"))?;
+        let mode = match self.mode.as_deref() {
+            None | Some("each") => builtin::JudgeMode::Each,
+            Some("group") => builtin::JudgeMode::Group,
+            Some(other) => bail!("mode = \"{other}\": expected \"each\" or \"group\""),
+        };
+        let labels: Vec<(String, f64)> = self
+            .labels
+            .iter()
+            .flatten()
+            .map(|(label, score)| (label.clone(), *score))
+            .collect();
+        if let Some((label, _)) = labels.iter().find(|(_, score)| !score.is_finite()) {
+            bail!("labels: '{label}' must stand for a finite number");
+        }
+        let default_field = match mode {
+            builtin::JudgeMode::Each => "score",
+            builtin::JudgeMode::Group => "scores",
+        };
+        let score = match self.score.as_deref() {
+            None | Some("number") => builtin::ScoreFormat::Number,
+            Some("json") => builtin::ScoreFormat::Json {
+                field: self
+                    .field
+                    .clone()
+                    .unwrap_or_else(|| default_field.to_owned()),
+            },
+            Some("labels") if labels.is_empty() => {
+                bail!("score = \"labels\" needs `labels = {{ LABEL = SCORE, ... }}`")
+            }
+            Some("labels") => builtin::ScoreFormat::Labels(labels.clone()),
+            Some(other) => {
+                bail!("score = \"{other}\": expected \"number\", \"json\" or \"labels\"")
+            }
+        };
+        if self.field.is_some() && !matches!(score, builtin::ScoreFormat::Json { .. }) {
+            bail!("`field` goes with score = \"json\"");
+        }
+        if self.labels.is_some() && matches!(score, builtin::ScoreFormat::Number) {
+            bail!("`labels` go with score = \"labels\" or \"json\"");
+        }
+        let mut config = builtin::JudgeConfig::new(model, template)
+            .mode(mode)
+            .score(score)
+            .labels(labels);
+        if let Some(system) = &self.system {
+            config = config.system(system.clone());
+        }
+        if let Some(entries) = self.cache {
+            config = config.cache(entries);
+        }
+        if let Some(max_tokens) = self.max_tokens {
+            if max_tokens == 0 {
+                bail!("`max_tokens` must be at least 1");
+            }
+            config = config.max_tokens(max_tokens);
+        }
+        if let Some(temperature) = self.temperature {
+            if !(temperature.is_finite() && temperature >= 0.0) {
+                bail!("`temperature` must be a number of 0 or more");
+            }
+            config = config.temperature(temperature);
+        }
+        Ok(config)
+    }
+
+    fn kind_name(&self) -> &str {
+        self.kind.as_deref().unwrap_or_default()
     }
 
     /// A `command` reward's program named by a relative path with a directory part is

@@ -493,20 +493,40 @@ impl Signals {
 /// The reward functions that failed on a group, on stderr: how often, by cause, and the last
 /// failure's words.
 fn rewards_summary(rewards: &[(String, scoring::RewardStats)]) {
+    let words = |message: &str| -> String { message.chars().take(300).collect() };
     for (name, stats) in rewards {
         let failed = stats.errors + stats.panics + stats.timeouts + stats.wrong_length;
-        if failed == 0 {
-            continue;
+        if failed > 0 {
+            let last = stats.last_failure.as_ref().map_or_else(String::new, |f| {
+                format!("; the last: {}", words(&f.message))
+            });
+            eprintln!(
+                "async-grpo: reward '{name}' failed on {failed} of {} groups ({} errors, {} \
+                 timeouts, {} panics, {} with the wrong number of scores), its column empty for \
+                 those{last}",
+                stats.groups, stats.errors, stats.timeouts, stats.panics, stats.wrong_length,
+            );
         }
-        let last = stats.last_failure.as_ref().map_or_else(String::new, |f| {
-            let words: String = f.message.chars().take(300).collect();
-            format!("; the last: {words}")
-        });
-        eprintln!(
-            "async-grpo: reward '{name}' failed on {failed} of {} groups ({} errors, {} timeouts, \
-             {} panics, {} with the wrong number of scores), its column empty for those{last}",
-            stats.groups, stats.errors, stats.timeouts, stats.panics, stats.wrong_length,
-        );
+        if let Some(calls) = &stats.calls {
+            let last = calls
+                .last_failure
+                .as_deref()
+                .map_or_else(String::new, |message| {
+                    format!("; the last: {}", words(message))
+                });
+            eprintln!(
+                "async-grpo: reward '{name}' made {} calls ({} retried attempts, {} answers from \
+                 its cache); {} failed ({} transport, {} status, {} unreadable), what they \
+                 scored unscorable{last}",
+                calls.calls,
+                calls.retries,
+                calls.cache_hits,
+                calls.failed(),
+                calls.transport,
+                calls.status,
+                calls.unreadable,
+            );
+        }
     }
 }
 

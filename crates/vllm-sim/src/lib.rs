@@ -26,7 +26,16 @@
 //!   (a completion whose text contains the row's `answer` scores 1, else 0), answering a
 //!   JSON array (`?shape=object`: `{"scores": [...]}`; `?shape=short`: one score too few),
 //!   with the same latency and faults, counting the groups it scored and its most requests
-//!   at once.
+//!   at once;
+//! - `POST /judge/FORMAT/v1/chat/completions`, an LLM judge for the engine's `judge` reward:
+//!   it finds the reference between `<answer>` and `</answer>` in the last user message and
+//!   each completion between `<completion...>` and `</completion>`, scores a completion 1
+//!   when it contains the reference, else 0, and answers as FORMAT says: `number` (`Score:
+//!   N` after a thinking block), `json` (`{"score": N}` in a fenced block after a thinking
+//!   block that holds a draft score of 5, or `{"scores": [...]}` for several completions), `labels` (`Verdict: CORRECT` or `INCORRECT`; several:
+//!   `{"scores": ["CORRECT", ...]}`), `short` (as `json`, one score too few) or `garbage`
+//!   (no score); with the same latency and faults, counting its requests and its most at
+//!   once.
 //!
 //! `async-grpo simulate --port P --tokenizer PATH` runs it from the binary.
 //!
@@ -270,6 +279,14 @@ pub struct SimCounters {
     pub rewards: u64,
     /// The most `POST /reward` requests that were in flight at once.
     pub rewards_in_flight_max: u64,
+    /// Requests to the judge's endpoint (`POST /judge/FORMAT/v1/chat/completions`), any
+    /// outcome.
+    pub judges: u64,
+    /// The most judge requests that were in flight at once.
+    pub judges_in_flight_max: u64,
+    /// Judge requests that carried `Authorization: Bearer sim-judge-key`, the key the
+    /// simulator's judge expects of a client given one.
+    pub judges_with_key: u64,
 }
 
 #[derive(Debug, Default)]
@@ -287,6 +304,10 @@ struct Counters {
     rewards: AtomicU64,
     rewards_in_flight: AtomicU64,
     rewards_in_flight_max: AtomicU64,
+    judges: AtomicU64,
+    judges_in_flight: AtomicU64,
+    judges_in_flight_max: AtomicU64,
+    judges_with_key: AtomicU64,
 }
 
 impl Counters {
@@ -305,6 +326,9 @@ impl Counters {
             injected_malformed: get(&self.injected_malformed),
             rewards: get(&self.rewards),
             rewards_in_flight_max: get(&self.rewards_in_flight_max),
+            judges: get(&self.judges),
+            judges_in_flight_max: get(&self.judges_in_flight_max),
+            judges_with_key: get(&self.judges_with_key),
         }
     }
 }

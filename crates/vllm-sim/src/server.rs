@@ -384,6 +384,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/get_world_size", get(world_size))
         .route("/reset_prefix_cache", post(acknowledge))
         .route("/reward", post(reward))
+        .route("/judge/{format}/v1/chat/completions", post(judge))
         .route("/init_weight_transfer_engine", post(acknowledge))
         .route("/start_weight_update", post(acknowledge))
         .route("/update_weights", post(acknowledge))
@@ -856,6 +857,118 @@ async fn reward(Extract(state): Shared, Query(query): Query<RewardQuery>, body: 
         }
         _ => Json(Value::Array(scores)).into_response(),
     }
+}
+
+/// `POST /judge/FORMAT/v1/chat/completions`, the simulator as an LLM judge (see the crate's
+/// documentation): scores scripted from the completions the prompt holds.
+async fn judge(
+    Extract(state): Shared,
+    axum::extract::Path(format): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let sequence = state.count();
+    let counters = &state.counters;
+    counters.judges.fetch_add(1, Ordering::Relaxed);
+    if headers
+        .get(axum::http::header::AUTHORIZATION)
+        .is_some_and(|value| value == "Bearer sim-judge-key")
+    {
+        counters.judges_with_key.fetch_add(1, Ordering::Relaxed);
+    }
+    let in_flight = counters.judges_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    counters
+        .judges_in_flight_max
+        .fetch_max(in_flight, Ordering::Relaxed);
+    let _release = Released(&counters.judges_in_flight);
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => {
+            let message = format!("invalid chat request: {e}");
+            return error(StatusCode::BAD_REQUEST, &message, "BadRequestError", None);
+        }
+    };
+    tokio::time::sleep(state.config.latency).await;
+    match state.fault(sequence).await {
+        Some(Fault::Unavailable) => return unavailable(),
+        Some(Fault::Drop) => return dropped(),
+        Some(Fault::Malformed) => return malformed(&state.config.model),
+        None => {}
+    }
+    let asked = request["messages"]
+        .as_array()
+        .and_then(|messages| {
+            messages
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "user")
+                .and_then(|m| m["content"].as_str())
+        })
+        .unwrap_or_default();
+    let between = |text: &str, open: &str, close: &str| -> Vec<String> {
+        let mut found = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find(open) {
+            let after = &rest[start + open.len()..];
+            // `<completion id="2">`: the tag ends at its `>`.
+            let Some(body) = after.find('>').map(|end| &after[end + 1..]) else {
+                break;
+            };
+            let Some(end) = body.find(close) else { break };
+            found.push(body[..end].trim().to_owned());
+            rest = &body[end + close.len()..];
+        }
+        found
+    };
+    let reference = between(asked, "<answer", "</answer>")
+        .pop()
+        .unwrap_or_default();
+    let verdicts: Vec<bool> = between(asked, "<completion", "</completion>")
+        .iter()
+        .map(|completion| !reference.is_empty() && completion.contains(&reference))
+        .collect();
+    let number = |right: bool| u8::from(right);
+    let label = |right: bool| if right { "CORRECT" } else { "INCORRECT" };
+    let content = match (format.as_str(), verdicts.as_slice()) {
+        ("number", [one]) => format!(
+            "<think>The reference has 1 answer; compare it with 2 eyes.</think>\nScore: {}",
+            number(*one)
+        ),
+        // A draft in the thinking that a reader must skip.
+        ("json", [one]) => format!(
+            "<think>A draft: {{\"score\": 5}}</think>```json\n{{\"reason\": \"compared with \
+             the reference\", \"score\": {}}}\n```",
+            number(*one)
+        ),
+        ("labels", [one]) => format!("Verdict: {}", label(*one)),
+        ("json" | "number", many) => {
+            json!({ "scores": many.iter().map(|v| number(*v)).collect::<Vec<_>>() }).to_string()
+        }
+        ("labels", many) => {
+            json!({ "scores": many.iter().map(|v| label(*v)).collect::<Vec<_>>() }).to_string()
+        }
+        ("short", many) => {
+            let scores: Vec<u8> = many.iter().map(|v| number(*v)).collect();
+            json!({ "scores": &scores[..scores.len().saturating_sub(1)] }).to_string()
+        }
+        ("garbage", _) => "I would rather not say.".to_owned(),
+        (other, _) => {
+            let message =
+                format!("unknown judge format '{other}': number, json, labels, short or garbage");
+            return error(StatusCode::NOT_FOUND, &message, "NotFoundError", None);
+        }
+    };
+    Json(json!({
+        "id": format!("chatcmpl-judge-{sequence}"),
+        "object": "chat.completion",
+        "model": request["model"],
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": content },
+            "finish_reason": "stop",
+        }],
+    }))
+    .into_response()
 }
 
 async fn acknowledge(Extract(state): Shared) -> Json<Value> {
