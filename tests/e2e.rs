@@ -136,6 +136,72 @@ fn a_small_run_against_vllm_gives_rows_of_real_ids_and_logprobs() {
     }
 }
 
+#[test]
+fn the_real_server_judges_completions_through_its_chat_endpoint() {
+    let (url, model_dir, model) = (
+        env("VLLM_URL"),
+        env("VLLM_MODEL_DIR"),
+        env("VLLM_MODEL_NAME"),
+    );
+    let dir = scratch("judge");
+    let dataset = dir.join("questions.jsonl");
+    std::fs::write(
+        &dataset,
+        "{\"prompt\": \"What is 2 + 3? Answer with a number.\", \"answer\": \"5\"}\n",
+    )
+    .expect("the dataset");
+    // The policy's own server is the judge: the tiny model may answer a number or not, and
+    // either is fine; what must hold is that the request went through and was read.
+    let config = dir.join("judge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[rewards]]\nspec = \"numeric:answer\"\n\n[[rewards]]\nkind = \"judge\"\nurl = \
+             \"{url}/v1/chat/completions\"\nmodel = \"{model}\"\nmax_tokens = 8\ntemplate = \
+             \"\"\"Question: {{prompt}}\nReference answer: {{answer}}\nResponse: {{completion}}\n\
+             Rate the response from 0 to 10. Reply with the number only.\"\"\"\n"
+        ),
+    )
+    .expect("the config");
+    let out = dir.join("rows.jsonl");
+    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
+        .arg("--config")
+        .arg(&config)
+        .arg("--dataset")
+        .arg(&dataset)
+        .arg("--out")
+        .arg(&out)
+        .args([
+            "--num-generations",
+            "2",
+            "--max-tokens",
+            "16",
+            "--seed",
+            "7",
+        ])
+        .args(["--progress", "log"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // Two calls, none lost to the transport or an error status: each answer was read, as a
+    // score or as unreadable.
+    assert!(
+        stderr
+            .contains("reward 'judge' made 2 calls (0 retried attempts, 0 answers from its cache)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("(0 transport, 0 status, "), "{stderr}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 2, "{stderr}");
+    for row in &rows {
+        let judged = &row["rewards"]["judge"];
+        assert!(judged.is_number() || judged.is_null(), "{row}");
+    }
+}
+
 /// `GET {url}/metrics`, the Prometheus text vLLM serves.
 fn metrics(url: &str) -> String {
     use std::io::{Read, Write};

@@ -408,3 +408,50 @@ fn a_judge_table_that_does_not_hold_together_is_refused_before_the_run() {
         );
     }
 }
+
+#[test]
+fn the_judge_example_runs_offline_against_the_simulator_as_judge() {
+    let runtime = runtime();
+    let judge = service(&runtime, Duration::ZERO, Faults::default());
+    let example = quickstart().join("../judge/config.toml");
+    let text = std::fs::read_to_string(&example).expect("the example's config");
+    let quickstart = quickstart();
+    let text = text
+        .replace("http://127.0.0.1:8001", &judge.url())
+        .replace("\"../quickstart", &format!("\"{}", quickstart.display()));
+    let case = Case::new("judge-example");
+    std::fs::write(case.config_file(), text).expect("the config");
+    let outcome = case.rollout(&[]);
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    assert_eq!(outcome.rows.len(), 64);
+    for row in &outcome.rows {
+        let prompt = row.prompt[0].content().unwrap_or_default().to_owned();
+        let line = std::fs::read_to_string(quickstart.join("arithmetic.jsonl"))
+            .expect("the dataset")
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("a row"))
+            .find(|value| value["prompt"] == prompt.as_str())
+            .expect("the row's prompt is in the dataset");
+        let answer = line["answer"].as_str().expect("an answer");
+        let expected = f64::from(u8::from(answer_text(row).contains(answer)));
+        for name in ["judge", "ranker"] {
+            assert_eq!(
+                row.rewards.get(name).and_then(|v| v.as_f64()),
+                Some(expected),
+                "{name}: {row:?}"
+            );
+        }
+    }
+    assert!(
+        outcome.stderr.contains(
+            "reward 'ranker' made 16 calls (0 retried attempts, 0 answers from its cache); 0 failed"
+        ),
+        "{}",
+        outcome.stderr
+    );
+    assert!(
+        outcome.stderr.contains("reward 'judge' made "),
+        "{}",
+        outcome.stderr
+    );
+}

@@ -624,7 +624,8 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
                 "e2e",
             ])
             .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
-            .env("VLLM_MODEL_DIR", cache.model()),
+            .env("VLLM_MODEL_DIR", cache.model())
+            .env("VLLM_MODEL_NAME", MODEL_NAME),
         )
     });
     let stopped = stop();
