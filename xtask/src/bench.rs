@@ -27,6 +27,7 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
         ("tool-dispatch", "dispatch", ""),
         ("scoring", "scoring", ""),
         ("vllm-sim", "client", ""),
+        ("vllm-sim", "judge", ""),
         ("rollout-core", "turns", ""),
         ("rollout", "rollout", ""),
         ("harness", "sessions", ""),
