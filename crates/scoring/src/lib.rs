@@ -26,6 +26,7 @@
 //! | `regex` | yes | the `regex` and `numeric` rewards | regex |
 //! | `command` | yes | the `command` reward, a program scoring the group | tokio (`process`), rustix |
 //! | `http` | no | the `http` and `judge` rewards: a reward service scoring the group, an LLM judge on a chat endpoint | reqwest |
+//! | `table` | no | `RewardTable`: any built-in reward described by its settings (serde), as config files and the bridge give them | the features of every kind |
 //!
 //! # The estimators alone
 //!
@@ -102,12 +103,16 @@ mod pool;
 mod reward;
 #[cfg(feature = "scorer")]
 mod scorer;
+#[cfg(feature = "table")]
+mod table;
 
 #[cfg(feature = "scorer")]
 pub use crate::scorer::{
     Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
     Scorer, ScorerConfig, ScorerError,
 };
+#[cfg(feature = "table")]
+pub use crate::table::{RewardTable, TableError};
 pub use crate::{
     advantage::{
         AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupAdvantages, GroupKind,
