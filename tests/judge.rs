@@ -4,12 +4,11 @@
 
 use std::time::Duration;
 
-use rollout_core::TrainingSample;
 use vllm_sim::{Faults, SimConfig, Simulator};
 
 use super::{
-    rewards::{answer_text, service},
-    rollout::{Case, Outcome, question, quickstart, runtime, simulator},
+    rewards::{answer_text, assert_column_empty, assert_scores_match, service},
+    rollout::{Case, Outcome, quickstart, runtime, simulator},
 };
 
 /// A template for one completion, with the tags the simulator's judge reads.
@@ -57,39 +56,6 @@ fn toml_string(text: &str) -> String {
     toml::Value::String(text.to_owned()).to_string()
 }
 
-/// Asserts that the judge scored each row 1 when its answer holds the row's answer, else 0,
-/// and returns how many of each.
-#[track_caller]
-fn assert_judged_right(rows: &[TrainingSample]) -> [usize; 2] {
-    let mut scored = [0, 0];
-    for row in rows {
-        let (_, answer) = question(row.group_id as usize);
-        let expected = usize::from(answer_text(row).contains(&answer));
-        let got = row.rewards.get("judge").and_then(|v| v.as_f64());
-        assert_eq!(
-            got,
-            Some(expected as f64),
-            "group {}: {row:?}",
-            row.group_id
-        );
-        scored[expected] += 1;
-    }
-    scored
-}
-
-/// Asserts that no row has a score of the judge's.
-#[track_caller]
-fn assert_judge_column_empty(rows: &[TrainingSample]) {
-    assert!(!rows.is_empty());
-    for row in rows {
-        assert_eq!(
-            row.rewards.get("judge"),
-            Some(&serde_json::Value::Null),
-            "{row:?}"
-        );
-    }
-}
-
 #[test]
 fn a_judge_of_each_completion_reads_numbers_json_fields_and_labels_within_its_concurrency() {
     let runtime = runtime();
@@ -110,7 +76,7 @@ fn a_judge_of_each_completion_reads_numbers_json_fields_and_labels_within_its_co
         let (_case, outcome) = judged(&model, &name, 6, 2, &endpoint(&judge, format), &fields);
         assert_eq!(outcome.code, Some(0), "{format}: {}", outcome.stderr);
         assert_eq!(outcome.rows.len(), 12, "{format}");
-        let scored = assert_judged_right(&outcome.rows);
+        let scored = assert_scores_match(&outcome.rows, "judge");
         assert!(scored[0] > 0 && scored[1] > 0, "{format}: {scored:?}");
         let counters = judge.counters();
         assert_eq!(counters.judges, 12, "{format}: one request per completion");
@@ -148,7 +114,7 @@ fn a_judge_of_the_whole_group_asks_once_per_group_and_a_miscount_empties_the_gro
         let (_case, outcome) = judged(&model, &name, 5, 3, &endpoint(&judge, format), &fields);
         assert_eq!(outcome.code, Some(0), "{format}: {}", outcome.stderr);
         assert_eq!(outcome.rows.len(), 15, "{format}");
-        assert_judged_right(&outcome.rows);
+        assert_scores_match(&outcome.rows, "judge");
         assert_eq!(
             judge.counters().judges - before,
             5,
@@ -166,7 +132,7 @@ fn a_judge_of_the_whole_group_asks_once_per_group_and_a_miscount_empties_the_gro
         &format!("{template}\nscore = \"json\""),
     );
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_judge_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "judge");
     assert!(
         outcome.stderr.contains(
             "reward 'judge' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with the \
@@ -195,7 +161,7 @@ fn a_judge_that_answers_garbage_503s_or_cannot_be_reached_leaves_its_column_empt
         &fields,
     );
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_judge_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "judge");
     assert!(
         outcome.rows.iter().all(|row| row.reward.is_some()),
         "the numeric reward still scores"
@@ -233,7 +199,7 @@ fn a_judge_that_answers_garbage_503s_or_cannot_be_reached_leaves_its_column_empt
         &fields,
     );
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_judge_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "judge");
     assert_eq!(judge.counters().judges, 8, "two attempts per completion");
     assert!(
         outcome.stderr.contains(
@@ -258,7 +224,7 @@ fn a_judge_that_answers_garbage_503s_or_cannot_be_reached_leaves_its_column_empt
     drop(closed);
     let (_case, outcome) = judged(&model, "judge-closed", 1, 2, &url, &fields);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_judge_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "judge");
     assert!(
         outcome.stderr.contains(
             "reward 'judge' made 2 calls (2 retried attempts, 0 answers from its cache); 2 \
@@ -334,7 +300,7 @@ fn a_judge_s_key_is_sent_to_it_and_hidden_from_the_programs_the_run_starts() {
     command.env("JUDGE_KEY", "sim-judge-key");
     let outcome = case.run(command);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_judged_right(&outcome.rows);
+    assert_scores_match(&outcome.rows, "judge");
     let counters = judge.counters();
     assert_eq!(counters.judges_with_key, counters.judges, "{counters:?}");
     assert_eq!(counters.judges, 6);

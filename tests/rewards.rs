@@ -55,19 +55,20 @@ pub(crate) fn answer_text(row: &TrainingSample) -> &str {
         .unwrap_or_default()
 }
 
-/// Asserts that the service scored each row 1 when its answer holds the row's answer, else 0,
-/// and returns how many of each.
+/// Asserts that the reward `column` scored each row 1 when its answer holds the row's answer
+/// (the simulator's rule as a reward service and as a judge), else 0, and returns how many of
+/// each.
 #[track_caller]
-fn assert_service_scores_match(rows: &[TrainingSample]) -> [usize; 2] {
+pub(crate) fn assert_scores_match(rows: &[TrainingSample], column: &str) -> [usize; 2] {
     let mut scored = [0, 0];
     for row in rows {
         let (_, answer) = question(row.group_id as usize);
         let expected = usize::from(answer_text(row).contains(&answer));
-        let got = row.rewards.get("service").and_then(|v| v.as_f64());
+        let got = row.rewards.get(column).and_then(|v| v.as_f64());
         assert_eq!(
             got,
             Some(expected as f64),
-            "group {}: {row:?}",
+            "{column}, group {}: {row:?}",
             row.group_id
         );
         scored[expected] += 1;
@@ -75,14 +76,15 @@ fn assert_service_scores_match(rows: &[TrainingSample]) -> [usize; 2] {
     scored
 }
 
-/// Asserts that no row has a score of the service's.
+/// Asserts that there are rows and that none has a score of the reward `column`.
 #[track_caller]
-fn assert_service_column_empty(rows: &[TrainingSample]) {
+pub(crate) fn assert_column_empty(rows: &[TrainingSample], column: &str) {
+    assert!(!rows.is_empty());
     for row in rows {
         assert_eq!(
-            row.rewards.get("service"),
+            row.rewards.get(column),
             Some(&serde_json::Value::Null),
-            "{row:?}"
+            "{column}: {row:?}"
         );
     }
 }
@@ -97,7 +99,7 @@ fn a_reward_service_scores_every_completion_once_per_group_within_its_concurrenc
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_eq!(outcome.rows.len(), 24);
 
-    let scored = assert_service_scores_match(&outcome.rows);
+    let scored = assert_scores_match(&outcome.rows, "service");
     // The simulator answers right half of the time: the service's scores vary.
     assert!(scored[0] > 0 && scored[1] > 0, "{scored:?}");
     assert!(
@@ -122,13 +124,13 @@ fn scores_read_from_an_object_are_the_same_and_a_service_that_miscounts_is_count
     let (_case, outcome) = run(&model, "http-reward-object", 4, &url, "");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_eq!(outcome.rows.len(), 8);
-    assert_service_scores_match(&outcome.rows);
+    assert_scores_match(&outcome.rows, "service");
 
     // One score fewer than completions: the column is empty for the group, counted.
     let url = format!("{}/reward?shape=short", service.url());
     let (_case, outcome) = run(&model, "http-reward-short", 2, &url, "");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_service_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "service");
     assert!(
         outcome.stderr.contains(
             "reward 'service' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with \
@@ -152,7 +154,7 @@ fn a_service_that_answers_503_is_retried_then_leaves_its_column_empty_and_the_ru
     let (_case, outcome) = run(&model, "http-reward-503", 3, &url, "attempts = 2");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_eq!(outcome.rows.len(), 6);
-    assert_service_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "service");
     // The numeric reward still scored every row.
     assert!(outcome.rows.iter().all(|row| row.reward.is_some()));
     assert_eq!(
@@ -186,7 +188,7 @@ fn an_answer_that_is_not_one_score_per_completion_is_not_retried_and_leaves_the_
     let url = format!("{}/reset_prefix_cache", service.url());
     let (_case, outcome) = run(&model, "http-reward-unreadable", 3, &url, "attempts = 3");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
-    assert_service_column_empty(&outcome.rows);
+    assert_column_empty(&outcome.rows, "service");
     assert_eq!(
         service.counters().requests,
         3,

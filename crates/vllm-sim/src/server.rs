@@ -807,28 +807,13 @@ struct RewardQuery {
 /// `answer`, 0.0 when not, `null` when the row has no `answer`. It answers after `latency`,
 /// with the faults drawn per request as generation's are.
 async fn reward(Extract(state): Shared, Query(query): Query<RewardQuery>, body: Bytes) -> Response {
-    let sequence = state.count();
     let counters = &state.counters;
-    counters.rewards.fetch_add(1, Ordering::Relaxed);
-    let in_flight = counters.rewards_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-    counters
-        .rewards_in_flight_max
-        .fetch_max(in_flight, Ordering::Relaxed);
-    let _release = Released(&counters.rewards_in_flight);
-    let group: Value = match serde_json::from_slice(&body) {
-        Ok(group) => group,
-        Err(e) => {
-            let message = format!("invalid group: {e}");
-            return error(StatusCode::BAD_REQUEST, &message, "BadRequestError", None);
-        }
-    };
-    tokio::time::sleep(state.config.latency).await;
-    match state.fault(sequence).await {
-        Some(Fault::Unavailable) => return unavailable(),
-        Some(Fault::Drop) => return dropped(),
-        Some(Fault::Malformed) => return malformed(&state.config.model),
-        None => {}
-    }
+    let gauges = [&counters.rewards_in_flight, &counters.rewards_in_flight_max];
+    let (group, _release) =
+        match scoring_request(&state, &counters.rewards, gauges, &body, "group").await {
+            Ok(admitted) => admitted,
+            Err(response) => return *response,
+        };
     let answer = match &group["row"]["answer"] {
         Value::Null => None,
         Value::String(text) => Some(text.clone()),
@@ -859,6 +844,42 @@ async fn reward(Extract(state): Shared, Query(query): Query<RewardQuery>, body: 
     }
 }
 
+/// What the scoring endpoints (`/reward`, `/judge/...`) do before they answer: count the
+/// request in `count` and in the `[in flight, most in flight]` gauges (until the guard
+/// returned is dropped), read the body as JSON (`what` names it in a 400), wait the
+/// simulator's latency, and answer the fault drawn for the request, if any.
+async fn scoring_request<'a>(
+    state: &State,
+    count: &AtomicU64,
+    [in_flight, most]: [&'a AtomicU64; 2],
+    body: &[u8],
+    what: &str,
+) -> Result<(Value, Released<'a>), Box<Response>> {
+    let sequence = state.count();
+    count.fetch_add(1, Ordering::Relaxed);
+    most.fetch_max(
+        in_flight.fetch_add(1, Ordering::Relaxed) + 1,
+        Ordering::Relaxed,
+    );
+    let release = Released(in_flight);
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        let message = format!("invalid {what}: {e}");
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            &message,
+            "BadRequestError",
+            None,
+        ))
+    })?;
+    tokio::time::sleep(state.config.latency).await;
+    match state.fault(sequence).await {
+        Some(Fault::Unavailable) => Err(Box::new(unavailable())),
+        Some(Fault::Drop) => Err(Box::new(dropped())),
+        Some(Fault::Malformed) => Err(Box::new(malformed(&state.config.model))),
+        None => Ok((value, release)),
+    }
+}
+
 /// `POST /judge/FORMAT/v1/chat/completions`, the simulator as an LLM judge (see the crate's
 /// documentation): scores scripted from the completions the prompt holds.
 async fn judge(
@@ -867,34 +888,19 @@ async fn judge(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
-    let sequence = state.count();
     let counters = &state.counters;
-    counters.judges.fetch_add(1, Ordering::Relaxed);
     if headers
         .get(axum::http::header::AUTHORIZATION)
         .is_some_and(|value| value == "Bearer sim-judge-key")
     {
         counters.judges_with_key.fetch_add(1, Ordering::Relaxed);
     }
-    let in_flight = counters.judges_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-    counters
-        .judges_in_flight_max
-        .fetch_max(in_flight, Ordering::Relaxed);
-    let _release = Released(&counters.judges_in_flight);
-    let request: Value = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            let message = format!("invalid chat request: {e}");
-            return error(StatusCode::BAD_REQUEST, &message, "BadRequestError", None);
-        }
-    };
-    tokio::time::sleep(state.config.latency).await;
-    match state.fault(sequence).await {
-        Some(Fault::Unavailable) => return unavailable(),
-        Some(Fault::Drop) => return dropped(),
-        Some(Fault::Malformed) => return malformed(&state.config.model),
-        None => {}
-    }
+    let gauges = [&counters.judges_in_flight, &counters.judges_in_flight_max];
+    let (request, _release) =
+        match scoring_request(&state, &counters.judges, gauges, &body, "chat request").await {
+            Ok(admitted) => admitted,
+            Err(response) => return *response,
+        };
     let asked = request["messages"]
         .as_array()
         .and_then(|messages| {
@@ -959,7 +965,7 @@ async fn judge(
         }
     };
     Json(json!({
-        "id": format!("chatcmpl-judge-{sequence}"),
+        "id": format!("chatcmpl-judge-{}", counters.judges.load(Ordering::Relaxed)),
         "object": "chat.completion",
         "model": request["model"],
         "choices": [{
