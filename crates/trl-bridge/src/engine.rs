@@ -149,6 +149,8 @@ pub(crate) struct Engine {
     /// The worker processes of sync tools and rewards, if any: started by [`Engine::start`],
     /// killed by [`Engine::close`].
     pool: Option<Arc<Pool>>,
+    /// The names of `reward_funcs`' functions, in order.
+    reward_names: Vec<String>,
 }
 
 /// A tool as the Python side describes it: name, description, JSON schema of the
@@ -168,13 +170,18 @@ type EnvironmentTuple = (String, Py<PyAny>, f64);
 /// the callable, whether it is async, the weight of the `env` column its return gives).
 type AgentProgramTuple = (String, PathBuf, Vec<String>);
 type AgentFunctionTuple = (String, Py<PyAny>, bool, f64);
+/// A reward given as a table (`{"kind": "judge", ...}`, or `{"spec": "numeric:answer"}` for
+/// a string): its place among `reward_funcs`, its settings as JSON, and `reward_weights`'
+/// weight for it if that was given.
+type RewardTableTuple = (usize, String, Option<f64>);
 
 #[pymethods]
 impl Engine {
     #[new]
     #[pyo3(signature = (
         *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, tools, rewards,
-        environment, settings, pool = None, agent_program = None, agent_function = None
+        environment, settings, pool = None, agent_program = None, agent_function = None,
+        reward_tables = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -192,6 +199,7 @@ impl Engine {
         pool: Option<PoolTuple>,
         agent_program: Option<AgentProgramTuple>,
         agent_function: Option<AgentFunctionTuple>,
+        reward_tables: Vec<RewardTableTuple>,
     ) -> PyResult<Engine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
@@ -242,10 +250,8 @@ impl Engine {
             lane: lane.as_ref(),
         };
         let registry = tool_registry(&bridge, tools, &places)?;
-        let mut scored = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
-        let environment = python_environment(&bridge, environment, &registry, &mut scored)?;
-        // What an agent's programs must not read: the worker's dataset (its answers) and
-        // output.
+        // What an agent's programs (and a sandboxed `command` reward) must not read: the
+        // worker's dataset (its answers) and output.
         let sandbox = [hidden_dataset, settings.output.clone()]
             .into_iter()
             .flatten()
@@ -256,6 +262,10 @@ impl Engine {
                     .map(rollout::output::journal_path),
             )
             .fold(Sandbox::default(), Sandbox::hide);
+        let callables = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
+        let mut scored = with_tables(callables, reward_tables, &sandbox, settings.reward_timeout)?;
+        let reward_names = scored.iter().map(|r| r.name().to_owned()).collect();
+        let environment = python_environment(&bridge, environment, &registry, &mut scored)?;
         let agent = match (agent_program, agent_function) {
             (None, None) => None,
             (Some(_), Some(_)) => return Err(bad("agent", "a program or a callable, not both")),
@@ -336,7 +346,15 @@ impl Engine {
             output: Mutex::new(None),
             handed: Mutex::new(None),
             pool,
+            reward_names,
         })
+    }
+
+    /// The names of `reward_funcs`' functions, in order: a callable's, or the one a reward
+    /// table's kind gives (`numeric_answer`, `judge`, ...) unless it names its own.
+    #[getter]
+    fn reward_names(&self) -> Vec<String> {
+        self.reward_names.clone()
     }
 
     /// Opens the output (created, or continued after its whole groups), starts the runtime
@@ -756,6 +774,43 @@ fn tool_registry(
         registry.add(tool).map_err(|e| bad("tools", e))?;
     }
     Ok(registry)
+}
+
+/// `callables` with the rewards given as tables put at their places among `reward_funcs`,
+/// each built as the binary builds a `[[rewards]]` table (relative paths from the working
+/// directory, a sandboxed `command` from the worker's `sandbox`), bounded by `timeout`.
+fn with_tables(
+    callables: Vec<Reward>,
+    tables: Vec<RewardTableTuple>,
+    sandbox: &Sandbox,
+    timeout: Duration,
+) -> PyResult<Vec<Reward>> {
+    let base = std::env::current_dir().map_err(|e| bad("reward_funcs", e))?;
+    let mut built = Vec::with_capacity(tables.len());
+    for (index, json, weight) in tables {
+        let place = format!("reward_funcs[{index}]");
+        let table: scoring::RewardTable =
+            serde_json::from_str(&json).map_err(|e| bad(&place, e))?;
+        let mut reward = table
+            .build(&base, sandbox, None)
+            .map_err(|e| bad(&place, e))?
+            .timeout(timeout);
+        if let Some(weight) = weight {
+            reward = reward.weight(weight);
+        }
+        built.push((index, reward));
+    }
+    let total = callables.len() + built.len();
+    let mut callables = callables.into_iter();
+    let mut built = built.into_iter().peekable();
+    let mut scored = Vec::with_capacity(total);
+    for index in 0..total {
+        match built.next_if(|(at, _)| *at == index) {
+            Some((_, reward)) => scored.push(reward),
+            None => scored.extend(callables.next()),
+        }
+    }
+    Ok(scored)
 }
 
 /// The Python reward functions, weighted, each bounded by `timeout`.

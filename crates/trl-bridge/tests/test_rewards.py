@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from conftest import take
 
@@ -83,3 +84,47 @@ def test_a_raising_reward_leaves_its_column_unscored_and_the_run_goes_on(simulat
     assert all(math.isnan(s.metrics["rewards/wrong_length"]) for s in samples)
     assert sorted(s.metrics["rewards/by_index"] for s in samples[:4]) == [0.0, 1.0, 2.0, 3.0]
     worker.check_health(60.0)
+
+
+def test_rewards_given_by_name_run_in_the_engine_beside_python_ones(simulator, make_worker) -> None:
+    # The simulator is also the judge and the reward service: a completion scores 1 when its
+    # text holds the row's answer. Every answer starts "The answer is", none holds "zebra".
+    sim = simulator()
+    judge = {
+        "kind": "judge",
+        "url": f"{sim.url}/judge/json/v1/chat/completions",
+        "model": "judge",
+        "score": "json",
+        "template": "Reference: <answer>{answer}</answer>\nResponse: <completion>{completion}</completion>",
+    }
+    worker = make_worker(
+        sim,
+        dataset=[{"prompt": "Say anything.", "answer": "answer is"}, {"prompt": "Say more.", "answer": "zebra"}],
+        reward_funcs=["exact:answer", by_index, judge, {"kind": "http", "url": f"{sim.url}/reward", "name": "service"}],
+        reward_weights=[1.0, 0.0, 2.0, 4.0],
+        epochs=1,
+        python_processes=0,
+    )
+    assert worker.reward_func_names == ["exact_answer", "by_index", "judge", "service"]
+    worker.start()
+    samples = take(worker, 8)
+    for sample in samples:
+        expected = 1.0 if sample.prompt[-1]["content"] == "Say anything." else 0.0
+        assert sample.metrics["rewards/judge"] == expected, sample
+        assert sample.metrics["rewards/service"] == expected, sample
+        assert sample.metrics["rewards/exact_answer"] == 0.0, sample
+        # by_index's weight is 0; the judge's 2 and the service's 4 come from reward_weights.
+        assert sample.metrics["reward"] == 6.0 * expected, sample
+
+
+def test_a_reward_table_the_engine_cannot_build_is_refused_at_construction(simulator, make_worker) -> None:
+    sim = simulator()
+    for funcs, expected in [
+        (["fuzzy:answer"], "reward_funcs[0]: invalid reward spec \"fuzzy:answer\": unknown kind 'fuzzy'"),
+        ([by_index, {"kind": "judge", "url": sim.url, "model": "m"}], "reward_funcs[1]: kind \"judge\" needs `template`"),
+        ([{"kind": "http", "url": sim.url, "colour": "red"}], "reward_funcs[0]: unknown field `colour`"),
+        ([42], "reward_funcs[0] is not callable, a spec string or a reward table: 42"),
+    ]:
+        with pytest.raises((ValueError, TypeError)) as raised:
+            make_worker(sim, reward_funcs=funcs)
+        assert expected in str(raised.value), str(raised.value)

@@ -152,6 +152,12 @@ class RolloutWorker:
     ``environment_weight``; ``reward_funcs`` may then be empty). Every session is closed
     exactly once.
 
+    ``reward_funcs`` may mix Python callables with the engine's own rewards, by name: a spec
+    string (``"numeric:answer"``, ``"exact:answer@0.5"``) or a table with the keys of the
+    binary's ``[[rewards]]`` (``{"kind": "judge", "url": ..., "model": ..., "template":
+    ...}``, ``{"kind": "http", "url": ...}``); these run in the engine, with no Python and no
+    GIL. ``reward_func_names`` lists every function's name in order.
+
     ``agent`` runs each rollout with an agent that owns its loop (see ``async_grpo._agent``),
     talking to the worker's recording proxy while the engine samples every turn: a mapping
     with the keys of the binary's ``[agent]`` table (a program, run sandboxed; its ``verify``
@@ -198,7 +204,7 @@ class RolloutWorker:
         *,
         model_name: str,
         dataset: Any,
-        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        reward_funcs: Callable[..., Any] | str | Mapping[str, Any] | Sequence[Callable[..., Any] | str | Mapping[str, Any]] | None = None,
         processing_class: Any,
         tools: Sequence[Any] | None = None,
         num_generations: int = 8,
@@ -242,22 +248,39 @@ class RolloutWorker:
             check_agent(agent)
         if not isinstance(model_name, str) or not model_name:
             raise TypeError("model_name must be the served model's name (a non-empty str)")
-        funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
-        if not funcs and environment is None and agent is None:
+        given = [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, (str, Mapping)) else list(reward_funcs or [])
+        if not given and environment is None and agent is None:
             raise ValueError(
                 "reward_funcs: give at least one reward function (or an environment= or agent= whose "
                 "verify rewards)"
             )
-        for index, func in enumerate(funcs):
-            if not callable(func):
-                raise TypeError(f"reward_funcs[{index}] is not callable: {func!r}")
-        if reward_weights is None:
-            weights = [1.0] * len(funcs)
-        else:
-            weights = [float(w) for w in reward_weights]
-            if len(weights) != len(funcs):
+        if reward_weights is not None:
+            given_weights = [float(w) for w in reward_weights]
+            if len(given_weights) != len(given):
                 raise ValueError(
-                    f"reward_weights has {len(weights)} weights for {len(funcs)} reward functions"
+                    f"reward_weights has {len(given_weights)} weights for {len(given)} reward functions"
+                )
+        # A spec string ("numeric:answer") or a table ({"kind": "judge", ...}) is built by the
+        # engine, as the binary builds its [[rewards]]; its weight is reward_weights' if given,
+        # else its own.
+        funcs: list[Callable[..., Any]] = []
+        weights: list[float] = []
+        reward_tables: list[tuple[int, str, float | None]] = []
+        for index, func in enumerate(given):
+            weight = None if reward_weights is None else given_weights[index]
+            if isinstance(func, (str, Mapping)):
+                table = {"spec": func} if isinstance(func, str) else dict(func)
+                try:
+                    text = json.dumps(table)
+                except (TypeError, ValueError) as error:
+                    raise TypeError(f"reward_funcs[{index}]: a reward table must be JSON: {error}") from None
+                reward_tables.append((index, text, weight))
+            elif callable(func):
+                funcs.append(func)
+                weights.append(1.0 if weight is None else weight)
+            else:
+                raise TypeError(
+                    f"reward_funcs[{index}] is not callable, a spec string or a reward table: {func!r}"
                 )
         names = [callable_name(f) for f in funcs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -419,7 +442,9 @@ class RolloutWorker:
             pool=pool,
             agent_program=agent_program,
             agent_function=agent_function,
+            reward_tables=reward_tables,
         )
+        self.reward_func_names = list(self._engine.reward_names)
         self._model_version = 0
         self._lock = threading.Lock()
         self._started_at: float | None = None
