@@ -400,6 +400,10 @@ fn the_judge_example_runs_offline_against_the_simulator_as_judge() {
             .expect("the row's prompt is in the dataset");
         let answer = line["answer"].as_str().expect("an answer");
         let expected = f64::from(u8::from(answer_text(row).contains(answer)));
+        assert!(
+            row.reward_notes.contains_key("judge") && !row.reward_notes.contains_key("ranker"),
+            "the example keeps the first judge's answers only: {row:?}"
+        );
         for name in ["judge", "ranker"] {
             assert_eq!(
                 row.rewards.get(name).and_then(|v| v.as_f64()),
@@ -420,4 +424,59 @@ fn the_judge_example_runs_offline_against_the_simulator_as_judge() {
         "{}",
         outcome.stderr
     );
+}
+
+#[test]
+fn a_judge_keeps_its_answers_on_the_rows_only_when_asked() {
+    let runtime = runtime();
+    let model = simulator(&runtime, 1, "calculator");
+    let judge = service(&runtime, Duration::ZERO, Faults::default());
+    let each = format!("template = {}", toml_string(EACH));
+    let url = endpoint(&judge, "number");
+
+    let fields = format!("{each}\nkeep_answers = true");
+    let (_case, outcome) = judged(&model, "judge-keep", 3, 2, &url, &fields);
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    assert_scores_match(&outcome.rows, "judge");
+    for row in &outcome.rows {
+        let score = row.rewards["judge"].as_f64().expect("scored");
+        let expected = format!(
+            "<think>The reference has 1 answer; compare it with 2 eyes.</think>\nScore: {score}"
+        );
+        assert_eq!(
+            row.reward_notes.get("judge").and_then(|v| v.as_str()),
+            Some(expected.as_str()),
+            "{row:?}"
+        );
+        assert_eq!(
+            row.reward_notes.len(),
+            1,
+            "only the judge keeps notes: {row:?}"
+        );
+    }
+
+    // In group mode every completion gets the group's answer.
+    let group = format!(
+        "template = {}\nmode = \"group\"\nscore = \"json\"\nkeep_answers = true",
+        toml_string(GROUP)
+    );
+    let (_case, outcome) = judged(
+        &model,
+        "judge-keep-group",
+        2,
+        3,
+        &endpoint(&judge, "json"),
+        &group,
+    );
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    for row in &outcome.rows {
+        let note = row.reward_notes["judge"].as_str().expect("a note");
+        let scores: serde_json::Value = serde_json::from_str(note).expect("the JSON answer");
+        assert_eq!(scores["scores"].as_array().map(Vec::len), Some(3), "{note}");
+    }
+
+    // Not asked: no note.
+    let (_case, outcome) = judged(&model, "judge-no-keep", 2, 2, &url, &each);
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    assert!(outcome.rows.iter().all(|row| row.reward_notes.is_empty()));
 }

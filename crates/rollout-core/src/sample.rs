@@ -49,6 +49,10 @@ pub struct TrainingSample {
     /// structured content is its metadata's `structured`), in call order.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub environment: Map<String, Value>,
+    /// Per reward function that keeps a note of its verdict (a judge asked to keep its
+    /// answers), by name: the note on this completion, text. Absent when none did.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub reward_notes: Map<String, Value>,
 }
 
 /// A sample's numbers by name, in the order they were put, written as a JSON object of

@@ -166,6 +166,14 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             .iter()
             .map(|column| (column.name.clone(), json!(column.values[index])))
             .collect();
+        let notes: Map<String, Value> = scores
+            .columns
+            .iter()
+            .filter_map(|column| {
+                let note = column.notes.get(index)?.as_ref()?;
+                Some((column.name.clone(), Value::String(note.clone())))
+            })
+            .collect();
         if done.rows.len() > 1 {
             Counters::add(&counters.forked_rollouts, 1);
         }
@@ -174,9 +182,16 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             .map(|verdict| verdict.details)
             .unwrap_or_default();
         // A rollout's one row takes what describes it; only a forked rollout's rows copy it.
-        let described = (done.prompt, done.messages, rewards, metrics, environment);
+        let described = (
+            done.prompt,
+            done.messages,
+            rewards,
+            metrics,
+            environment,
+            notes,
+        );
         let copies = copies(described, done.rows.len());
-        for (row, (prompt, completion, rewards, metrics, environment)) in
+        for (row, (prompt, completion, rewards, metrics, environment, reward_notes)) in
             done.rows.into_iter().zip(copies)
         {
             samples.push(TrainingSample {
@@ -194,6 +209,7 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
                 model_version: group_version,
                 metrics,
                 environment,
+                reward_notes,
             });
         }
     }

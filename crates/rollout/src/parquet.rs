@@ -121,6 +121,8 @@ fn schema() -> SchemaRef {
         // Null when the environment said nothing beyond numbers (and in files written
         // before the column existed).
         Field::new("environment", DataType::Utf8, true),
+        // Null when no reward function kept a note on the row.
+        Field::new("reward_notes", DataType::Utf8, true),
     ]))
 }
 
@@ -193,6 +195,16 @@ fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
                 .map(|s| {
                     (!s.environment.is_empty())
                         .then(|| serde_json::to_string(&s.environment))
+                        .transpose()
+                })
+                .collect::<Result<StringArray, _>>()?,
+        ),
+        Arc::new(
+            samples
+                .iter()
+                .map(|s| {
+                    (!s.reward_notes.is_empty())
+                        .then(|| serde_json::to_string(&s.reward_notes))
                         .transpose()
                 })
                 .collect::<Result<StringArray, _>>()?,
@@ -305,6 +317,7 @@ mod tests {
             model_version: 0,
             metrics: rollout_core::SampleMetrics::new(),
             environment,
+            reward_notes: Map::new(),
         }
     }
 

@@ -119,5 +119,5 @@ pub use crate::{
         InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
     },
     group::{Completion, Group},
-    reward::{AsyncReward, CallStats, Reward, RewardError, Scores, SyncReward},
+    reward::{AsyncReward, CallStats, Notes, Reward, RewardError, Scores, SyncReward},
 };

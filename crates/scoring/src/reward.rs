@@ -15,6 +15,10 @@ pub type RewardError = Box<dyn std::error::Error + Send + Sync>;
 /// one" (the completion is then unscorable for this column).
 pub type Scores = Vec<Option<f64>>;
 
+/// One optional note per completion of the group, in order, beside its score (a judge's
+/// answer); empty when the function keeps none.
+pub type Notes = Vec<Option<String>>;
+
 /// A reward function that blocks or computes: it runs on the scorer's own thread pool, never
 /// on the async runtime. Implemented for every `Fn(&Group) -> Result<Scores, RewardError>`.
 pub trait SyncReward: Send + Sync + 'static {
@@ -36,6 +40,17 @@ where
 pub trait AsyncReward: Send + Sync + 'static {
     /// Scores every completion of `group`.
     fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, RewardError>>;
+
+    /// Scores every completion of `group`, with a note on each when the function keeps one
+    /// (a judge asked to keep its answers): what the rows' `reward_notes` hold. By default,
+    /// [`score`](AsyncReward::score)'s scores and no note.
+    fn score_with_notes(
+        &self,
+        group: Arc<Group>,
+    ) -> BoxFuture<'static, Result<(Scores, Notes), RewardError>> {
+        let scores = self.score(group);
+        Box::pin(async move { Ok((scores.await?, Notes::new())) })
+    }
 
     /// What the function's calls to a service did so far, for a function that makes them (a
     /// judge, a reward service); the scorer reports it with its own counts of the function

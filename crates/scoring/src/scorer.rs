@@ -19,7 +19,7 @@ use crate::{
     advantage::{AdvantageConfig, CompletionReward, GroupAdvantages, group_advantages},
     group::Group,
     pool::RewardPool,
-    reward::{CallStats, Reward, Runner, Scores},
+    reward::{CallStats, Notes, Reward, Runner, Scores},
 };
 
 /// How a [`Scorer`] is sized.
@@ -133,6 +133,9 @@ pub struct Column {
     pub failure: Option<ColumnFailure>,
     /// Completions whose score was NaN or infinite: each is an error of its own, scored `None`.
     pub non_finite: Vec<usize>,
+    /// One note per completion when the function keeps them (a judge's answers), else
+    /// empty.
+    pub notes: Notes,
 }
 
 /// Every column of a group, the combined rewards and the group's metrics.
@@ -418,9 +421,9 @@ impl Scorer {
 
     async fn column(&self, reward: &Reward, counters: &Counters, group: Arc<Group>) -> Column {
         let expected = group.len();
-        let result = self.run(reward, group).await.and_then(|scores: Scores| {
+        let result = self.run(reward, group).await.and_then(|(scores, notes)| {
             if scores.len() == expected {
-                Ok(scores)
+                Ok((scores, notes))
             } else {
                 Err(failure(
                     FailureKind::WrongLength,
@@ -438,9 +441,13 @@ impl Scorer {
             values: vec![None; expected],
             failure: None,
             non_finite: Vec::new(),
+            notes: Notes::new(),
         };
         match result {
-            Ok(scores) => {
+            Ok((scores, notes)) => {
+                if notes.len() == expected {
+                    column.notes = notes;
+                }
                 for (index, score) in scores.into_iter().enumerate() {
                     match score {
                         Some(value) if !value.is_finite() => column.non_finite.push(index),
@@ -475,7 +482,11 @@ impl Scorer {
     }
 
     /// Runs one function on one group: its scores, or why there are none.
-    async fn run(&self, reward: &Reward, group: Arc<Group>) -> Result<Scores, ColumnFailure> {
+    async fn run(
+        &self,
+        reward: &Reward,
+        group: Arc<Group>,
+    ) -> Result<(Scores, Notes), ColumnFailure> {
         let timeout = reward.timeout.unwrap_or(self.inner.default_timeout);
         match &reward.runner {
             Runner::Sync(function) => {
@@ -489,9 +500,9 @@ impl Scorer {
                     return Err(failure(FailureKind::Timeout, message));
                 }
                 match tokio::time::timeout(timeout, done).await {
-                    Ok(Ok(Ok(result))) => {
-                        result.map_err(|e| failure(FailureKind::Error, e.to_string()))
-                    }
+                    Ok(Ok(Ok(result))) => result
+                        .map(|scores| (scores, Notes::new()))
+                        .map_err(|e| failure(FailureKind::Error, e.to_string())),
                     Ok(Ok(Err(panic))) => {
                         Err(failure(FailureKind::Panic, panic_message(panic.as_ref())))
                     }
@@ -503,7 +514,8 @@ impl Scorer {
                 }
             }
             Runner::Async(function) => {
-                match std::panic::catch_unwind(AssertUnwindSafe(|| function.score(group))) {
+                let score = || function.score_with_notes(group);
+                match std::panic::catch_unwind(AssertUnwindSafe(score)) {
                     Err(panic) => Err(failure(FailureKind::Panic, panic_message(panic.as_ref()))),
                     Ok(future) => {
                         match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind())

@@ -136,6 +136,9 @@ pub struct RewardTable {
     /// `kind = "judge"`: the judge's temperature (default 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// `kind = "judge"`: keep each answer as the row's note (`reward_notes`; default false).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_answers: Option<bool>,
 }
 
 impl RewardTable {
@@ -181,6 +184,7 @@ impl RewardTable {
             ("cache", self.cache.is_some()),
             ("max_tokens", self.max_tokens.is_some()),
             ("temperature", self.temperature.is_some()),
+            ("keep_answers", self.keep_answers.is_some()),
         ];
         let reward = match (&self.spec, &self.kind) {
             (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
@@ -244,6 +248,7 @@ impl RewardTable {
                 "cache",
                 "max_tokens",
                 "temperature",
+                "keep_answers",
                 "concurrency",
                 "attempts",
                 "api_key_env",
@@ -382,7 +387,8 @@ impl RewardTable {
         let mut config = builtin::JudgeConfig::new(model, template)
             .mode(mode)
             .score(score)
-            .labels(labels);
+            .labels(labels)
+            .keep_answers(self.keep_answers.unwrap_or(false));
         if let Some(system) = &self.system {
             config = config.system(system.clone());
         }

@@ -127,6 +127,7 @@ mod tests {
             model_version: 3,
             metrics: rollout_core::SampleMetrics::new(),
             environment: Map::new(),
+            reward_notes: Map::new(),
         }
     }
 

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::service::{Service, ServiceConfig, ServiceError, head};
 use crate::{
     group::Group,
-    reward::{AsyncReward, CallStats, RewardError, Scores},
+    reward::{AsyncReward, CallStats, Notes, RewardError, Scores},
 };
 
 /// Whether the judge sees one completion per request or the whole group at once.
@@ -58,6 +58,7 @@ pub struct JudgeConfig {
     max_tokens: u32,
     temperature: f64,
     cache: usize,
+    keep_answers: bool,
 }
 
 impl JudgeConfig {
@@ -76,6 +77,7 @@ impl JudgeConfig {
             max_tokens: 1024,
             temperature: 0.0,
             cache: 0,
+            keep_answers: false,
         }
     }
 
@@ -112,6 +114,14 @@ impl JudgeConfig {
     /// The judge's sampling temperature.
     pub fn temperature(mut self, temperature: f64) -> JudgeConfig {
         self.temperature = temperature;
+        self
+    }
+
+    /// Keeps each completion's answer (the judge's whole text; in group mode the group's
+    /// answer on each) as the reward's note on it: the rows' `reward_notes`. Off by default:
+    /// answers can be long.
+    pub fn keep_answers(mut self, keep: bool) -> JudgeConfig {
+        self.keep_answers = keep;
         self
     }
 
@@ -161,6 +171,7 @@ struct Inner {
     max_tokens: u32,
     temperature: f64,
     cache: Option<Cache>,
+    keep_answers: bool,
 }
 
 impl std::fmt::Debug for Judge {
@@ -243,6 +254,7 @@ impl Judge {
                     answers: Mutex::new(HashMap::new()),
                     capacity: config.cache,
                 }),
+                keep_answers: config.keep_answers,
             }),
         })
     }
@@ -489,12 +501,27 @@ impl Inner {
         }
     }
 
-    async fn score(&self, group: &Group) -> Result<Scores, RewardError> {
+    /// The scores, and the answers as notes when they are kept.
+    async fn score(&self, group: &Group) -> Result<(Scores, Notes), RewardError> {
+        let (scores, notes) = self.judge(group).await?;
+        Ok((
+            scores,
+            if self.keep_answers {
+                notes
+            } else {
+                Notes::new()
+            },
+        ))
+    }
+
+    /// The scores, and the answer each was read from.
+    async fn judge(&self, group: &Group) -> Result<(Scores, Notes), RewardError> {
         match self.mode {
             JudgeMode::Group => {
                 let body = self.request(self.render(group, None)?);
                 let answer = self.ask(body).await?;
-                Ok(self.read(&answer)?)
+                let scores = self.read(&answer)?;
+                Ok((scores, vec![Some(answer.to_string()); group.len()]))
             }
             JudgeMode::Each => {
                 let bodies = (0..group.len())
@@ -522,20 +549,17 @@ impl Inner {
                 .await;
                 let answers: HashMap<usize, Result<Arc<str>, String>> =
                     answers.into_iter().collect();
-                let scores = asked
-                    .iter()
-                    .enumerate()
-                    .map(|(i, first)| {
-                        if i != *first {
-                            self.service.count_cache_hit();
-                        }
-                        match &answers[first] {
-                            Ok(answer) => self.read(answer).ok().and_then(|s| s[0]),
-                            Err(_) => None,
-                        }
-                    })
-                    .collect();
-                Ok(scores)
+                let mut scores = Scores::with_capacity(group.len());
+                let mut notes = Notes::with_capacity(group.len());
+                for (i, first) in asked.iter().enumerate() {
+                    if i != *first {
+                        self.service.count_cache_hit();
+                    }
+                    let answer = answers[first].as_ref().ok();
+                    scores.push(answer.and_then(|a| self.read(a).ok().and_then(|s| s[0])));
+                    notes.push(answer.map(|a| a.to_string()));
+                }
+                Ok((scores, notes))
             }
         }
     }
@@ -629,6 +653,14 @@ fn json_field(text: &str, name: &str) -> Option<Value> {
 
 impl AsyncReward for Judge {
     fn score(&self, group: Arc<Group>) -> BoxFuture<'static, Result<Scores, RewardError>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { Ok(inner.score(&group).await?.0) })
+    }
+
+    fn score_with_notes(
+        &self,
+        group: Arc<Group>,
+    ) -> BoxFuture<'static, Result<(Scores, Notes), RewardError>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move { inner.score(&group).await })
     }
