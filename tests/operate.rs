@@ -118,9 +118,26 @@ impl Running {
             .unwrap_or_else(|| panic!("an address in {line}"))
     }
 
-    /// Waits for the process to end; its exit code and the rest of its stderr.
+    /// Waits for the process to end; its exit code and the rest of its stderr. A run still
+    /// going after 100 s fails the test with its stderr (before nextest's timeout would end
+    /// it without saying where it was).
     fn wait(mut self) -> (Option<i32>, String) {
-        let status = self.child.wait().expect("the run ends");
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("the run can be waited on") {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(100) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                self.seen.extend(self.lines.try_iter());
+                panic!(
+                    "the run did not end within 100 s; its stderr:\n{}",
+                    self.seen.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         self.seen.extend(self.lines.iter());
         (status.code(), self.seen.join("\n"))
     }
@@ -153,8 +170,10 @@ impl Endpoint {
     fn new(address: SocketAddr, token: Option<&'static str>) -> Endpoint {
         Endpoint {
             runtime: runtime(),
+            // A request the run never answers fails the test, naming it.
             client: reqwest::Client::builder()
                 .no_proxy()
+                .timeout(Duration::from_secs(60))
                 .build()
                 .expect("a client"),
             base: format!("http://{address}"),
@@ -175,7 +194,10 @@ impl Endpoint {
             None => request,
         };
         self.runtime.block_on(async {
-            let response = request.send().await.expect("the endpoint answers");
+            let response = request
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("the endpoint did not answer: {e}"));
             let status = response.status();
             (status, response.text().await.expect("a body"))
         })
