@@ -197,8 +197,14 @@ enum Piece {
 
 /// Answers by request hash, up to a number of entries.
 struct Cache {
-    answers: Mutex<HashMap<u64, Arc<str>>>,
+    answers: Mutex<HashMap<u64, Arc<Answer>>>,
     capacity: usize,
+}
+
+/// A judge's answer, and the score or scores read from it once.
+struct Answer {
+    text: String,
+    scores: Scores,
 }
 
 impl Judge {
@@ -418,8 +424,8 @@ impl Inner {
         Bytes::from(serde_json::to_vec(&body).expect("a JSON value serializes"))
     }
 
-    /// The judge's answer to `body`: from the cache, or a call.
-    async fn ask(&self, body: Bytes) -> Result<Arc<str>, String> {
+    /// The judge's answer to `body`, read: from the cache, or a call.
+    async fn ask(&self, body: Bytes) -> Result<Arc<Answer>, String> {
         let key = self.cache.as_ref().map(|cache| {
             let mut hasher = DefaultHasher::new();
             body.hash(&mut hasher);
@@ -437,17 +443,16 @@ impl Inner {
                 return Ok(answer);
             }
         }
-        let answer: Arc<str> = self
+        // Read inside the call, so that an answer without a score counts as unreadable.
+        let answer = self
             .service
             .call(body, |answer| {
-                let content = content_of(answer)?;
-                // Read now, so that an answer without a score counts as unreadable here.
-                self.read(&content)?;
-                Ok(content)
+                let text = content_of(answer)?;
+                let scores = self.read(&text)?;
+                Ok(Arc::new(Answer { text, scores }))
             })
             .await
-            .map_err(|message| format!("judge {message}"))?
-            .into();
+            .map_err(|message| format!("judge {message}"))?;
         if let Some((cache, key)) = key {
             let mut answers = cache.answers.lock().unwrap_or_else(|e| e.into_inner());
             if answers.len() < cache.capacity {
@@ -503,32 +508,36 @@ impl Inner {
 
     /// The scores, and the answers as notes when they are kept.
     async fn score(&self, group: &Group) -> Result<(Scores, Notes), RewardError> {
-        let (scores, notes) = self.judge(group).await?;
-        Ok((
-            scores,
-            if self.keep_answers {
-                notes
-            } else {
-                Notes::new()
-            },
-        ))
+        let (scores, answers) = self.judge(group).await?;
+        let notes = if self.keep_answers {
+            let text = |answer: &Arc<Answer>| answer.text.clone();
+            answers
+                .iter()
+                .map(|answer| answer.as_ref().map(text))
+                .collect()
+        } else {
+            Notes::new()
+        };
+        Ok((scores, notes))
     }
 
-    /// The scores, and the answer each was read from.
-    async fn judge(&self, group: &Group) -> Result<(Scores, Notes), RewardError> {
+    /// The scores, and the answer each was read from (`None` where the call failed).
+    async fn judge(
+        &self,
+        group: &Group,
+    ) -> Result<(Scores, Vec<Option<Arc<Answer>>>), RewardError> {
         match self.mode {
             JudgeMode::Group => {
                 let body = self.request(self.render(group, None)?);
                 let answer = self.ask(body).await?;
-                let scores = self.read(&answer)?;
-                Ok((scores, vec![Some(answer.to_string()); group.len()]))
+                Ok((answer.scores.clone(), vec![Some(answer); group.len()]))
             }
             JudgeMode::Each => {
                 let bodies = (0..group.len())
                     .map(|i| Ok(self.request(self.render(group, Some(i))?)))
                     .collect::<Result<Vec<_>, String>>()?;
                 // The same request twice in a group (a common short answer) is asked once
-                // when answers are kept.
+                // when the judge has a cache.
                 let mut first: HashMap<&Bytes, usize> = HashMap::new();
                 let asked: Vec<usize> = bodies
                     .iter()
@@ -547,19 +556,21 @@ impl Inner {
                         .map(|(i, _)| async move { (i, self.ask(bodies[i].clone()).await) }),
                 )
                 .await;
-                let answers: HashMap<usize, Result<Arc<str>, String>> =
-                    answers.into_iter().collect();
+                let answers: HashMap<usize, Option<Arc<Answer>>> = answers
+                    .into_iter()
+                    .map(|(i, answer)| (i, answer.ok()))
+                    .collect();
                 let mut scores = Scores::with_capacity(group.len());
-                let mut notes = Notes::with_capacity(group.len());
+                let mut read = Vec::with_capacity(group.len());
                 for (i, first) in asked.iter().enumerate() {
                     if i != *first {
                         self.service.count_cache_hit();
                     }
-                    let answer = answers[first].as_ref().ok();
-                    scores.push(answer.and_then(|a| self.read(a).ok().and_then(|s| s[0])));
-                    notes.push(answer.map(|a| a.to_string()));
+                    let answer = answers[first].clone();
+                    scores.push(answer.as_ref().and_then(|a| a.scores[0]));
+                    read.push(answer);
                 }
-                Ok((scores, notes))
+                Ok((scores, read))
             }
         }
     }
