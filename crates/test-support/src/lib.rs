@@ -4,7 +4,8 @@
 //!   templates and venvs (xtask's own tasks read the same function);
 //! - [`within`] and [`wait_until`] (feature `wait`): waits bounded in real time that fail
 //!   the test with what was awaited, never by a hang, with the test clock paused or not;
-//! - [`cpu_seconds`]: this process's CPU time, for the benchmarks' per-turn figures;
+//! - [`cpu_seconds`] and [`threads_cpu_seconds`]: this process's CPU time, or some of its
+//!   threads', for the benchmarks' per-turn figures;
 //! - [`ScratchDir`]: a test's working directory, removed when the test passes.
 
 use std::path::{Path, PathBuf};
@@ -77,7 +78,28 @@ pub async fn wait_until(patience: Duration, what: &str, mut condition: impl FnMu
 /// This process's CPU seconds (user + system, all threads), from `/proc/self/stat`; 0 where
 /// there is no `/proc`.
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    stat_cpu_seconds(Path::new("/proc/self/stat"))
+}
+
+/// The CPU seconds of this process's threads whose name starts with `prefix` (a runtime's
+/// `thread_name`), from `/proc/self/task`; 0 where there is no `/proc`.
+pub fn threads_cpu_seconds(prefix: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim_end().starts_with(prefix))
+        })
+        .map(|task| stat_cpu_seconds(&task.path().join("stat")))
+        .sum()
+}
+
+/// User + system CPU seconds from a `stat` file of `/proc` (a process's or a thread's).
+fn stat_cpu_seconds(path: &Path) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     let ticks = |i: usize| {

@@ -24,35 +24,11 @@ use scoring::{
     builtin::{JudgeConfig, JudgeMode, ScoreFormat, ServiceConfig, judge},
 };
 use serde_json::{Map, Value, json};
-use test_support::cpu_seconds;
+use test_support::{cpu_seconds, threads_cpu_seconds};
 use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 const GROUP: usize = 8;
 const CALLERS: usize = 16;
-
-/// CPU seconds of this process's threads whose name starts with `prefix`.
-fn threads_cpu_seconds(prefix: &str) -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.trim_end().starts_with(prefix))
-        })
-        .map(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            let fields: Vec<f64> = after_name
-                .split_whitespace()
-                .map(|v| v.parse().unwrap_or(0.0))
-                .collect();
-            (fields.get(11).copied().unwrap_or(0.0) + fields.get(12).copied().unwrap_or(0.0))
-                / 100.0
-        })
-        .sum()
-}
 
 /// Group `i`: a question, its answer, and 8 completions of which the even ones are right.
 fn group(i: usize) -> (Group, Vec<Option<f64>>) {
