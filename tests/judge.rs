@@ -133,13 +133,9 @@ fn a_judge_of_the_whole_group_asks_once_per_group_and_a_miscount_empties_the_gro
     );
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_column_empty(&outcome.rows, "judge");
-    assert!(
-        outcome.stderr.contains(
-            "reward 'judge' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with the \
-             wrong number of scores)"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'judge' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with the \
+             wrong number of scores)",
     );
 }
 
@@ -167,21 +163,11 @@ fn a_judge_that_answers_garbage_503s_or_cannot_be_reached_leaves_its_column_empt
         "the numeric reward still scores"
     );
     assert_eq!(judge.counters().judges, 6, "not retried");
-    assert!(
-        outcome.stderr.contains(
-            "reward 'judge' made 6 calls (0 retried attempts, 0 answers from its cache); 6 \
-             failed (0 transport, 0 status, 6 unreadable)"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'judge' made 6 calls (0 retried attempts, 0 answers from its cache); 6 \
+             failed (0 transport, 0 status, 6 unreadable)",
     );
-    assert!(
-        outcome
-            .stderr
-            .contains("no number in the answer: \"I would rather not say.\""),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("no number in the answer: \"I would rather not say.\"");
 
     // Every request answered 503: retried, then counted by its status.
     let failing = Faults {
@@ -201,19 +187,11 @@ fn a_judge_that_answers_garbage_503s_or_cannot_be_reached_leaves_its_column_empt
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_column_empty(&outcome.rows, "judge");
     assert_eq!(judge.counters().judges, 8, "two attempts per completion");
-    assert!(
-        outcome.stderr.contains(
-            "reward 'judge' made 4 calls (4 retried attempts, 0 answers from its cache); 4 \
-             failed (0 transport, 4 status, 0 unreadable)"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'judge' made 4 calls (4 retried attempts, 0 answers from its cache); 4 \
+             failed (0 transport, 4 status, 0 unreadable)",
     );
-    assert!(
-        outcome.stderr.contains("answered 503 (after 2 attempts)"),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("answered 503 (after 2 attempts)");
 
     // Nothing listens: a transport failure, retried too.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
@@ -225,13 +203,9 @@ fn a_judge_that_answers_garbage_503s_or_cannot_be_reached_leaves_its_column_empt
     let (_case, outcome) = judged(&model, "judge-closed", 1, 2, &url, &fields);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_column_empty(&outcome.rows, "judge");
-    assert!(
-        outcome.stderr.contains(
-            "reward 'judge' made 2 calls (2 retried attempts, 0 answers from its cache); 2 \
-             failed (2 transport, 0 status, 0 unreadable)"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'judge' made 2 calls (2 retried attempts, 0 answers from its cache); 2 \
+             failed (2 transport, 0 status, 0 unreadable)",
     );
 }
 
@@ -270,13 +244,8 @@ fn a_judge_with_a_cache_asks_each_distinct_request_once() {
         4,
         "one request per group, its 4 completions alike"
     );
-    assert!(
-        outcome.stderr.contains(
-            "reward 'judge' made 4 calls (0 retried attempts, 12 answers from its cache)"
-        ),
-        "{}",
-        outcome.stderr
-    );
+    outcome
+        .assert_said("reward 'judge' made 4 calls (0 retried attempts, 12 answers from its cache)");
 
     // Without a cache every completion is asked.
     let (_case, outcome) = judged(&model, "judge-no-cache", 4, 4, &url, &template);
@@ -318,13 +287,7 @@ fn a_judge_s_key_is_sent_to_it_and_hidden_from_the_programs_the_run_starts() {
     command.env_remove("JUDGE_KEY");
     let outcome = case.run(command);
     assert_eq!(outcome.code, Some(1), "{}", outcome.stderr);
-    assert!(
-        outcome
-            .stderr
-            .contains("api_key_env = \"JUDGE_KEY\": the environment variable is not set"),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("api_key_env = \"JUDGE_KEY\": the environment variable is not set");
 }
 
 #[test]
@@ -412,18 +375,10 @@ fn the_judge_example_runs_offline_against_the_simulator_as_judge() {
             );
         }
     }
-    assert!(
-        outcome.stderr.contains(
-            "reward 'ranker' made 16 calls (0 retried attempts, 0 answers from its cache); 0 failed"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'ranker' made 16 calls (0 retried attempts, 0 answers from its cache); 0 failed",
     );
-    assert!(
-        outcome.stderr.contains("reward 'judge' made "),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("reward 'judge' made ");
 }
 
 #[test]

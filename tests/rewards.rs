@@ -131,13 +131,9 @@ fn scores_read_from_an_object_are_the_same_and_a_service_that_miscounts_is_count
     let (_case, outcome) = run(&model, "http-reward-short", 2, &url, "");
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_column_empty(&outcome.rows, "service");
-    assert!(
-        outcome.stderr.contains(
-            "reward 'service' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with \
-             the wrong number of scores)"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'service' failed on 2 of 2 groups (0 errors, 0 timeouts, 0 panics, 2 with \
+             the wrong number of scores)",
     );
 }
 
@@ -163,19 +159,11 @@ fn a_service_that_answers_503_is_retried_then_leaves_its_column_empty_and_the_ru
         "two attempts per group: {:?}",
         service.counters()
     );
-    assert!(
-        outcome.stderr.contains(
-            "reward 'service' failed on 3 of 3 groups (3 errors, 0 timeouts, 0 panics, 0 with \
-             the wrong number of scores)"
-        ),
-        "{}",
-        outcome.stderr
+    outcome.assert_said(
+        "reward 'service' failed on 3 of 3 groups (3 errors, 0 timeouts, 0 panics, 0 with \
+             the wrong number of scores)",
     );
-    assert!(
-        outcome.stderr.contains("answered 503 (after 2 attempts)"),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("answered 503 (after 2 attempts)");
 }
 
 #[test]
@@ -195,13 +183,7 @@ fn an_answer_that_is_not_one_score_per_completion_is_not_retried_and_leaves_the_
         "one attempt per group: {:?}",
         service.counters()
     );
-    assert!(
-        outcome
-            .stderr
-            .contains("expected a JSON array with one number or null per completion"),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("expected a JSON array with one number or null per completion");
 }
 
 #[test]
@@ -210,12 +192,6 @@ fn a_reward_service_url_that_is_not_http_is_refused_before_the_run() {
     let model = simulator(&runtime, 1, "calculator");
     let (case, outcome) = run(&model, "http-reward-ftp", 1, "ftp://example.com/score", "");
     assert_eq!(outcome.code, Some(1), "{}", outcome.stderr);
-    assert!(
-        outcome
-            .stderr
-            .contains("reward service URL 'ftp://example.com/score'"),
-        "{}",
-        outcome.stderr
-    );
+    outcome.assert_said("reward service URL 'ftp://example.com/score'");
     assert!(!case.out().exists(), "the output was created");
 }

@@ -62,6 +62,18 @@ pub(crate) struct Outcome {
     pub(crate) rows: Vec<TrainingSample>,
 }
 
+impl Outcome {
+    /// Asserts that the run's stderr holds `text`.
+    #[track_caller]
+    pub(crate) fn assert_said(&self, text: &str) {
+        assert!(
+            self.stderr.contains(text),
+            "{text:?} is not in the run's stderr:\n{}",
+            self.stderr
+        );
+    }
+}
+
 impl Case {
     /// A case in a fresh directory, removed when the test passes (see [`ScratchDir`]).
     pub(crate) fn new(name: &str) -> Case {
