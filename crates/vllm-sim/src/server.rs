@@ -385,6 +385,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/reset_prefix_cache", post(acknowledge))
         .route("/reward", post(reward))
         .route("/judge/{format}/v1/chat/completions", post(judge))
+        .route("/classify", post(classify))
         .route("/init_weight_transfer_engine", post(acknowledge))
         .route("/start_weight_update", post(acknowledge))
         .route("/update_weights", post(acknowledge))
@@ -973,6 +974,55 @@ async fn judge(
             "message": { "role": "assistant", "content": content },
             "finish_reason": "stop",
         }],
+    }))
+    .into_response()
+}
+
+/// `POST /classify`, the simulator as a reward model on vLLM's pooling runner (see the
+/// crate's documentation): one conversation in, one score out, shaped as vLLM answers it.
+async fn classify(Extract(state): Shared, body: Bytes) -> Response {
+    let counters = &state.counters;
+    let gauges = [
+        &counters.classifications_in_flight,
+        &counters.classifications_in_flight_max,
+    ];
+    let (request, _release) = match scoring_request(
+        &state,
+        &counters.classifications,
+        gauges,
+        &body,
+        "classification request",
+    )
+    .await
+    {
+        Ok(admitted) => admitted,
+        Err(response) => return *response,
+    };
+    let model = request["model"].as_str().unwrap_or_default();
+    if model != state.config.model {
+        return unknown_model(model);
+    }
+    let messages = request["messages"].as_array().map(Vec::as_slice);
+    let Some(last) = messages.and_then(<[Value]>::last) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "The decoder prompt cannot be empty",
+            "BadRequestError",
+            None,
+        );
+    };
+    let chars = last["content"].as_str().unwrap_or_default().chars().count();
+    let raw = messages.map_or(0, <[Value]>::len) as f64 + chars as f64 / 1000.0;
+    let score = if request["use_activation"] == false {
+        raw
+    } else {
+        1.0 / (1.0 + (-raw).exp())
+    };
+    Json(json!({
+        "id": format!("classify-{}", counters.classifications.load(Ordering::Relaxed)),
+        "object": "list",
+        "model": model,
+        "data": [{ "index": 0, "label": "LABEL_0", "probs": [score], "num_classes": 1 }],
     }))
     .into_response()
 }

@@ -10,14 +10,15 @@
 //! | `command:PROGRAM [ARGS..]` | [`CommandReward`] | whatever the program prints: the group as JSON on stdin, a JSON array of numbers or nulls on stdout |
 //! | (no spec; [`http`]) | [`HttpReward`] | whatever a reward service answers: the group as JSON in a POST, a JSON array of numbers or nulls back |
 //! | (no spec; [`judge`]) | [`Judge`] | what an LLM judge answers on an OpenAI-compatible chat endpoint, per completion or per group, read as a number, a JSON field or a label |
+//! | (no spec; [`reward_model`]) | [`RewardModel`] | what a trained reward model served by vLLM's pooling runner gives the conversation, one request per completion |
 //! | (no spec) | [`environment`] | the reward the rollout's environment gave its episode (`Completion::rollout_reward`) |
 //!
 //! A completion that cannot be judged (the row lacks the column, the column holds no
 //! number, no token ids for a length) scores `None`, never a made-up 0.
 //!
 //! `exact` and `length` need no feature; `regex` and `numeric` need the `regex` feature and
-//! `command` the `command` feature (all on by default); [`http`] and [`judge`] need the `http`
-//! feature. Without its feature, a spec of that
+//! `command` the `command` feature (all on by default); [`http`], [`judge`] and [`reward_model`] need
+//! the `http` feature. Without its feature, a spec of that
 //! kind is an error that names the feature.
 
 #[cfg(feature = "command")]
@@ -34,6 +35,8 @@ mod numeric;
 #[cfg(feature = "regex")]
 mod pattern;
 #[cfg(feature = "http")]
+mod reward_model;
+#[cfg(feature = "http")]
 mod service;
 
 #[cfg(feature = "command")]
@@ -49,6 +52,8 @@ pub use length::{LengthPenalty, LengthPenaltyError};
 pub use numeric::{NumericMatch, extract_number};
 #[cfg(feature = "regex")]
 pub use pattern::RegexMatch;
+#[cfg(feature = "http")]
+pub use reward_model::{RewardModel, RewardModelConfig};
 #[cfg(feature = "http")]
 pub use service::{ServiceConfig, ServiceError};
 
@@ -172,6 +177,19 @@ pub fn judge(service: ServiceConfig, config: JudgeConfig) -> Result<Reward, Judg
         Some(column) => reward.reads_column(column),
         None => reward,
     })
+}
+
+/// A trained reward model on vLLM's pooling runner (named `reward_model`): see
+/// [`RewardModel`].
+#[cfg(feature = "http")]
+pub fn reward_model(
+    service: ServiceConfig,
+    config: RewardModelConfig,
+) -> Result<Reward, ServiceError> {
+    Ok(Reward::from_async(
+        "reward_model",
+        RewardModel::new(service, config)?,
+    ))
 }
 
 /// `exact:COLUMN`: 1 when the answer equals the row's `column` (normalized), else 0.
