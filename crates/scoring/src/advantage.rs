@@ -1,4 +1,5 @@
-//! Group advantages: GRPO, Dr. GRPO, RLOO and batch-level std, with their knobs.
+//! Group advantages: GRPO, Dr. GRPO, RLOO and batch-level std, with their knobs, per
+//! completion or, with [`Credit::Turn`], per turn from the turns' discounted returns.
 //!
 //! Which completions form the baseline is decided here, once: a completion enters its
 //! group's mean and std only if it has a finite reward *and* produced a training row. An
@@ -42,6 +43,24 @@ pub enum EpsPlacement {
     InsideSqrt,
 }
 
+/// What an advantage is given to: the whole completion, or each of its turns.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Credit {
+    /// One advantage per completion, from its reward (outcome-only GRPO).
+    #[default]
+    Episode,
+    /// One advantage per assistant turn, from the turn's discounted return: the step rewards
+    /// an environment gave the turn's tool calls and those of the turns after it, and the
+    /// completion's reward at its last turn, each `gamma` times the one before it. The
+    /// estimator's baseline and scale are those of the group's episode returns (the returns
+    /// of first turns); see [`turn_advantages`].
+    Turn {
+        /// The discount per turn, in `[0, 1]`.
+        gamma: f64,
+    },
+}
+
 /// The estimator and its knobs. [`AdvantageConfig::default`] is the `trl` preset.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AdvantageConfig {
@@ -57,6 +76,9 @@ pub struct AdvantageConfig {
     pub clip: Option<f64>,
     /// Drop groups whose baseline rewards are all equal (they carry no signal).
     pub drop_zero_variance: bool,
+    /// Per completion (the default) or per turn.
+    #[serde(default)]
+    pub credit: Credit,
 }
 
 /// The presets, by name, for configuration files and flags.
@@ -78,6 +100,7 @@ impl AdvantageConfig {
             eps_placement: EpsPlacement::AddToStd,
             clip: None,
             drop_zero_variance: false,
+            credit: Credit::Episode,
         };
         Some(match name {
             "trl" => base,
@@ -105,7 +128,7 @@ impl AdvantageConfig {
 
 impl AdvantageConfig {
     /// Checks the knobs a configuration file can get wrong: `eps` finite and `>= 0`, `clip`
-    /// finite and `>= 0`. The estimators never panic on a bad value (a NaN or negative
+    /// finite and `>= 0`, a turn credit's `gamma` in `[0, 1]`. The estimators never panic on a bad value (a NaN or negative
     /// clip is ignored), but a loader should refuse it with this message.
     pub fn validate(&self) -> Result<(), InvalidAdvantageConfig> {
         if !(self.eps.is_finite() && self.eps >= 0.0) {
@@ -115,6 +138,11 @@ impl AdvantageConfig {
             && !(clip.is_finite() && clip >= 0.0)
         {
             return Err(InvalidAdvantageConfig::Clip(clip));
+        }
+        if let Credit::Turn { gamma } = self.credit
+            && !(0.0..=1.0).contains(&gamma)
+        {
+            return Err(InvalidAdvantageConfig::Gamma(gamma));
         }
         Ok(())
     }
@@ -129,6 +157,9 @@ pub enum InvalidAdvantageConfig {
     /// `clip` is negative or not finite.
     #[error("clip must be a finite number >= 0, got {0}")]
     Clip(f64),
+    /// A turn credit's `gamma` is outside `[0, 1]`.
+    #[error("gamma must be a number from 0 to 1, got {0}")]
+    Gamma(f64),
 }
 
 impl Default for AdvantageConfig {
@@ -301,26 +332,10 @@ fn advantages_with(
         _ if stats.all_equal => GroupKind::ZeroVariance,
         _ => GroupKind::Normal,
     };
-    let n = stats.n as f64;
-    let denominator = match config.eps_placement {
-        EpsPlacement::AddToStd => scale + config.eps,
-        EpsPlacement::InsideSqrt => (scale * scale + config.eps).sqrt(),
-    };
-    let advantage = |r: f64| -> f64 {
-        let a = match config.estimator {
-            Estimator::Grpo | Estimator::BatchStd => (r - stats.mean) / denominator,
-            Estimator::DrGrpo => r - stats.mean,
-            Estimator::Rloo => n / (n - 1.0) * (r - stats.mean),
-        };
-        match config.clip {
-            Some(clip) if clip >= 0.0 => a.clamp(-clip, clip),
-            _ => a,
-        }
-    };
     let advantages = completions
         .iter()
         .map(|completion| match (kind, completion.baseline_reward()) {
-            (GroupKind::Normal, Some(r)) => advantage(r),
+            (GroupKind::Normal, Some(r)) => advantage(config, stats.n, stats.mean, scale, r, r),
             _ => 0.0,
         })
         .collect();
@@ -332,5 +347,89 @@ fn advantages_with(
         mean: stats.mean,
         std: scale,
         non_finite: stats.non_finite,
+    }
+}
+
+/// The advantage of `value` (a reward, or a turn's return) of a completion whose own baseline
+/// reward is `own`, in a group of `n` baseline rewards of mean `mean`, scaled by `scale`;
+/// clipped as configured. RLOO's baseline leaves `own` out: `(n * mean - own) / (n - 1)`,
+/// which for `value == own` is `n / (n - 1) * (own - mean)`.
+fn advantage(
+    config: &AdvantageConfig,
+    n: usize,
+    mean: f64,
+    scale: f64,
+    own: f64,
+    value: f64,
+) -> f64 {
+    let n = n as f64;
+    let a = match config.estimator {
+        Estimator::Grpo | Estimator::BatchStd => (value - mean) / denominator(config, scale),
+        Estimator::DrGrpo => value - mean,
+        Estimator::Rloo => value - (n * mean - own) / (n - 1.0),
+    };
+    match config.clip {
+        Some(clip) if clip >= 0.0 => a.clamp(-clip, clip),
+        _ => a,
+    }
+}
+
+/// What GRPO and batch std divide by: the scale with the epsilon where it is configured.
+fn denominator(config: &AdvantageConfig, scale: f64) -> f64 {
+    match config.eps_placement {
+        EpsPlacement::AddToStd => scale + config.eps,
+        EpsPlacement::InsideSqrt => (scale * scale + config.eps).sqrt(),
+    }
+}
+
+/// The discounted return of each turn of a completion: `step_rewards[t]` (a missing one is 0)
+/// plus, at the last turn, the completion's `outcome` reward, then `gamma` times the next
+/// turn's return. A completion without turns has one return, its outcome.
+///
+/// ```
+/// use scoring::turn_returns;
+/// // Two turns: a step reward of 0.5 on the first, an outcome of 1.
+/// assert_eq!(turn_returns(&[Some(0.5), None], 1.0, 0.5), vec![1.0, 1.0]);
+/// ```
+pub fn turn_returns(step_rewards: &[Option<f64>], outcome: f64, gamma: f64) -> Vec<f64> {
+    let turns = step_rewards.len().max(1);
+    let mut returns = vec![0.0; turns];
+    let mut next = 0.0;
+    for t in (0..turns).rev() {
+        let step = step_rewards.get(t).copied().flatten().unwrap_or(0.0);
+        let outcome = if t + 1 == turns { outcome } else { 0.0 };
+        next = step + outcome + gamma * next;
+        returns[t] = next;
+    }
+    returns
+}
+
+/// The advantage of each turn of `completion` (whose reward the estimator was given is its
+/// episode return, `returns[0]`), in the group `group` that [`group_advantages`] computed
+/// over the episode returns: each turn's return goes through the same baseline and scale
+/// (for RLOO, the mean of the other completions' episode returns), then the clip. Outside
+/// the baseline, or in a group that is not [`GroupKind::Normal`], every turn's advantage is 0,
+/// as the completion's is.
+pub fn turn_advantages(
+    returns: &[f64],
+    completion: &CompletionReward,
+    group: &GroupAdvantages,
+    config: &AdvantageConfig,
+) -> Vec<f64> {
+    match (group.kind, completion.baseline_reward()) {
+        (GroupKind::Normal, Some(own)) => returns
+            .iter()
+            .map(|&value| {
+                advantage(
+                    config,
+                    group.baseline_size,
+                    group.mean,
+                    group.std,
+                    own,
+                    value,
+                )
+            })
+            .collect(),
+        _ => vec![0.0; returns.len()],
     }
 }

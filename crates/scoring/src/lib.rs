@@ -115,8 +115,9 @@ pub use crate::scorer::{
 pub use crate::table::{RewardTable, TableError};
 pub use crate::{
     advantage::{
-        AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupAdvantages, GroupKind,
-        InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
+        AdvantageConfig, CompletionReward, Credit, EpsPlacement, Estimator, GroupAdvantages,
+        GroupKind, InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
+        turn_advantages, turn_returns,
     },
     group::{Completion, Group},
     reward::{AsyncReward, CallStats, Notes, Reward, RewardError, Scores, SyncReward},

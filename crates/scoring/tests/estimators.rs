@@ -273,3 +273,117 @@ fn batch_std_reports_the_std_it_divided_by() {
         1e-6,
     );
 }
+
+/// Three completions with step rewards, discounted by 0.5 per turn:
+/// - c0: steps [1, -], outcome 1: returns t1 = 1, t0 = 1 + 0.5 * 1 = 1.5;
+/// - c1: steps [-], outcome 0: returns [0];
+/// - c2: steps [0.5, -0.5, -], outcome 1: t2 = 1, t1 = -0.5 + 0.5 * 1 = 0,
+///   t0 = 0.5 + 0.5 * 0 = 0.5.
+fn three_with_steps() -> Vec<Vec<f64>> {
+    let gamma = 0.5;
+    let returns = vec![
+        scoring::turn_returns(&[Some(1.0), None], 1.0, gamma),
+        scoring::turn_returns(&[None], 0.0, gamma),
+        scoring::turn_returns(&[Some(0.5), Some(-0.5), None], 1.0, gamma),
+    ];
+    assert_close(&returns[0], &[1.5, 1.0], 1e-12);
+    assert_close(&returns[1], &[0.0], 1e-12);
+    assert_close(&returns[2], &[0.5, 0.0, 1.0], 1e-12);
+    returns
+}
+
+/// Each completion's turn advantages, the group estimated over the episode returns.
+fn per_turn(returns: &[Vec<f64>], config: &AdvantageConfig) -> Vec<Vec<f64>> {
+    let episodes: Vec<CompletionReward> = returns
+        .iter()
+        .map(|r| CompletionReward::scored(r[0]))
+        .collect();
+    let group = group_advantages(&episodes, config);
+    returns
+        .iter()
+        .zip(&episodes)
+        .map(|(r, c)| scoring::turn_advantages(r, c, &group, config))
+        .collect()
+}
+
+#[test]
+fn turn_advantages_with_grpo_share_the_episode_returns_mean_and_std() {
+    // Episode returns {1.5, 0, 0.5}: mean 2/3; deviations 5/6, -2/3, -1/6; population
+    // variance (25/36 + 16/36 + 1/36) / 3 = 7/18, so 1 / std = sqrt(18/7) = 1.6035675.
+    // c0: t0 (5/6) * 1.6035675 = 1.3363062, t1 (1 - 2/3) * 1.6035675 = 0.5345225;
+    // c1: (-2/3) * 1.6035675 = -1.0690450;
+    // c2: t0 (-1/6) * 1.6035675 = -0.2672612, t1 (0 - 2/3) = -1.0690450, t2 (1/3) = 0.5345225.
+    let advantages = per_turn(&three_with_steps(), &preset("trl"));
+    assert_close(&advantages[0], &[1.3363062, 0.5345225], 1e-6);
+    assert_close(&advantages[1], &[-1.0690450], 1e-6);
+    assert_close(&advantages[2], &[-0.2672612, -1.0690450, 0.5345225], 1e-6);
+}
+
+#[test]
+fn turn_advantages_with_rloo_leave_the_completion_s_own_episode_out_of_its_baseline() {
+    // c0's baseline: the mean of the others' episode returns (0 + 0.5) / 2 = 0.25:
+    //   t0 1.5 - 0.25 = 1.25, t1 1 - 0.25 = 0.75;
+    // c1's: (1.5 + 0.5) / 2 = 1: 0 - 1 = -1;
+    // c2's: (1.5 + 0) / 2 = 0.75: t0 -0.25, t1 -0.75, t2 0.25.
+    let advantages = per_turn(&three_with_steps(), &preset("rloo"));
+    assert_close(&advantages[0], &[1.25, 0.75], 1e-12);
+    assert_close(&advantages[1], &[-1.0], 1e-12);
+    assert_close(&advantages[2], &[-0.25, -0.75, 0.25], 1e-12);
+}
+
+#[test]
+fn without_step_rewards_and_discount_every_turn_gets_the_episode_s_advantage() {
+    let config = preset("trl");
+    let outcomes = [1.0, 0.0, 1.0, 3.0];
+    let turns = [3, 1, 2, 4];
+    let returns: Vec<Vec<f64>> = outcomes
+        .iter()
+        .zip(turns)
+        .map(|(outcome, turns)| scoring::turn_returns(&vec![None; turns], *outcome, 1.0))
+        .collect();
+    let episode = group_advantages(&scored(&outcomes), &config).advantages;
+    for (completion, advantages) in per_turn(&returns, &config).iter().enumerate() {
+        assert_eq!(advantages.len(), turns[completion]);
+        assert_close(
+            advantages,
+            &vec![episode[completion]; turns[completion]],
+            1e-12,
+        );
+    }
+}
+
+#[test]
+fn turn_advantages_are_zero_outside_the_baseline_and_in_a_group_without_spread() {
+    let config = preset("trl");
+    let returns = [vec![1.0, 0.5], vec![0.0]];
+    let unscorable = CompletionReward::unscorable();
+    let group = group_advantages(&[CompletionReward::scored(1.0), unscorable], &config);
+    assert_eq!(
+        scoring::turn_advantages(&returns[1], &unscorable, &group, &config),
+        vec![0.0]
+    );
+    // Equal episode returns, different turn returns: the group carries no signal.
+    let equal = [CompletionReward::scored(1.0), CompletionReward::scored(1.0)];
+    let group = group_advantages(&equal, &config);
+    assert_eq!(group.kind, GroupKind::ZeroVariance);
+    assert_eq!(
+        scoring::turn_advantages(&returns[0], &equal[0], &group, &config),
+        vec![0.0, 0.0]
+    );
+}
+
+#[test]
+fn a_gamma_outside_zero_to_one_is_refused() {
+    for gamma in [-0.1, 1.5, f64::NAN] {
+        let config = AdvantageConfig {
+            credit: scoring::Credit::Turn { gamma },
+            ..preset("trl")
+        };
+        assert!(config.validate().is_err(), "{gamma}");
+    }
+    let config = AdvantageConfig {
+        credit: scoring::Credit::Turn { gamma: 0.9 },
+        ..preset("trl")
+    };
+    assert_eq!(config.validate(), Ok(()));
+}
