@@ -61,6 +61,11 @@ pub struct TrainingRow {
     pub model_version: u64,
     /// How many turns the row holds.
     pub turns: usize,
+    /// Where each answer's sampled ids are in `input_ids`, in order: one span per answer the
+    /// row holds. The continuation of an answer (a turn whose prompt is exactly the held
+    /// tokens, as after an abort) extends its answer's span; a realigned answer's span ends
+    /// where its overwritten tokens begin.
+    pub turn_spans: Vec<std::ops::Range<usize>>,
 }
 
 impl TrainingRow {
@@ -310,6 +315,7 @@ impl Open {
                 old_log_probs: Vec::new(),
                 model_version: turn.model_version,
                 turns: 0,
+                turn_spans: Vec::new(),
             },
             last_answer_start: 0,
         };
@@ -329,11 +335,23 @@ impl Open {
         row.input_ids.truncate(len);
         row.completion_mask.truncate(len);
         row.old_log_probs.truncate(len);
+        if let Some(last) = row.turn_spans.last_mut() {
+            last.end = last.end.min(len);
+        }
     }
 
     fn append_sampled(&mut self, turn: &TurnRecord) {
         let row = &mut self.row;
-        self.last_answer_start = row.input_ids.len();
+        let start = row.input_ids.len();
+        self.last_answer_start = start;
+        let end = start + turn.sampled_ids.len();
+        match row.turn_spans.last_mut() {
+            // Nothing came between the last answer and these ids: they continue it.
+            Some(last) if last.end == start && start > 0 && turn.prompt_ids.len() == start => {
+                last.end = end;
+            }
+            _ => row.turn_spans.push(start..end),
+        }
         row.input_ids.extend_from_slice(&turn.sampled_ids);
         row.old_log_probs.extend_from_slice(&turn.logprobs);
         match &turn.mask {

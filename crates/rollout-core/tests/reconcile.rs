@@ -369,3 +369,46 @@ proptest! {
         prop_assert_eq!(&last.input_ids, &expected);
     }
 }
+
+#[test]
+fn each_answer_has_its_span_a_continuation_extends_it_and_a_realign_shortens_it() {
+    let mut reconciler = Reconciler::new(ID, config(4));
+    // An answer [3, 4] after the prompt [1, 2], continued with [5] (an aborted answer: the
+    // next prompt is exactly the held tokens), then a second answer [6, 7] after [9, 9].
+    for (prompt, sampled) in [
+        (&[1, 2][..], &[3, 4][..]),
+        (&[1, 2, 3, 4], &[5]),
+        (&[1, 2, 3, 4, 5, 9, 9], &[6, 7]),
+    ] {
+        reconciler
+            .push(&turn(prompt, sampled))
+            .expect("valid turns");
+    }
+    assert_eq!(reconciler.held(), [1, 2, 3, 4, 5, 9, 9, 6, 7]);
+    // The next prompt re-renders the last answer's 7 as 8: realigned, so the second answer's
+    // span ends before the overwritten token; a third answer [11] follows.
+    assert_eq!(
+        reconciler.push(&turn(&[1, 2, 3, 4, 5, 9, 9, 6, 8, 10], &[11])),
+        Ok(Transition::Realign { drift_tokens: 1 })
+    );
+    let (row, _) = one_row(reconciler);
+    assert_eq!(row.turn_spans, [2..5, 7..8, 10..11]);
+    for span in &row.turn_spans {
+        assert!(row.completion_mask[span.clone()].iter().all(|&m| m == 1));
+    }
+    assert_eq!(row.turns, 4, "four turn records");
+}
+
+#[test]
+fn a_forked_row_holds_the_spans_of_its_own_answers() {
+    let mut reconciler = Reconciler::new(ID, config(2));
+    reconciler.push(&turn(&[1], &[2, 3])).expect("valid");
+    reconciler.push(&turn(&[9, 9, 9], &[4])).expect("valid");
+    let reconciled = reconciler.finish();
+    let spans: Vec<Vec<(usize, usize)>> = reconciled
+        .rows
+        .iter()
+        .map(|row| row.turn_spans.iter().map(|s| (s.start, s.end)).collect())
+        .collect();
+    assert_eq!(spans, [[(1, 3)], [(3, 4)]]);
+}
