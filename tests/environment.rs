@@ -373,3 +373,96 @@ fn servers_that_go_wrong_fail_their_rollouts_naming_the_server_and_the_problem()
         );
     }
 }
+
+#[test]
+fn step_rewards_of_an_mcp_environment_are_kept_per_turn_and_give_each_turn_its_credit() {
+    // kv_env's calculator gives 0.25 to the call that stores the goal; the simulator calls it
+    // once with the question's expression, then answers. Turn credit with gamma 0.5: a
+    // row's returns are t1 = R (its reward) and t0 = 0.25 + 0.5 * R.
+    let case = environment_case(
+        "mcp-steps",
+        &format!(
+            "command = [{}, {}]",
+            toml_path(&mcp_python()),
+            toml_path(&kv_env())
+        ),
+    );
+    let config = std::fs::read_to_string(case.config_file()).expect("the config");
+    // A reward that differs within groups, so that their advantages are not all 0: whether
+    // the answer's number (random, drawn from each request's seed) starts with 0 to 4.
+    let config = config.replacen(
+        "seed = 7\n",
+        "seed = 7\ncredit = \"turn\"\ngamma = 0.5\n",
+        1,
+    ) + "\n[[rewards]]\nspec = \"regex:answer is [0-4]\"\n";
+    std::fs::write(case.config_file(), config).expect("the config");
+    let runtime = runtime();
+    let sim = simulator(&runtime, 1, "calculator");
+    let (output, _) = run_marked(&mut case.command(&["--server", &sim.url()]), "mcp-steps");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows = case.rows();
+    assert_eq!(rows.len(), 12, "{stderr}");
+
+    let mut groups: BTreeMap<u64, Vec<&TrainingSample>> = BTreeMap::new();
+    for row in &rows {
+        // The tool turn's step reward is what the server put in its result; the answer's
+        // turn made no call.
+        let told: f64 = row.environment["tools"]
+            .as_array()
+            .expect("the calls' metadata")
+            .iter()
+            .filter_map(|call| call["metadata"]["structured"]["reward"].as_f64())
+            .sum();
+        assert_eq!(told, 0.25, "{:?}", row.environment);
+        assert_eq!(row.step_rewards, [Some(0.25), None]);
+        // One span per assistant turn, covering exactly the trained tokens.
+        assert_eq!(row.advantage_spans.len(), 2);
+        let mut in_spans = vec![0u8; row.input_ids.len()];
+        for span in &row.advantage_spans {
+            in_spans[span.start..span.end].fill(1);
+        }
+        assert_eq!(in_spans, row.completion_mask);
+        groups.entry(row.group_id).or_default().push(row);
+    }
+    let mut spread_groups = 0;
+    for (group, rows) in groups {
+        // By hand: TRL's GRPO over the episode returns (population std, 1e-8 added to it),
+        // each turn's return through the same mean and std.
+        let reward = |row: &TrainingSample| row.reward.expect("scored");
+        let episodes: Vec<f64> = rows.iter().map(|row| 0.25 + 0.5 * reward(row)).collect();
+        let mean = episodes.iter().sum::<f64>() / episodes.len() as f64;
+        let std = (episodes.iter().map(|g| (g - mean).powi(2)).sum::<f64>()
+            / episodes.len() as f64)
+            .sqrt();
+        let spread = episodes.iter().any(|&g| g != episodes[0]);
+        spread_groups += usize::from(spread);
+        for row in rows {
+            let expected = |value: f64| {
+                if spread {
+                    (value - mean) / (std + 1e-8)
+                } else {
+                    0.0
+                }
+            };
+            let (first, second) = (&row.advantage_spans[0], &row.advantage_spans[1]);
+            let context = format!("group {group}, rollout {}", row.rollout_id.0);
+            assert!(
+                (first.advantage - expected(0.25 + 0.5 * reward(row))).abs() < 1e-9,
+                "{context}: {first:?}"
+            );
+            assert!(
+                (second.advantage - expected(reward(row))).abs() < 1e-9,
+                "{context}: {second:?}"
+            );
+            assert_eq!(row.advantage, first.advantage, "{context}");
+        }
+    }
+    assert!(
+        spread_groups > 0,
+        "some group's rewards differ: {:?}",
+        rows.iter()
+            .map(|row| (row.group_id, row.reward))
+            .collect::<Vec<_>>()
+    );
+}

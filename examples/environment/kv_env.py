@@ -5,13 +5,17 @@ the store must hold the value of the row's expression under that expression. The
 two tools: `calculator` (evaluates `A op B` and writes the result under the expression) and
 `read` (a key's value). The reward: 0 unless the store is in the goal state; then 1.0 for a
 task marked `"done_on_goal": true` (its episode ends as soon as the goal is stored), else 0.5,
-plus 0.5 when the final answer states the value. Conventions of async-grpo's MCP
+plus 0.5 when the final answer states the value. Each `calculator` call also gives a step
+reward: 0.25 when it stored the goal's value, else 0. Conventions of async-grpo's MCP
 environments:
 
 - `reset(task, seed, episode_id)`: called once before the first turn with the dataset row;
   hidden from the model.
 - a tool result `{"done": true, ...}` ends the episode (here: the goal stored, for a task
   marked `done_on_goal`).
+- a tool result `{"reward": R, ...}` is a step reward: the row's `step_rewards` holds it
+  for the assistant turn that made the call (summed over the turn's calls), and
+  `credit = "turn"` gives that turn credit for it.
 - `verify(transcript)`: called once at the end, hidden from the model; returns the reward
   with metrics.
 
@@ -76,8 +80,10 @@ def calculator(expression: str, ctx: Context) -> dict:
     state = episode(ctx)
     state["calls"] += 1
     result = evaluate(expression)
+    before = stored(state)
     state["store"][expression.strip()] = str(result)
-    return {"result": result, "done": state["done_on_goal"] and stored(state)}
+    step = 0.25 if stored(state) and not before else 0.0
+    return {"result": result, "done": state["done_on_goal"] and stored(state), "reward": step}
 
 
 @server.tool()

@@ -38,7 +38,7 @@ use clap::Args;
 use harness::{agent::ProgramConfig, mcp::McpEnvironment};
 use rollout::{ConfigError, RolloutConfig, Sampling, Shard, field_names};
 use rollout_core::ReconcilerConfig;
-use scoring::{AdvantageConfig, Reward, RewardTable};
+use scoring::{AdvantageConfig, Credit, Reward, RewardTable};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use tool_dispatch::{
     Registry,
@@ -153,6 +153,14 @@ pub(crate) struct Settings {
     /// The advantage estimator: trl, grpo, dr_grpo, rloo or batch
     #[arg(long, value_name = "NAME")]
     pub(crate) estimator: String,
+    /// What an advantage is given to: episode (one per rollout, from its reward) or turn (one
+    /// per assistant turn, from the turn's discounted return of step rewards and the reward;
+    /// rows get advantage_spans)
+    #[arg(long, value_name = "CREDIT")]
+    pub(crate) credit: String,
+    /// With credit = "turn": the discount per turn, from 0 to 1
+    #[arg(long, value_name = "GAMMA")]
+    pub(crate) gamma: f64,
     /// Threads that run sync tools (started on demand; async tools need none)
     #[arg(long, value_name = "N")]
     pub(crate) tool_threads: usize,
@@ -207,6 +215,8 @@ impl Default for Settings {
             listen_token: None,
             rewards: Vec::new(),
             estimator: "trl".to_owned(),
+            credit: "episode".to_owned(),
+            gamma: 1.0,
             tool_threads: 64,
             drain_timeout: Duration::from_secs(30),
             ca_cert: None,
@@ -371,7 +381,25 @@ impl Settings {
                 scoring::PRESETS.join(", ")
             );
         };
-        self.engine.advantages = advantages;
+        if !(0.0..=1.0).contains(&self.gamma) {
+            bail!(
+                "{}: gamma must be a number from 0 to 1, got {}",
+                places.of("gamma"),
+                self.gamma
+            );
+        }
+        let credit = match self.credit.as_str() {
+            "episode" => Credit::Episode,
+            "turn" => Credit::Turn { gamma: self.gamma },
+            other => bail!(
+                "{}: unknown credit '{other}'; expected episode or turn",
+                places.of("credit")
+            ),
+        };
+        self.engine.advantages = AdvantageConfig {
+            credit,
+            ..advantages
+        };
         self.engine
             .validate()
             .map_err(|e| anyhow::anyhow!("{}", places.problem(&e)))?;

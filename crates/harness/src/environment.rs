@@ -219,6 +219,7 @@ impl Harness {
     async fn episode(&self, created: Created) -> Result<HarnessEpisode, String> {
         let status = Arc::new(Mutex::new(EpisodeStatus::Running));
         let notes = Arc::new(Mutex::new(Vec::new()));
+        let step = Arc::new(Mutex::new(None));
         let mut registry = Registry::new();
         let mut problem = None;
         for spec in created.tools {
@@ -228,6 +229,7 @@ impl Harness {
                 Said {
                     status: Arc::clone(&status),
                     notes: Arc::clone(&notes),
+                    step: Arc::clone(&step),
                     environment: Arc::clone(&self.name),
                 },
                 self.config.timeout,
@@ -244,6 +246,7 @@ impl Harness {
             pool: self.pool.clone(),
             status,
             notes,
+            step,
             initial: created.initial,
             timeout: self.config.timeout,
         };
@@ -308,6 +311,8 @@ struct Said {
     status: Arc<Mutex<EpisodeStatus>>,
     /// `{"name", "metadata"}` per call whose output carried metadata, in call order.
     notes: Arc<Mutex<Vec<Value>>>,
+    /// The sum of the step rewards of the calls since the episode last gave it.
+    step: Arc<Mutex<Option<f64>>>,
     /// The environment's name, for messages.
     environment: Arc<str>,
 }
@@ -355,6 +360,10 @@ impl Said {
                         *status = EpisodeStatus::Done;
                     }
                 }
+                if let Some(reward) = output.reward {
+                    let mut step = lock(&self.step);
+                    *step = Some(step.unwrap_or(0.0) + reward);
+                }
                 if !output.metadata.is_empty() {
                     lock(&self.notes).push(json!({"name": tool, "metadata": output.metadata}));
                 }
@@ -383,6 +392,8 @@ struct HarnessEpisode {
     status: Arc<Mutex<EpisodeStatus>>,
     /// What its tool calls said beside their content ([`Said::notes`]).
     notes: Arc<Mutex<Vec<Value>>>,
+    /// Their step rewards since the loop last took them ([`Said::step`]).
+    step: Arc<Mutex<Option<f64>>>,
     initial: Vec<Message>,
     timeout: Duration,
 }
@@ -398,6 +409,10 @@ impl Episode for HarnessEpisode {
 
     fn status(&self) -> EpisodeStatus {
         lock(&self.status).clone()
+    }
+
+    fn take_step_reward(&mut self) -> Option<f64> {
+        lock(&self.step).take()
     }
 
     fn verify(&mut self, transcript: Vec<Message>) -> BoxFuture<'_, Verdict> {

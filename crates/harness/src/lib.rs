@@ -115,7 +115,7 @@ pub use crate::{
     environment::{CREATE_TIMEOUT_CALLS, Harness, HarnessConfig},
     session::{
         Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory, Task, ToolOutput,
-        Verification,
+        Verification, step_reward,
     },
 };
 

@@ -44,7 +44,7 @@ use crate::{
     ConfigError, Harness, HarnessConfig,
     environment::DEFAULT_TIMEOUT,
     lock,
-    session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification},
+    session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification, step_reward},
 };
 
 /// The tool that receives the task, when a server has one.
@@ -739,6 +739,7 @@ impl Session for McpSession {
                 output.error = Some(text);
             }
             if let Some(structured) = structured {
+                output.reward = structured.as_object().and_then(step_reward);
                 output.metadata.insert("structured".to_owned(), structured);
             }
             Ok(output)

@@ -33,6 +33,20 @@ pub struct ToolOutput {
     /// Anything else the environment says about the call (not shown to the model): kept
     /// in the row's `environment.tools`, as `{"name", "metadata"}`.
     pub metadata: Map<String, Value>,
+    /// The call's reward, if the environment gave one: summed over a turn's calls into the
+    /// turn's entry of the row's `step_rewards`. [`step_reward`] reads it where OpenEnv and
+    /// MCP servers put it.
+    pub reward: Option<f64>,
+}
+
+/// A step reward in `value`, an object: its `reward` field when that is a finite number
+/// (OpenEnv's `ToolResult.metadata["reward"]` or `data["reward"]`, an MCP result's structured
+/// `reward`). Anything else there is no reward.
+pub fn step_reward(value: &Map<String, Value>) -> Option<f64> {
+    value
+        .get("reward")
+        .and_then(Value::as_f64)
+        .filter(|reward| reward.is_finite())
 }
 
 impl ToolOutput {

@@ -108,6 +108,6 @@ pub use crate::{
         ChatTemplate, ChatTokenizer, IncrementalRender, NoExactDelta, RenderError, RenderOptions,
         RenderState, Rendered,
     },
-    sample::{SampleMetrics, TrainingSample},
+    sample::{AdvantageSpan, SampleMetrics, TrainingSample},
     turn::TurnRecord,
 };

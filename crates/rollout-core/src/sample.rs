@@ -53,6 +53,27 @@ pub struct TrainingSample {
     /// answers), by name: the note on this completion, text. Absent when none did.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub reward_notes: Map<String, Value>,
+    /// One per assistant turn of the row, in order: the reward the rollout's environment gave
+    /// the turn's tool calls (their sum; `null` when none of them carried one). Absent when
+    /// the environment gave no step reward in the whole rollout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_rewards: Vec<Option<f64>>,
+    /// With turn-level credit, one per assistant turn of the row, in order: where the turn's
+    /// sampled tokens are in `input_ids` and their advantage. Absent with episode credit,
+    /// where `advantage` is every trained token's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advantage_spans: Vec<AdvantageSpan>,
+}
+
+/// The advantage of the tokens `input_ids[start..end]` (one assistant turn's).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdvantageSpan {
+    /// The turn's first token.
+    pub start: usize,
+    /// One past its last token.
+    pub end: usize,
+    /// The advantage of each of its trained tokens.
+    pub advantage: f64,
 }
 
 /// A sample's numbers by name, in the order they were put, written as a JSON object of

@@ -452,6 +452,7 @@ impl<G: Generator> Conversation<'_, G> {
         // Where the message is in the rendering (`first`, then the messages added).
         let assistant_at = self.first.len() + self.finished.messages.len();
         self.finished.messages.push(message);
+        self.finished.step_rewards.push(None);
         Ok((assistant_at, parsed.tool_calls))
     }
 
@@ -479,6 +480,12 @@ impl<G: Generator> Conversation<'_, G> {
                 Counters::add(&shared.counters.tool_errors, 1);
             }
             self.finished.messages.push(tool_message(&result));
+        }
+        // What the environment gave these calls is the step reward of the answer that made them.
+        if let Some(lease) = &mut self.lease
+            && let Some(last) = self.finished.step_rewards.last_mut()
+        {
+            *last = lease.get_mut().take_step_reward();
         }
         Ok(true)
     }

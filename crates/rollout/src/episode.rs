@@ -98,6 +98,12 @@ pub trait Episode: Send + 'static {
     fn tools(&self) -> &ToolDispatcher;
     /// Whether a tool ended the episode or the environment broke.
     fn status(&self) -> EpisodeStatus;
+    /// The step rewards the episode's tool calls gave since the last call (their sum), or
+    /// `None` when none gave one. The loop calls it after each turn's calls: what it returns
+    /// is that turn's entry of the rows' `step_rewards`. None by default.
+    fn take_step_reward(&mut self) -> Option<f64> {
+        None
+    }
     /// Judges the episode from its whole transcript (prompt and completion messages). Called
     /// at most once, when the conversation ended.
     fn verify(&mut self, transcript: Vec<Message>) -> BoxFuture<'_, Verdict>;

@@ -10,7 +10,10 @@ use std::{
     },
 };
 
-use scoring::{Completion, Group, GroupAdvantages, GroupScores};
+use scoring::{
+    Completion, CompletionReward, Credit, Group, GroupAdvantages, GroupScores, group_advantages,
+    turn_advantages, turn_returns,
+};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
@@ -22,7 +25,9 @@ use crate::{
     outcome::{FailureCause, Finished, RolloutFailure, Stop},
     shared::Shared,
 };
-use rollout_core::{Message, RenderError, RenderState, SampleMetrics, TrainingSample};
+use rollout_core::{
+    AdvantageSpan, Message, RenderError, RenderState, SampleMetrics, TrainingSample,
+};
 
 use crate::DatasetRow;
 
@@ -153,14 +158,17 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         .collect();
     // Versions only grow, so the group's oldest turn is its first.
     let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
-    let (scores, advantages) = score(shared, group, &mut finished).await;
+    let steps: Vec<Vec<Option<f64>>> = finished.iter().map(Finished::turn_step_rewards).collect();
+    let (scores, advantages, per_turn) = score(shared, group, &mut finished, &steps).await;
     if advantages.dropped {
         Counters::add(&counters.groups_zero_variance, 1);
         return;
     }
 
     let mut samples = Vec::new();
-    for (index, (done, metrics)) in finished.into_iter().zip(metrics).enumerate() {
+    for (index, ((done, metrics), steps)) in
+        finished.into_iter().zip(metrics).zip(steps).enumerate()
+    {
         let rewards: Map<String, Value> = scores
             .columns
             .iter()
@@ -191,9 +199,32 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
             notes,
         );
         let copies = copies(described, done.rows.len());
+        let given_steps = steps.iter().any(Option::is_some);
+        let mut first_turn = 0;
         for (row, (prompt, completion, rewards, metrics, environment, reward_notes)) in
             done.rows.into_iter().zip(copies)
         {
+            // The row's turns are the rollout's from `first_turn` on, one per span.
+            let turns = first_turn..first_turn + row.turn_spans.len();
+            first_turn = turns.end;
+            let step_rewards = if given_steps {
+                steps[turns.clone()].to_vec()
+            } else {
+                Vec::new()
+            };
+            let advantage_spans = match &per_turn {
+                Some(per_turn) => row
+                    .turn_spans
+                    .iter()
+                    .zip(&per_turn[index][turns])
+                    .map(|(span, &advantage)| AdvantageSpan {
+                        start: span.start,
+                        end: span.end,
+                        advantage,
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
             samples.push(TrainingSample {
                 group_id: group.group_id,
                 group_samples: 0,
@@ -210,6 +241,8 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
                 metrics,
                 environment,
                 reward_notes,
+                step_rewards,
+                advantage_spans,
             });
         }
     }
@@ -292,11 +325,14 @@ fn kept<G>(
 }
 
 /// Scores the group on its rollouts' answers and computes their advantages.
+/// The group's scores and advantages, and with turn credit each completion's advantage per
+/// turn (`steps` holds each completion's step rewards, one per turn).
 async fn score<G>(
     shared: &Shared<G>,
     group: &GroupState,
     finished: &mut [Finished],
-) -> (GroupScores, GroupAdvantages) {
+    steps: &[Vec<Option<f64>>],
+) -> (GroupScores, GroupAdvantages, Option<Vec<Vec<f64>>>) {
     let completions = finished
         .iter_mut()
         .map(|done| Completion {
@@ -313,8 +349,38 @@ async fn score<G>(
         group.row.columns.clone(),
     ));
     let scores = shared.scorer.score(Arc::clone(&scored)).await;
-    let advantages = scores.advantages(&scored, &shared.config.advantages);
-    (scores, advantages)
+    let config = &shared.config.advantages;
+    let Credit::Turn { gamma } = config.credit else {
+        let advantages = scores.advantages(&scored, config);
+        return (scores, advantages, None);
+    };
+    // Each completion's turns' returns; the estimator compares the episodes' (first turns').
+    let returns: Vec<Option<Vec<f64>>> = scores
+        .rewards
+        .iter()
+        .zip(steps)
+        .map(|(reward, steps)| reward.map(|outcome| turn_returns(steps, outcome, gamma)))
+        .collect();
+    let episodes: Vec<CompletionReward> = scores
+        .completion_rewards(&scored)
+        .into_iter()
+        .zip(&returns)
+        .map(|(completion, returns)| CompletionReward {
+            reward: returns.as_ref().map(|returns| returns[0]),
+            ..completion
+        })
+        .collect();
+    let advantages = group_advantages(&episodes, config);
+    let per_turn = returns
+        .iter()
+        .zip(&episodes)
+        .zip(steps)
+        .map(|((returns, episode), steps)| match returns {
+            Some(returns) => turn_advantages(returns, episode, &advantages, config),
+            None => vec![0.0; steps.len()],
+        })
+        .collect();
+    (scores, advantages, Some(per_turn))
 }
 
 /// A message as the rewards see it: the JSON object it is.

@@ -35,6 +35,9 @@ pub(crate) struct Finished {
     pub(crate) verdict: Option<Verdict>,
     /// Further numbers for the sample's metrics (a loop-owning agent's).
     pub(crate) metrics: BTreeMap<String, f64>,
+    /// One per assistant message: the step reward its tool calls got from the rollout's
+    /// environment (`None` when none did). Empty for an agent's conversations.
+    pub(crate) step_rewards: Vec<Option<f64>>,
 }
 
 impl Finished {
@@ -57,7 +60,18 @@ impl Finished {
             fallbacks: 0,
             verdict: None,
             metrics: BTreeMap::new(),
+            step_rewards: Vec::new(),
         }
+    }
+
+    /// The step reward of each of its turns, one per span of its rows (`turn_spans`), in
+    /// order: the environment's, or `None` for a turn it gave none (every turn of a rollout
+    /// outside an environment, or of an agent's conversations).
+    pub(crate) fn turn_step_rewards(&self) -> Vec<Option<f64>> {
+        let turns = self.rows.iter().map(|row| row.turn_spans.len()).sum();
+        let mut steps = self.step_rewards.clone();
+        steps.resize(turns, None);
+        steps
     }
 
     /// The last assistant message's content: what answer rewards read.

@@ -18,7 +18,7 @@ use std::{
 
 use arrow_array::{
     Array, ArrayRef, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array,
-    types::{Float32Type, UInt8Type, UInt32Type},
+    types::{Float32Type, Float64Type, UInt8Type, UInt32Type},
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use parquet::{
@@ -123,6 +123,10 @@ fn schema() -> SchemaRef {
         Field::new("environment", DataType::Utf8, true),
         // Null when no reward function kept a note on the row.
         Field::new("reward_notes", DataType::Utf8, true),
+        // Null when the environment gave no step reward (a null item: none for that turn).
+        Field::new("step_rewards", list(DataType::Float64), true),
+        // Null with episode credit; else JSON, `[{"start", "end", "advantage"}, ...]`.
+        Field::new("advantage_spans", DataType::Utf8, true),
     ]))
 }
 
@@ -205,6 +209,21 @@ fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
                 .map(|s| {
                     (!s.reward_notes.is_empty())
                         .then(|| serde_json::to_string(&s.reward_notes))
+                        .transpose()
+                })
+                .collect::<Result<StringArray, _>>()?,
+        ),
+        Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(
+            samples
+                .iter()
+                .map(|s| (!s.step_rewards.is_empty()).then(|| s.step_rewards.iter().copied())),
+        )),
+        Arc::new(
+            samples
+                .iter()
+                .map(|s| {
+                    (!s.advantage_spans.is_empty())
+                        .then(|| serde_json::to_string(&s.advantage_spans))
                         .transpose()
                 })
                 .collect::<Result<StringArray, _>>()?,
@@ -318,18 +337,22 @@ mod tests {
             metrics: rollout_core::SampleMetrics::new(),
             environment,
             reward_notes: Map::new(),
+            step_rewards: Vec::new(),
+            advantage_spans: Vec::new(),
         }
     }
 
     #[test]
-    fn the_environment_column_is_written_and_files_written_before_it_are_continued() {
+    fn the_later_columns_are_written_and_files_written_before_them_are_continued() {
         let dir = std::env::temp_dir().join(format!("parquet-environment-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temp dir");
-        // An output of the schema before the column: every column but `environment`.
+        // An output of the first schema: every column up to `metrics`, none of those added
+        // since (`environment`, `reward_notes`, `step_rewards`, `advantage_spans`).
         let old = dir.join("old.parquet");
         let full = batch(&[sample(0, Map::new())]).expect("a batch");
+        let metrics = full.schema().index_of("metrics").expect("a metrics column");
         let without = full
-            .project(&(0..full.num_columns() - 1).collect::<Vec<_>>())
+            .project(&(0..=metrics).collect::<Vec<_>>())
             .expect("projected");
         let mut writer =
             ArrowWriter::try_new(File::create(&old).expect("created"), without.schema(), None)
@@ -341,8 +364,15 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap_or_default();
+        let mut new = sample(1, said);
+        new.step_rewards = vec![Some(0.25), None];
+        new.advantage_spans = vec![rollout_core::AdvantageSpan {
+            start: 1,
+            end: 2,
+            advantage: -0.5,
+        }];
         let journal = dir.join("out.partial.jsonl");
-        let line = serde_json::to_string(&sample(1, said)).expect("JSON");
+        let line = serde_json::to_string(&new).expect("JSON");
         std::fs::write(&journal, format!("{line}\n")).expect("the journal");
         let out = dir.join("out.parquet");
         write(&out, Some(&old), &journal).expect("the old rows and the new ones are written");
@@ -350,18 +380,44 @@ mod tests {
         let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&out).expect("opened"))
             .and_then(|builder| builder.build())
             .expect("readable");
-        let mut environment = Vec::new();
+        let (mut environment, mut spans, mut steps) = (Vec::new(), Vec::new(), Vec::new());
         for batch in reader {
             let batch = batch.expect("a batch");
-            let column = batch
-                .column_by_name("environment")
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
-                .expect("an environment column");
-            environment.extend(column.iter().map(|text| text.map(str::to_owned)));
+            let text = |name: &str| {
+                batch
+                    .column_by_name(name)
+                    .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
+                    .expect("a text column")
+            };
+            environment.extend(text("environment").iter().map(|t| t.map(str::to_owned)));
+            spans.extend(text("advantage_spans").iter().map(|t| t.map(str::to_owned)));
+            let lists = batch
+                .column_by_name("step_rewards")
+                .and_then(|c| c.as_any().downcast_ref::<ListArray>().cloned())
+                .expect("a step_rewards column");
+            for i in 0..lists.len() {
+                steps.push((!lists.is_null(i)).then(|| {
+                    let list = lists.value(i);
+                    let values = list
+                        .as_any()
+                        .downcast_ref::<Float64Array>()
+                        .expect("floats")
+                        .clone();
+                    values.iter().collect::<Vec<_>>()
+                }));
+            }
         }
         assert_eq!(
             environment,
             [None, Some(r#"{"artifacts":{"log":"ok"}}"#.to_owned())]
+        );
+        assert_eq!(steps, [None, Some(vec![Some(0.25), None])]);
+        assert_eq!(
+            spans,
+            [
+                None,
+                Some(r#"[{"start":1,"end":2,"advantage":-0.5}]"#.to_owned())
+            ]
         );
         std::fs::remove_dir_all(&dir).expect("cleaned up");
     }

@@ -11,7 +11,9 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use harness::{SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification};
+use harness::{
+    SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification, step_reward,
+};
 use pyo3::{prelude::*, types::PyTuple};
 use rollout_core::Message;
 use serde::{Deserialize, de::DeserializeOwned};
@@ -228,11 +230,15 @@ impl SyncSession for PySession {
                 .into_pyobject(py)
         })?;
         let result: CallResult = read(&format!("{}: call_tool({tool})", self.name), &json)?;
+        // OpenEnv keeps a step's reward in the result's metadata or in its data.
+        let reward = step_reward(&result.metadata)
+            .or_else(|| result.content.as_object().and_then(step_reward));
         Ok(ToolOutput {
             content: result.content,
             done: result.done,
             error: result.error,
             metadata: result.metadata,
+            reward,
         })
     }
 

@@ -171,6 +171,33 @@ def test_each_rollout_runs_in_a_session_of_its_own_from_create_to_close(simulato
             "artifacts": {"log": f"session {index}", "metrics": {"note": "not a number"}},
             "tools": [{"name": "calculator", "metadata": {"reward": 1.0}}],
         }
+        # The call's metadata reward is the step reward of the one assistant turn that made it.
+        assert row["step_rewards"] == [1.0]
+
+
+class RewardInData(Calculators):
+    """Sessions whose tool gives its step reward in the result's data, not its metadata."""
+
+    def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> CalculatorSession:
+        session = super().create(task, seed, episode_id)
+
+        def call_tool(name: str, arguments: dict[str, Any]) -> ToolResult:
+            return ToolResult(data={"value": evaluate(arguments["expression"]), "reward": 0.5}, done=True)
+
+        session.call_tool = call_tool  # type: ignore[method-assign]
+        return session
+
+
+def test_a_step_reward_in_the_result_s_data_is_kept_for_its_turn(simulator, make_worker, tmp_path) -> None:
+    sim = simulator(tool_rounds=1)
+    output = tmp_path / "rows.jsonl"
+    worker = make_worker(sim, reward_funcs=None, environment=RewardInData(), output=str(output))
+    worker.start()
+    take(worker, 4)
+    worker.stop()
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert rows
+    assert all(row["step_rewards"] == [0.5] for row in rows), [row.get("step_rewards") for row in rows]
 
 
 class AsyncCalculators:

@@ -128,6 +128,8 @@ mod tests {
             metrics: rollout_core::SampleMetrics::new(),
             environment: Map::new(),
             reward_notes: Map::new(),
+            step_rewards: Vec::new(),
+            advantage_spans: Vec::new(),
         }
     }
 
