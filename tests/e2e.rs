@@ -138,56 +138,53 @@ fn a_small_run_against_vllm_gives_rows_of_real_ids_and_logprobs() {
     }
 }
 
-#[test]
-fn the_real_server_judges_completions_through_its_chat_endpoint() {
-    let (url, model_dir, model) = (
-        env("VLLM_URL"),
-        env("VLLM_MODEL_DIR"),
-        env("VLLM_MODEL_NAME"),
+/// A small run against the real server: `dataset` and `rewards` (a config file's
+/// `[[rewards]]` tables) written in `dir`, groups of 2, at most 16 tokens per answer; it
+/// must succeed. Returns the rows and the run's stderr.
+fn small_run(dir: &Path, dataset: &str, rewards: &str, seed: u32) -> (Vec<Value>, String) {
+    let (url, model_dir) = (env("VLLM_URL"), env("VLLM_MODEL_DIR"));
+    let (data, config, out) = (
+        dir.join("questions.jsonl"),
+        dir.join("rewards.toml"),
+        dir.join("rows.jsonl"),
     );
-    let dir = scratch("judge");
-    let dataset = dir.join("questions.jsonl");
-    std::fs::write(
-        &dataset,
-        "{\"prompt\": \"What is 2 + 3? Answer with a number.\", \"answer\": \"5\"}\n",
-    )
-    .expect("the dataset");
-    // The policy's own server is the judge: the tiny model may answer a number or not, and
-    // either is fine; what must hold is that the request went through and was read.
-    let config = dir.join("judge.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[rewards]]\nspec = \"numeric:answer\"\n\n[[rewards]]\nkind = \"judge\"\nurl = \
-             \"{url}/v1/chat/completions\"\nmodel = \"{model}\"\nmax_tokens = 8\ntemplate = \
-             \"\"\"Question: {{prompt}}\nReference answer: {{answer}}\nResponse: {{completion}}\n\
-             Rate the response from 0 to 10. Reply with the number only.\"\"\"\n"
-        ),
-    )
-    .expect("the config");
-    let out = dir.join("rows.jsonl");
+    std::fs::write(&data, dataset).expect("the dataset");
+    std::fs::write(&config, rewards).expect("the config");
     let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
         .arg("--config")
         .arg(&config)
         .arg("--dataset")
-        .arg(&dataset)
+        .arg(&data)
         .arg("--out")
         .arg(&out)
-        .args([
-            "--num-generations",
-            "2",
-            "--max-tokens",
-            "16",
-            "--seed",
-            "7",
-        ])
-        .args(["--progress", "log"])
+        .args(["--num-generations", "2", "--max-tokens", "16"])
+        .args(["--seed", &seed.to_string(), "--progress", "log"])
         .env("NO_COLOR", "1")
         .output()
         .expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
+    (rows(&out), stderr)
+}
+
+#[test]
+fn the_real_server_judges_completions_through_its_chat_endpoint() {
+    let (url, model) = (env("VLLM_URL"), env("VLLM_MODEL_NAME"));
+    let dir = scratch("judge");
+    // The policy's own server is the judge: the tiny model may answer a number or not, and
+    // either is fine; what must hold is that the request went through and was read.
+    let (rows, stderr) = small_run(
+        &dir,
+        "{\"prompt\": \"What is 2 + 3? Answer with a number.\", \"answer\": \"5\"}\n",
+        &format!(
+            "[[rewards]]\nspec = \"numeric:answer\"\n\n[[rewards]]\nkind = \"judge\"\nurl = \
+             \"{url}/v1/chat/completions\"\nmodel = \"{model}\"\nmax_tokens = 8\ntemplate = \
+             \"\"\"Question: {{prompt}}\nReference answer: {{answer}}\nResponse: {{completion}}\n\
+             Rate the response from 0 to 10. Reply with the number only.\"\"\"\n"
+        ),
+        7,
+    );
     // Two calls, none lost to the transport or an error status: each answer was read, as a
     // score or as unreadable.
     assert!(
@@ -196,7 +193,6 @@ fn the_real_server_judges_completions_through_its_chat_endpoint() {
         "{stderr}"
     );
     assert!(stderr.contains("(0 transport, 0 status, "), "{stderr}");
-    let rows = rows(&out);
     assert_eq!(rows.len(), 2, "{stderr}");
     for row in &rows {
         let judged = &row["rewards"]["judge"];
@@ -221,7 +217,6 @@ for messages in json.load(sys.stdin):
 
 #[test]
 fn a_reward_model_on_the_real_pooling_runner_scores_each_conversation_as_transformers_does() {
-    let (url, model_dir) = (env("VLLM_URL"), env("VLLM_MODEL_DIR"));
     let (reward_url, reward_dir, reward_name, python) = (
         env("VLLM_REWARD_URL"),
         env("VLLM_REWARD_MODEL_DIR"),
@@ -229,50 +224,20 @@ fn a_reward_model_on_the_real_pooling_runner_scores_each_conversation_as_transfo
         env("VLLM_PYTHON"),
     );
     let dir = scratch("reward-model");
-    let dataset = dir.join("questions.jsonl");
-    std::fs::write(
-        &dataset,
+    let (rows, stderr) = small_run(
+        &dir,
         "{\"prompt\": \"What is 2 + 3?\", \"answer\": \"5\"}\n\
          {\"prompt\": \"Name a colour.\", \"answer\": \"red\"}\n",
-    )
-    .expect("the dataset");
-    let config = dir.join("rm.toml");
-    std::fs::write(
-        &config,
-        format!(
+        &format!(
             "[[rewards]]\nkind = \"reward_model\"\nurl = \"{reward_url}/classify\"\nmodel = \
              \"{reward_name}\"\n"
         ),
-    )
-    .expect("the config");
-    let out = dir.join("rows.jsonl");
-    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
-        .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
-        .arg("--config")
-        .arg(&config)
-        .arg("--dataset")
-        .arg(&dataset)
-        .arg("--out")
-        .arg(&out)
-        .args([
-            "--num-generations",
-            "2",
-            "--max-tokens",
-            "16",
-            "--seed",
-            "3",
-        ])
-        .args(["--progress", "log"])
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+        3,
+    );
     assert!(
         stderr.contains("reward 'reward_model' made 4 calls (0 retried attempts, 0 answers from its cache); 0 failed"),
         "{stderr}"
     );
-    let rows = rows(&out);
     assert_eq!(rows.len(), 4, "{stderr}");
 
     // The same conversations scored by transformers from the same folder.

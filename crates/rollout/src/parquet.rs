@@ -165,6 +165,14 @@ fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
             let texts = samples.iter().map(f).collect::<Result<Vec<_>, _>>()?;
             Ok(Arc::new(StringArray::from(texts)))
         };
+    // A nullable text column: null where the sample has nothing to say.
+    let json_or_null = |f: fn(&TrainingSample) -> Option<serde_json::Result<String>>| {
+        samples
+            .iter()
+            .map(|s| f(s).transpose())
+            .collect::<Result<StringArray, _>>()
+            .map(|texts| Arc::new(texts) as ArrayRef)
+    };
     let columns: Vec<ArrayRef> = vec![
         u64s(|s| s.group_id),
         u64s(|s| s.group_samples),
@@ -193,41 +201,20 @@ fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
         json(|s| serde_json::to_string(&s.rewards))?,
         u64s(|s| s.model_version),
         json(|s| serde_json::to_string(&s.metrics))?,
-        Arc::new(
-            samples
-                .iter()
-                .map(|s| {
-                    (!s.environment.is_empty())
-                        .then(|| serde_json::to_string(&s.environment))
-                        .transpose()
-                })
-                .collect::<Result<StringArray, _>>()?,
-        ),
-        Arc::new(
-            samples
-                .iter()
-                .map(|s| {
-                    (!s.reward_notes.is_empty())
-                        .then(|| serde_json::to_string(&s.reward_notes))
-                        .transpose()
-                })
-                .collect::<Result<StringArray, _>>()?,
-        ),
+        json_or_null(|s| {
+            (!s.environment.is_empty()).then(|| serde_json::to_string(&s.environment))
+        })?,
+        json_or_null(|s| {
+            (!s.reward_notes.is_empty()).then(|| serde_json::to_string(&s.reward_notes))
+        })?,
         Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(
             samples
                 .iter()
                 .map(|s| (!s.step_rewards.is_empty()).then(|| s.step_rewards.iter().copied())),
         )),
-        Arc::new(
-            samples
-                .iter()
-                .map(|s| {
-                    (!s.advantage_spans.is_empty())
-                        .then(|| serde_json::to_string(&s.advantage_spans))
-                        .transpose()
-                })
-                .collect::<Result<StringArray, _>>()?,
-        ),
+        json_or_null(|s| {
+            (!s.advantage_spans.is_empty()).then(|| serde_json::to_string(&s.advantage_spans))
+        })?,
     ];
     Ok(RecordBatch::try_new(schema(), columns)?)
 }
