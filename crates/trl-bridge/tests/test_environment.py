@@ -197,7 +197,7 @@ def test_a_step_reward_in_the_result_s_data_is_kept_for_its_turn(simulator, make
     worker.stop()
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert rows
-    assert all(row["step_rewards"] == [0.5] for row in rows), [row.get("step_rewards") for row in rows]
+    assert all(row.get("step_rewards") == [0.5] for row in rows), [row.get("step_rewards") for row in rows]
 
 
 class AsyncCalculators:

@@ -100,18 +100,29 @@ def test_rewards_given_by_name_run_in_the_engine_beside_python_ones(simulator, m
     worker = make_worker(
         sim,
         dataset=[{"prompt": "Say anything.", "answer": "answer is"}, {"prompt": "Say more.", "answer": "zebra"}],
-        reward_funcs=["exact:answer", by_index, judge, {"kind": "http", "url": f"{sim.url}/reward", "name": "service"}],
-        reward_weights=[1.0, 0.0, 2.0, 4.0],
+        reward_funcs=[
+            "exact:answer",
+            by_index,
+            judge,
+            {"kind": "http", "url": f"{sim.url}/reward", "name": "service"},
+            # The simulator as a reward model: a conversation scores its message count plus its
+            # last message's characters / 1000, raw (no activation asked).
+            {"kind": "reward_model", "url": f"{sim.url}/classify", "model": "sim", "name": "rm"},
+        ],
+        reward_weights=[1.0, 0.0, 2.0, 4.0, 0.0],
         epochs=1,
         python_processes=0,
     )
-    assert worker.reward_func_names == ["exact_answer", "by_index", "judge", "service"]
+    assert worker.reward_func_names == ["exact_answer", "by_index", "judge", "service", "rm"]
     worker.start()
     samples = take(worker, 8)
     for sample in samples:
         expected = 1.0 if sample.prompt[-1]["content"] == "Say anything." else 0.0
         assert sample.metrics["rewards/judge"] == expected, sample
         assert sample.metrics["rewards/service"] == expected, sample
+        conversation = sample.prompt + sample.completion
+        raw = len(conversation) + len(conversation[-1]["content"]) / 1000
+        assert abs(sample.metrics["rewards/rm"] - raw) < 1e-9, sample
         assert sample.metrics["rewards/exact_answer"] == 0.0, sample
         # by_index's weight is 0; the judge's 2 and the service's 4 come from reward_weights.
         assert sample.metrics["reward"] == 6.0 * expected, sample
