@@ -55,7 +55,7 @@ impl RewardModelConfig {
 /// message) followed by the completion's messages, tool turns included. The server renders
 /// them with the reward model's own chat template, so the engine needs none of the reward
 /// model's files. A group's requests are sent together (under the concurrency bound), so
-/// the server runs them in one batch. The score is `data[0].probs[class_index]` (`/classify`)
+/// the server can batch them. The score is `data[0].probs[class_index]` (`/classify`)
 /// or `data[0].data[class_index]` (`/pooling`).
 ///
 /// A call that fails (connection, timeout, an error status after the retries, an answer of
