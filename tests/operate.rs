@@ -450,11 +450,27 @@ fn a_paused_run_admits_nothing_and_its_metrics_match_the_summary_it_ends_with() 
     );
     let health = endpoint.health();
     assert_eq!(health["paused"], true);
-    // The pause answers once nothing is generated; the writer thread may still be writing
-    // the last groups the engine handed over.
-    endpoint.until("the writer wrote every row the engine sent", |h| {
-        h["samples_written"] == h["counters"]["samples"]
-    });
+    // The pause answers once nothing is generated. A group whose last rollout just ended may
+    // still be scored (its permits are back before that), and the writer thread may still
+    // be writing the last groups the engine handed over: the scrape waits for both.
+    endpoint.until(
+        "every group whose rollouts ended is scored or dropped, and written",
+        |h| {
+            let count = |name: &str| h["counters"][name].as_u64().unwrap_or(0);
+            let finished: u64 = [
+                "groups_completed",
+                "groups_too_small",
+                "groups_zero_variance",
+                "groups_cancelled",
+                "groups_stale",
+            ]
+            .into_iter()
+            .map(count)
+            .sum();
+            let ended = count("rollouts_completed") + count("rollouts_failed");
+            finished * 4 == ended && h["samples_written"] == h["counters"]["samples"]
+        },
+    );
     let metrics = endpoint.metrics();
     let m = |name: &str| {
         metrics
