@@ -10,10 +10,7 @@ use std::{
     },
 };
 
-use scoring::{
-    Completion, CompletionReward, Credit, Group, GroupAdvantages, GroupScores, group_advantages,
-    turn_advantages, turn_returns,
-};
+use scoring::{Completion, Credit, Group, GroupAdvantages, GroupScores};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
@@ -324,9 +321,9 @@ fn kept<G>(
     Some((finished, failures))
 }
 
-/// Scores the group on its rollouts' answers and computes their advantages.
-/// The group's scores and advantages, and with turn credit each completion's advantage per
-/// turn (`steps` holds each completion's step rewards, one per turn).
+/// Scores the group on its rollouts' answers and computes their advantages; with turn
+/// credit, each completion's advantage per turn too (`steps` holds each completion's step
+/// rewards, one per turn).
 async fn score<G>(
     shared: &Shared<G>,
     group: &GroupState,
@@ -350,37 +347,16 @@ async fn score<G>(
     ));
     let scores = shared.scorer.score(Arc::clone(&scored)).await;
     let config = &shared.config.advantages;
-    let Credit::Turn { gamma } = config.credit else {
-        let advantages = scores.advantages(&scored, config);
-        return (scores, advantages, None);
-    };
-    // Each completion's turns' returns; the estimator compares the episodes' (first turns').
-    let returns: Vec<Option<Vec<f64>>> = scores
-        .rewards
-        .iter()
-        .zip(steps)
-        .map(|(reward, steps)| reward.map(|outcome| turn_returns(steps, outcome, gamma)))
-        .collect();
-    let episodes: Vec<CompletionReward> = scores
-        .completion_rewards(&scored)
-        .into_iter()
-        .zip(&returns)
-        .map(|(completion, returns)| CompletionReward {
-            reward: returns.as_ref().map(|returns| returns[0]),
-            ..completion
-        })
-        .collect();
-    let advantages = group_advantages(&episodes, config);
-    let per_turn = returns
-        .iter()
-        .zip(&episodes)
-        .zip(steps)
-        .map(|((returns, episode), steps)| match returns {
-            Some(returns) => turn_advantages(returns, episode, &advantages, config),
-            None => vec![0.0; steps.len()],
-        })
-        .collect();
-    (scores, advantages, Some(per_turn))
+    match config.credit {
+        Credit::Episode => {
+            let advantages = scores.advantages(&scored, config);
+            (scores, advantages, None)
+        }
+        Credit::Turn { gamma } => {
+            let (advantages, per_turn) = scores.advantages_per_turn(&scored, steps, gamma, config);
+            (scores, advantages, Some(per_turn))
+        }
+    }
 }
 
 /// A message as the rewards see it: the JSON object it is.

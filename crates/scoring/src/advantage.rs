@@ -128,8 +128,9 @@ impl AdvantageConfig {
 
 impl AdvantageConfig {
     /// Checks the knobs a configuration file can get wrong: `eps` finite and `>= 0`, `clip`
-    /// finite and `>= 0`, a turn credit's `gamma` in `[0, 1]`. The estimators never panic on a bad value (a NaN or negative
-    /// clip is ignored), but a loader should refuse it with this message.
+    /// finite and `>= 0`, a turn credit's `gamma` in `[0, 1]`. The estimators never panic on
+    /// a bad value (a NaN or negative clip is ignored), but a loader should refuse it with
+    /// this message.
     pub fn validate(&self) -> Result<(), InvalidAdvantageConfig> {
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return Err(InvalidAdvantageConfig::Eps(self.eps));

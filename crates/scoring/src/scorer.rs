@@ -16,7 +16,10 @@ use process::panic_message;
 use serde::Serialize;
 
 use crate::{
-    advantage::{AdvantageConfig, CompletionReward, GroupAdvantages, group_advantages},
+    advantage::{
+        AdvantageConfig, CompletionReward, GroupAdvantages, group_advantages, turn_advantages,
+        turn_returns,
+    },
     group::Group,
     pool::RewardPool,
     reward::{CallStats, Notes, Reward, Runner, Scores},
@@ -154,6 +157,46 @@ impl GroupScores {
     /// The group's advantages: `group` says which completions produced a training row.
     pub fn advantages(&self, group: &Group, config: &AdvantageConfig) -> GroupAdvantages {
         group_advantages(&self.completion_rewards(group), config)
+    }
+
+    /// With turn-level credit: the group's advantages over its completions' episode returns,
+    /// and each completion's advantage per turn. `steps` holds each completion's step
+    /// rewards, one per turn; a turn's return is its step reward plus `gamma` times the next
+    /// turn's, the completion's reward counting at its last turn ([`turn_returns`]). An
+    /// unscorable completion's turns get 0.
+    pub fn advantages_per_turn(
+        &self,
+        group: &Group,
+        steps: &[Vec<Option<f64>>],
+        gamma: f64,
+        config: &AdvantageConfig,
+    ) -> (GroupAdvantages, Vec<Vec<f64>>) {
+        let returns: Vec<Option<Vec<f64>>> = self
+            .rewards
+            .iter()
+            .zip(steps)
+            .map(|(reward, steps)| reward.map(|outcome| turn_returns(steps, outcome, gamma)))
+            .collect();
+        let episodes: Vec<CompletionReward> = self
+            .completion_rewards(group)
+            .into_iter()
+            .zip(&returns)
+            .map(|(completion, returns)| CompletionReward {
+                reward: returns.as_ref().map(|returns| returns[0]),
+                ..completion
+            })
+            .collect();
+        let advantages = group_advantages(&episodes, config);
+        let per_turn = returns
+            .iter()
+            .zip(&episodes)
+            .zip(steps)
+            .map(|((returns, episode), steps)| match returns {
+                Some(returns) => turn_advantages(returns, episode, &advantages, config),
+                None => vec![0.0; steps.len()],
+            })
+            .collect();
+        (advantages, per_turn)
     }
 
     /// What the estimators take, per completion.
