@@ -33,22 +33,8 @@ fn raw_score(row: &TrainingSample) -> f64 {
     (row.prompt.len() + row.completion.len()) as f64 + chars as f64 / 1000.0
 }
 
-/// The simulated reward model's name (the simulator's model).
-fn model_name(runtime: &tokio::runtime::Runtime, rm: &Simulator) -> String {
-    let url = rm.url();
-    runtime.block_on(async move {
-        let models: serde_json::Value = reqwest::get(format!("{url}/v1/models"))
-            .await
-            .expect("the simulator answers")
-            .json()
-            .await
-            .expect("JSON");
-        models["data"][0]["id"]
-            .as_str()
-            .expect("a model id")
-            .to_owned()
-    })
-}
+/// The model the simulator serves (`SimSettings`' default), as the reward model.
+const MODEL: &str = "sim";
 
 #[test]
 fn a_reward_model_scores_each_whole_conversation_within_its_concurrency() {
@@ -57,10 +43,7 @@ fn a_reward_model_scores_each_whole_conversation_within_its_concurrency() {
     for activation in [false, true] {
         let rm = service(&runtime, Duration::from_millis(50), Faults::default());
         let url = format!("{}/classify", rm.url());
-        let fields = format!(
-            "model = \"{}\"\nconcurrency = 2\nactivation = {activation}",
-            model_name(&runtime, &rm)
-        );
+        let fields = format!("model = \"{MODEL}\"\nconcurrency = 2\nactivation = {activation}");
         let name = format!("rm-activation-{activation}");
         let outcome = scored(&model, &name, 6, &url, &fields);
         assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
@@ -100,7 +83,6 @@ fn a_reward_model_that_fails_leaves_its_completions_unscorable_and_counts_why() 
     let model = simulator(&runtime, 1, "calculator");
     let rm = service(&runtime, Duration::ZERO, Faults::default());
     let url = format!("{}/classify", rm.url());
-    let name = model_name(&runtime, &rm);
 
     // A model the server does not serve: a 404, not retried.
     let outcome = scored(
@@ -124,7 +106,7 @@ fn a_reward_model_that_fails_leaves_its_completions_unscorable_and_counts_why() 
     outcome.assert_said("answered 404");
 
     // A class the model does not have: unreadable.
-    let fields = format!("model = \"{name}\"\nclass_index = 1");
+    let fields = format!("model = \"{MODEL}\"\nclass_index = 1");
     let outcome = scored(&model, "rm-class", 1, &url, &fields);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_column_empty(&outcome.rows, "rm");
@@ -141,7 +123,7 @@ fn a_reward_model_that_fails_leaves_its_completions_unscorable_and_counts_why() 
         },
     );
     let url = format!("{}/classify", failing.url());
-    let fields = format!("model = \"{name}\"\nattempts = 2");
+    let fields = format!("model = \"{MODEL}\"\nattempts = 2");
     let outcome = scored(&model, "rm-503", 1, &url, &fields);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert_column_empty(&outcome.rows, "rm");
