@@ -391,8 +391,26 @@ struct Inner {
 impl Scorer {
     /// A scorer for `rewards`, in this order. Requires a tokio runtime with time enabled.
     pub fn new(rewards: Vec<Reward>, config: ScorerConfig) -> Result<Scorer, ScorerError> {
+        Scorer::check(&rewards)?;
+        let pool = RewardPool::new(config.threads, &config.thread_name)
+            .map_err(|error| ScorerError::Pool(error.to_string()))?;
+        let counters = rewards.iter().map(|_| Counters::default()).collect();
+        Ok(Scorer {
+            inner: Arc::new(Inner {
+                rewards,
+                counters,
+                pool,
+                default_timeout: config.default_timeout,
+                queue_timeout: config.queue_timeout,
+            }),
+        })
+    }
+
+    /// What [`Scorer::new`] checks of `rewards` before it starts anything: every name given
+    /// and none twice, every weight finite.
+    pub fn check(rewards: &[Reward]) -> Result<(), ScorerError> {
         let mut names = std::collections::HashSet::new();
-        for reward in &rewards {
+        for reward in rewards {
             if reward.name.trim().is_empty() {
                 return Err(ScorerError::EmptyName);
             }
@@ -408,18 +426,7 @@ impl Scorer {
                 });
             }
         }
-        let pool = RewardPool::new(config.threads, &config.thread_name)
-            .map_err(|error| ScorerError::Pool(error.to_string()))?;
-        let counters = rewards.iter().map(|_| Counters::default()).collect();
-        Ok(Scorer {
-            inner: Arc::new(Inner {
-                rewards,
-                counters,
-                pool,
-                default_timeout: config.default_timeout,
-                queue_timeout: config.queue_timeout,
-            }),
-        })
+        Ok(())
     }
 
     /// The reward functions, in order.

@@ -24,7 +24,7 @@ const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 /// `apply_chat_template` does (5.x): `trim_blocks` and `lstrip_blocks`, loop controls,
 /// Python string and dict methods, `tojson` as `json.dumps`, `raise_exception`,
 /// `strftime_now`, `{% generation %}` blocks, and Python's way of printing values.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ChatTemplate {
     name: String,
     source: String,

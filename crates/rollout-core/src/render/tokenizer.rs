@@ -39,8 +39,9 @@ pub struct Rendered {
 }
 
 /// A tokenizer with its chat templates, loaded as a Hugging Face folder, built from the
-/// folder's parts in memory, or assembled.
-#[derive(Debug)]
+/// folder's parts in memory, or assembled. A clone shares nothing with the original and costs
+/// a copy of the vocabulary, far less than loading the folder again.
+#[derive(Debug, Clone)]
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
     /// `(name, template)`: `default`, `tool_use`, ... as transformers names them.
