@@ -14,6 +14,7 @@
 //! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
 //! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
 //! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, white-box rollouts; turns on `rollout` |
+//! | `run` | [`run`] | one run specified once: the plan (passes, shuffle, shards, resume), the dataset, the output, and the engine wired with its servers, tools, rewards, environment or agent; turns on `harness` and `vllm-client` |
 //! | `sim` (default) | [`vllm_sim`] | the vLLM-compatible simulator behind `async-grpo simulate` and a rollout without `--server` |
 //! | `cli` (default) | | the `async-grpo` binary and its dependencies (clap, anyhow, toml, tracing-subscriber, tokio); turns on `rollout`, `harness`, `vllm-client` and the built-in rewards |
 //!
@@ -35,6 +36,9 @@
 //! # fn main() {}
 //! ```
 
+#[cfg(feature = "run")]
+#[doc(inline)]
+pub use async_grpo_run as run;
 #[cfg(feature = "harness")]
 #[doc(inline)]
 pub use harness;
