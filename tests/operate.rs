@@ -857,6 +857,25 @@ fn a_shard_rolls_out_the_rows_whose_index_modulo_its_count_is_its_index() {
 }
 
 #[test]
+fn a_shard_that_holds_no_row_is_refused_before_the_output_is_touched() {
+    let case = Case::new("shard-empty");
+    case.write_dataset(3);
+    case.write_config(&settings("max_inflight = 8", "0ms"));
+    for args in [&["--shard", "5/6"][..], &["--shard", "5/6", "--check"][..]] {
+        let outcome = case.rollout(args);
+        assert_ne!(outcome.code, Some(0), "{args:?}: {}", outcome.stderr);
+        assert!(
+            outcome
+                .stderr
+                .contains("shard 5/6 holds no row of a dataset of 3 rows"),
+            "{args:?}: {}",
+            outcome.stderr
+        );
+        assert!(!case.out().exists(), "{args:?}: nothing written");
+    }
+}
+
+#[test]
 fn out_dash_writes_the_rows_to_stdout_and_nothing_else() {
     let case = Case::new("stdout");
     case.write_dataset(3);

@@ -161,9 +161,11 @@ pub(crate) struct Settings {
     /// With credit = "turn": the discount per turn, from 0 to 1
     #[arg(long, value_name = "GAMMA")]
     pub(crate) gamma: f64,
-    /// Threads that run sync tools (started on demand; async tools need none)
+    /// Threads that run sync tools and environment sessions (started on demand; async tools
+    /// need none); default: one per rollout in flight (--max-inflight), at most 512
     #[arg(long, value_name = "N")]
-    pub(crate) tool_threads: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tool_threads: Option<usize>,
     /// On Ctrl-C, how long rollouts in flight may take to finish, e.g. 30s
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
@@ -217,7 +219,7 @@ impl Default for Settings {
             estimator: "trl".to_owned(),
             credit: "episode".to_owned(),
             gamma: 1.0,
-            tool_threads: 64,
+            tool_threads: None,
             drain_timeout: Duration::from_secs(30),
             ca_cert: None,
             progress: Progress::Auto,
@@ -430,7 +432,7 @@ impl Settings {
             control::check_address(address, self.listen_token.is_some())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
         }
-        if self.tool_threads == 0 {
+        if self.tool_threads == Some(0) {
             bail!(
                 "{}: tool_threads must be at least 1",
                 places.of("tool_threads")

@@ -8,16 +8,11 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use harness::proxy::{Proxy, ProxyConfig};
-use rollout::{
-    DrainReport, Engine, EngineBuilder, FileError, Groups,
-    data::Plan,
-    output::{self, Output, Resumed},
-};
+use async_grpo_run::{Destination, RunPlan, RunSpec, Running, Servers, SpecError, ToolPool};
+use rollout::{Agent, DrainReport, Engine, FileError, Groups, output::Output};
 use rollout_core::{ChatTokenizer, parse::parser_by_name};
-use scoring::{Scorer, ScorerConfig};
-use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher};
-use vllm_client::{Client, ClientConfig};
+use tool_dispatch::Registry;
+use vllm_client::Client;
 use vllm_sim::{SimConfig, Simulator};
 
 use super::{
@@ -55,16 +50,23 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let mut signals = Signals::new()?;
     // Served from now on: `/health` answers while the run waits for its servers.
     let control = start_control(settings)?;
-    let tokenizer = checked.tokenizer;
-    let Planned {
-        resumed,
-        plan,
-        max_groups,
-        total,
-    } = plan(settings, checked.rows)?;
+    let Checked {
+        tokenizer,
+        dataset,
+        destination,
+        plan: RunPlan {
+            plan,
+            max_groups,
+            total,
+        },
+        ..
+    } = checked;
+    if let Some(destination) = &destination {
+        say_resumed(destination);
+    }
     if total == Some(0) {
         // Opened all the same: what was dropped is cut off, and a Parquet output is written.
-        open_output(settings, &resumed)?.finish()?;
+        open_output(destination.as_ref())?.finish()?;
         eprintln!(
             "async-grpo: every group of this run is already in {}: nothing left to roll out",
             settings.out.display()
@@ -77,26 +79,32 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     } else {
         None
     };
-    let client = tokio::select! {
-        client = connect(settings, simulator.as_ref()) => client?,
+    let servers = servers(settings, simulator.as_ref())?;
+    let mut spec = run_spec(&resolved, tokenizer, servers)?;
+    spec.config_mut().max_groups = max_groups;
+    let tool_count = spec.tool_count();
+    spec.check()?;
+    let connected = tokio::select! {
+        connected = spec.connect() => connected.map_err(|error| match error {
+            SpecError::NotReady { .. } => anyhow::Error::new(error).context(
+                "the servers did not become ready (--server-wait sets how long to wait)",
+            ),
+            error => error.into(),
+        })?,
         signal = signals.next() => {
             eprintln!("async-grpo: {signal} while waiting for the servers: nothing was rolled out");
             return Ok(ExitCode::from(EXIT_INTERRUPTED_AT_START));
         }
     };
-    // Probes servers that failed, so that a run paused for want of a server resumes as soon
-    // as one answers.
-    let health_checks = client.spawn_health_checks(Duration::from_secs(2));
     // Only now is the output touched: every check that could fail has passed.
-    let sink = open_output(settings, &resumed)?;
-    let items = plan.items(&settings.dataset)?;
-    let proxy = match &settings.agent {
-        Some(_) => Some(start_proxy(settings).await?),
-        None => None,
-    };
-    let (builder, tool_count) = engine_builder(&resolved, max_groups, client, tokenizer, proxy)?;
-    let (engine, groups) = builder.start_with_ids(items)?;
-    let engine = Arc::new(engine);
+    let sink = open_output(destination.as_ref())?;
+    let items = dataset.items(plan)?;
+    let Running {
+        engine,
+        groups,
+        health_checks,
+        ..
+    } = connected.start(items).await?;
     let totals = Arc::new(Totals::default());
     if let Some(control) = &control {
         control.attach(Arc::clone(&engine), Arc::clone(&totals));
@@ -137,7 +145,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         .context("the writer thread was lost")?
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
     progress.finish(&engine.health(), total).await;
-    health_checks.abort();
+    drop(health_checks);
     drop(control);
     if let Some(simulator) = simulator {
         simulator.stop().await;
@@ -157,48 +165,6 @@ fn start_control(settings: &Settings) -> anyhow::Result<Option<ControlEndpoint>>
     let control = ControlEndpoint::start(address, settings.listen_token.clone())?;
     tracing::info!(address = %control.address(), "control endpoint listening");
     Ok(Some(control))
-}
-
-/// What a run rolls out: the plan, what a resumed output already holds, and the groups.
-struct Planned {
-    resumed: Resumed,
-    plan: Plan,
-    /// `--groups`, less the groups a resumed output holds.
-    max_groups: Option<u64>,
-    /// The groups this run will write.
-    total: Option<u64>,
-}
-
-/// Reads back a resumed output (and says what it found), then plans the run's groups.
-fn plan(settings: &Settings, rows: u64) -> anyhow::Result<Planned> {
-    let resumed = if settings.resume {
-        output::resume(&settings.out)?
-    } else {
-        Resumed::default()
-    };
-    say_resumed(settings, &resumed);
-    // `--groups N` counts the whole run's groups: those a resumed output holds are of them.
-    let max_groups = settings
-        .engine
-        .max_groups
-        .map(|n| n.saturating_sub(resumed.done.len() as u64));
-    let plan = Plan::new(
-        rows,
-        settings.epochs,
-        settings
-            .shuffle
-            .then(|| settings.engine.sampling.seed.unwrap_or(0)),
-        settings.shard,
-        resumed.done.clone(),
-    );
-    let groups_planned = plan.groups();
-    let total = Some(max_groups.map_or(groups_planned, |g| g.min(groups_planned)));
-    Ok(Planned {
-        resumed,
-        plan,
-        max_groups,
-        total,
-    })
 }
 
 /// The writer thread (files block): every scored group to the output, one write each; the
@@ -290,81 +256,61 @@ async fn wait_and_drain(
     (interrupted, report)
 }
 
-/// The client of the servers (or of the simulator), once they are ready.
-async fn connect(settings: &Settings, simulator: Option<&Simulator>) -> anyhow::Result<Client> {
-    let servers = match simulator {
+/// The servers of the run: `--server`s, or the built-in simulator.
+fn servers(settings: &Settings, simulator: Option<&Simulator>) -> anyhow::Result<Servers> {
+    let urls = match simulator {
         Some(simulator) => vec![simulator.url()],
         None => settings.servers.clone(),
     };
-    let mut client_config = ClientConfig::with_servers(servers.clone());
-    if let Some(model) = &settings.model {
-        client_config = client_config.model(model.clone());
-    }
-    if let Some(pem) = &settings.ca_cert {
-        let pem = std::fs::read(pem).with_context(|| format!("cannot read {}", pem.display()))?;
-        client_config = client_config.root_certificates_pem(pem);
-    }
-    let client = Client::new(client_config)?;
-    let wait = settings.engine.server_wait;
-    tracing::info!(servers = ?servers, wait = %humantime::format_duration(wait), "waiting for the servers to be ready");
-    let card = client
-        .wait_until_ready(wait)
-        .await
-        .context("the servers did not become ready (--server-wait sets how long to wait)")?;
-    tracing::info!(model = %card.id, max_model_len = ?client.max_model_len(), "servers ready");
-    Ok(client)
+    let root_certificates_pem = match &settings.ca_cert {
+        Some(pem) => {
+            Some(std::fs::read(pem).with_context(|| format!("cannot read {}", pem.display()))?)
+        }
+        None => None,
+    };
+    Ok(Servers {
+        urls,
+        model: settings.model.clone(),
+        root_certificates_pem,
+    })
 }
 
-/// The engine, configured with the run's settings, tools, rewards and parser, admitting at
-/// most `max_groups` groups (what `--groups` leaves after those a resumed output holds);
-/// and how many tools it has.
-fn engine_builder(
+/// The run's engine: its settings, tools, rewards, environment or agent, parser and tool
+/// pool, on `servers`.
+fn run_spec(
     resolved: &Resolved,
-    max_groups: Option<u64>,
-    client: Client,
     tokenizer: ChatTokenizer,
-    proxy: Option<Arc<Proxy>>,
-) -> anyhow::Result<(EngineBuilder<Client>, usize)> {
+    servers: Servers,
+) -> anyhow::Result<RunSpec> {
     let settings = &resolved.settings;
     let mut registry = Registry::new();
     let sandbox = resolved.sandbox();
     for tool in &settings.tools {
         registry.add(tool.build_in(&sandbox)?)?;
     }
-    let tool_count = registry.len();
-    let scorer = Scorer::new(resolved.reward_functions(), ScorerConfig::default())?;
-    let mut config = settings.engine.clone();
-    config.max_groups = max_groups;
-    let mut builder = Engine::builder(client, tokenizer, scorer).config(config);
-    if tool_count > 0 || settings.environment.is_some() {
-        let tools = ToolDispatcher::new(registry, DispatcherConfig::new(settings.tool_threads));
-        if let Some(environment) = &settings.environment {
-            // Its sessions' tools run on the same pool, and stop with it.
-            builder = builder.environment(Arc::new(
-                environment.harness(tools.clone(), sandbox.clone()),
-            ));
-        }
-        builder = builder.tools(tools);
+    let mut spec = RunSpec::new(settings.engine.clone(), tokenizer, servers)
+        .tools(registry)
+        .tool_pool(ToolPool {
+            threads: settings.tool_threads,
+            ..ToolPool::default()
+        })
+        .rewards(resolved.reward_functions());
+    if let Some(environment) = settings.environment.clone() {
+        let sandbox = sandbox.clone();
+        spec = spec.environment(Box::new(move |tools| {
+            Arc::new(environment.harness(tools, sandbox))
+        }));
     }
-    if let (Some(agent), Some(proxy)) = (&settings.agent, proxy) {
-        builder = builder.agent(Arc::new(agent.agent(proxy, sandbox)?));
+    if let Some(agent) = settings.agent.clone() {
+        spec = spec.agent(Box::new(move |proxy| match agent.agent(proxy, sandbox) {
+            Ok(agent) => Ok(Arc::new(agent) as Arc<dyn Agent>),
+            Err(error) => Err(error.to_string()),
+        }));
     }
     if let Some(name) = &settings.tool_parser {
-        builder = builder.parser(parser_by_name(name)?);
+        spec = spec.parser(parser_by_name(name)?);
     }
-    Ok((builder, tool_count))
-}
-
-/// The proxy the `[agent]` talks to, rendering with the run's tokenizer and template.
-async fn start_proxy(settings: &Settings) -> anyhow::Result<Arc<Proxy>> {
-    let tokenizer = preflight::load_tokenizer(settings)?;
-    let model = settings
-        .model
-        .clone()
-        .unwrap_or_else(|| "async-grpo".to_owned());
-    let proxy = Proxy::start(tokenizer, ProxyConfig::new(model)).await?;
-    tracing::info!(url = %proxy.base_url(), "the agents' proxy is listening");
-    Ok(Arc::new(proxy))
+    Ok(spec)
 }
 
 /// The built-in simulator, answering in the run's tokenizer and calling its first tool.
@@ -395,22 +341,23 @@ async fn start_simulator(
     Ok(simulator)
 }
 
-/// Says what a resumed output already held and what was dropped of it.
-/// The output of `settings`: stdout, or `--out` created, emptied or (`--resume`) continued.
-fn open_output(settings: &Settings, resumed: &Resumed) -> Result<Output, FileError> {
-    if settings.writes_stdout() {
-        return Ok(Output::stdout());
+/// The output: stdout, or `--out` created, emptied or (`--resume`) continued.
+fn open_output(destination: Option<&Destination>) -> Result<Output, FileError> {
+    match destination {
+        Some(destination) => destination.open(),
+        None => Ok(Output::stdout()),
     }
-    Output::open(&settings.out, settings.resume, resumed)
 }
 
-fn say_resumed(settings: &Settings, resumed: &Resumed) {
-    if !settings.resume {
+/// Says what a resumed output already held and what was dropped of it.
+fn say_resumed(destination: &Destination) {
+    if !destination.resumes() {
         return;
     }
+    let resumed = destination.resumed();
     eprintln!(
         "async-grpo: resuming {}: {} groups ({} rows) already written are kept",
-        settings.out.display(),
+        destination.path().display(),
         resumed.done.len(),
         resumed.samples
     );
