@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context, bail};
 use test_support::cache_dir;
 
-use crate::{fixtures, root, vllm};
+use crate::{cargo, fixtures, root, run_checked, vllm};
 
 /// What the suite's venv holds besides the package.
 const SUITE_PACKAGES: &[&str] = &[
@@ -46,7 +46,21 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
     let venv = cache_dir().join("bridge-venv");
     let python = ensure_venv(&venv, SUITE_PACKAGES, None)?;
     install_bridge(&venv)?;
-    run_pytest(&python, &["tests", "--ignore", "tests/trl"])
+    // The plan-parity tests run the binary beside the worker (the test step's build).
+    run_checked(&mut cargo(&[
+        "build",
+        "--bin",
+        "async-grpo",
+        "--all-features",
+    ]))?;
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let binary = target.join("debug").join("async-grpo");
+    run_pytest(
+        &python,
+        &["tests", "--ignore", "tests/trl"],
+        &[("ASYNC_GRPO_BIN", binary.as_os_str())],
+    )
 }
 
 pub(crate) fn trl() -> anyhow::Result<()> {
@@ -55,7 +69,7 @@ pub(crate) fn trl() -> anyhow::Result<()> {
     let venv = cache_dir().join("trl-venv");
     let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
     install_bridge(&venv)?;
-    run_pytest(&python, &["tests/trl"])
+    run_pytest(&python, &["tests/trl"], &[])
 }
 
 fn check_fixtures() -> anyhow::Result<()> {
@@ -141,10 +155,15 @@ fn install_bridge(venv: &Path) -> anyhow::Result<()> {
     )
 }
 
-fn run_pytest(python: &Path, args: &[&str]) -> anyhow::Result<()> {
+fn run_pytest(
+    python: &Path,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> anyhow::Result<()> {
     let status = Command::new(python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(root().join("crates").join("trl-bridge"))
         // No `__pycache__` left in the repository.
         .env("PYTHONDONTWRITEBYTECODE", "1")

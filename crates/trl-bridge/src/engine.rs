@@ -2,7 +2,8 @@
 //!
 //! Construction checks everything that can be checked without a server (the tokenizer and
 //! its chat template, the settings, every dataset row, the output to resume, the tools and
-//! rewards) and raises `ValueError` naming the argument or setting. [`Engine::start`] opens
+//! rewards) and raises `ValueError` naming the argument or setting; the run itself is an
+//! [`async_grpo_run::RunSpec`], as the binary's is. [`Engine::start`] opens
 //! the output and starts the runtime and a driver task: it waits for the servers, starts the
 //! loop on the run's [`Plan`](rollout::data::Plan), and forwards scored groups to a channel
 //! of one group that the worker's pump thread reads with [`Engine::next_group`], never
@@ -21,10 +22,8 @@ use std::{
     time::Duration,
 };
 
-use harness::{
-    Harness, HarnessConfig,
-    proxy::{Proxy, ProxyConfig},
-};
+use async_grpo_run::{DatasetSource, Destination, RunSpec, Running, Servers, SpecError, ToolPool};
+use harness::{Harness, HarnessConfig};
 use numpy::PyArray1;
 use process::Sandbox;
 use pyo3::{
@@ -32,20 +31,18 @@ use pyo3::{
     prelude::*,
     types::{PyDict, PyList},
 };
-use rollout::{
-    DrainReport, Engine as Loop, RolloutConfig, ScoredGroup, data::Plan, output::Output,
-};
-use rollout_core::{ChatTokenizer, TrainingSample};
-use scoring::{Reward, Scorer, ScorerConfig};
+use rollout::{DrainReport, Engine as Loop, ScoredGroup, data::Plan, output::Output};
+use rollout_core::TrainingSample;
+use scoring::{Reward, ScorerConfig};
 use serde_json::Value;
 use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
-use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
-use vllm_client::{Client, ClientConfig};
+use tool_dispatch::{Registry, Tool, ToolSpec};
+use vllm_client::Client;
 
 use crate::{
     agent::AgentSource,
     callables::{AsyncPyReward, AsyncPyTool, Place, PyFunction, SyncPyReward, SyncPyTool},
-    data::{self, Dataset, Destination},
+    data,
     environment::PyEnvironment,
     lane::Lane,
     lock,
@@ -60,33 +57,18 @@ fn bad(argument: &str, message: impl std::fmt::Display) -> PyErr {
 
 /// Everything the loop needs, checked at construction and consumed by [`Engine::start`].
 struct Prepared {
-    tokenizer: ChatTokenizer,
-    dataset: Dataset,
+    /// The run: its settings, tokenizer, servers, tools, rewards, environment or agent.
+    spec: RunSpec,
+    dataset: DatasetSource,
     /// The run's passes over `dataset`, less the groups a resumed output holds.
     plan: Plan,
     /// Where delivered groups are written, if anywhere.
     destination: Option<Destination>,
-    registry: Registry,
-    /// The environment each rollout runs in (its sessions' tools instead of `registry`).
-    environment: Option<PyEnvironment>,
-    rewards: Vec<Reward>,
-    config: RolloutConfig,
-    client: ClientConfig,
-    tool_threads: usize,
-    tool_timeout: Duration,
-    reward_threads: usize,
     runtime_threads: usize,
     /// How much lower than the trainer's the engine's threads and processes run.
     nice: i32,
     /// The worker processes, started by the driver (so that they inherit its priority).
     pool: Option<Arc<Pool>>,
-    /// The loop-owning agent that runs each rollout, and the tokenizer its proxy renders
-    /// with.
-    agent: Option<(AgentSource, ChatTokenizer)>,
-    /// The served model's name, which the proxy answers as.
-    model: String,
-    /// The sandbox an agent's programs start from: the worker's dataset and output hidden.
-    sandbox: Sandbox,
 }
 
 /// What the driver task and the Python side share.
@@ -212,27 +194,22 @@ impl Engine {
             .detach(|| tokenizer.load())
             .map_err(|e| bad("processing_class", e))?;
         let hidden_dataset = dataset_path.clone();
-        let dataset = py
-            .detach(|| Dataset::read(dataset_rows, dataset_path))
+        let (dataset, rows) = py
+            .detach(|| data::read_dataset(dataset_rows, dataset_path))
             .map_err(|e| bad("dataset", e))?;
         let destination = match settings.output.clone() {
             Some(path) => Some(
-                py.detach(|| Destination::check(path, settings.resume))
+                py.detach(|| data::destination(path, settings.resume))
                     .map_err(|e| bad("output", e))?,
             ),
             None => None,
         };
-        let done = destination
-            .as_ref()
-            .map(|d| d.done().clone())
-            .unwrap_or_default();
         // Like the binary's `--groups`, `groups` counts the whole run's groups: those a
         // resumed output holds are of them.
-        config.max_groups = config
-            .max_groups
-            .map(|n| n.saturating_sub(done.len() as u64));
-        let plan = data::plan(dataset.rows(), &settings, config.sampling.seed, done)
-            .map_err(PyValueError::new_err)?;
+        let plan_spec = data::plan_spec(&settings, config.sampling.seed, config.max_groups);
+        let run_plan =
+            data::plan(&plan_spec, rows, destination.as_ref()).map_err(PyValueError::new_err)?;
+        config.max_groups = run_plan.max_groups;
 
         let bridge = Arc::new(bridge);
         let lane = settings
@@ -252,15 +229,9 @@ impl Engine {
         let registry = tool_registry(&bridge, tools, &places)?;
         // What an agent's programs (and a sandboxed `command` reward) must not read: the
         // worker's dataset (its answers) and output.
-        let sandbox = [hidden_dataset, settings.output.clone()]
+        let sandbox = hidden_dataset
             .into_iter()
-            .flatten()
-            .chain(
-                settings
-                    .output
-                    .as_deref()
-                    .map(rollout::output::journal_path),
-            )
+            .chain(destination.iter().flat_map(Destination::files))
             .fold(Sandbox::default(), Sandbox::hide);
         let callables = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
         let mut scored = with_tables(callables, reward_tables, &sandbox, settings.reward_timeout)?;
@@ -279,64 +250,78 @@ impl Engine {
                 weight,
             }),
         };
-        let agent = match agent {
-            None => None,
-            Some(_) if !registry.is_empty() => {
+        if let Some(agent) = &agent {
+            if !registry.is_empty() {
                 return Err(bad(
                     "agent",
                     "an agent runs its own tools: give tools= or agent=, not both",
                 ));
             }
-            Some(agent) => {
-                // The `env` column: an environment's verify when there is one (added
-                // above), else what the agent's own verify or return value gives.
-                if environment.is_none()
-                    && let Some(weight) = agent.env_weight()
-                {
-                    if !weight.is_finite() {
-                        return Err(bad(
-                            "agent",
-                            format!("weight: expected a finite number, got {weight}"),
-                        ));
-                    }
-                    scored.push(scoring::builtin::environment().weight(weight));
+            // The `env` column: an environment's verify when there is one (added above),
+            // else what the agent's own verify or return value gives.
+            if environment.is_none()
+                && let Some(weight) = agent.env_weight()
+            {
+                if !weight.is_finite() {
+                    return Err(bad(
+                        "agent",
+                        format!("weight: expected a finite number, got {weight}"),
+                    ));
                 }
-                let proxy_tokenizer = py
-                    .detach(|| tokenizer.load())
-                    .map_err(|e| bad("processing_class", e))?;
-                Some((agent, proxy_tokenizer))
+                scored.push(scoring::builtin::environment().weight(weight));
             }
-        };
-        // Checked now, so that two rewards of one name fail here and not in a thread.
-        Scorer::new(scored.clone(), ScorerConfig::default().threads(1))
-            .map_err(|e| bad("reward_funcs", e))?;
-
-        let mut client = ClientConfig::with_servers(servers);
-        let served = model.clone().unwrap_or_else(|| "async-grpo".to_owned());
-        if let Some(model) = model {
-            client = client.model(model);
         }
+
+        let tool_timeout = settings.tool_timeout;
+        let mut spec = RunSpec::new(
+            config,
+            chat_tokenizer,
+            Servers {
+                urls: servers,
+                model,
+                root_certificates_pem: None,
+            },
+        )
+        .tools(registry)
+        .tool_pool(ToolPool {
+            threads: settings.tool_threads,
+            timeout: Some(tool_timeout),
+            thread_name: Some("async-grpo-tool".to_owned()),
+        })
+        .rewards(scored)
+        .scorer(
+            ScorerConfig::default()
+                .threads(2)
+                .thread_name("async-grpo-reward"),
+        );
+        if let Some(environment) = environment {
+            spec = spec.environment(Box::new(move |tools| {
+                // Every session call runs on the tool pool's threads, bounded like a tool
+                // call.
+                let name = environment.name().to_owned();
+                Arc::new(
+                    Harness::new_sync(name, environment, tools)
+                        .config(HarnessConfig::default().timeout(tool_timeout)),
+                )
+            }));
+        }
+        if let Some(agent) = agent {
+            spec = spec.agent(Box::new(move |proxy| agent.build(proxy, sandbox)));
+        }
+        // Checked now, so that two rewards of one name fail here and not in a thread.
+        spec.check().map_err(|e| match e {
+            SpecError::Rewards(e) => bad("reward_funcs", e),
+            e => PyValueError::new_err(e.to_string()),
+        })?;
         Ok(Engine {
             prepared: Mutex::new(Some(Prepared {
-                tokenizer: chat_tokenizer,
+                spec,
                 dataset,
-                plan,
+                plan: run_plan.plan,
                 destination,
-                registry,
-                environment,
-                rewards: scored,
-                // A thread per rollout in flight: every rollout may be in a tool call.
-                tool_threads: config.max_inflight.clamp(1, 512),
-                config,
-                client,
-                tool_timeout: settings.tool_timeout,
-                reward_threads: 2,
                 runtime_threads: settings.runtime_threads,
                 nice: settings.nice,
                 pool: pool.clone(),
-                agent,
-                model: served,
-                sandbox,
             })),
             runtime: Mutex::new(None),
             handle: OnceLock::new(),
@@ -577,24 +562,13 @@ async fn run(
     groups_out: mpsc::Sender<ScoredGroup>,
 ) -> Result<(), String> {
     let Prepared {
-        tokenizer,
+        spec,
         dataset,
         plan,
         destination: _,
-        registry,
-        environment,
-        rewards,
-        config,
-        client,
-        tool_threads,
-        tool_timeout,
-        reward_threads,
         runtime_threads: _,
         nice: _,
         pool,
-        agent,
-        model,
-        sandbox,
     } = prepared;
     if let Some(pool) = pool {
         // On a thread of the runtime's, whose priority the processes inherit.
@@ -603,52 +577,23 @@ async fn run(
             .map_err(|e| format!("cannot start the Python worker processes: {e}"))?
             .map_err(|e| format!("cannot start the Python worker processes: {e}"))?;
     }
-    let client = Client::new(client).map_err(|e| format!("vllm_server_url: {e}"))?;
-    *lock(&state.client) = Some(client.clone());
-    let server_wait = config.server_wait;
-    client.wait_until_ready(server_wait).await.map_err(|e| {
-        format!("the vLLM servers are not ready (server_wait {server_wait:?}): {e}")
+    let connected = spec.connect().await.map_err(|e| match e {
+        SpecError::Client(e) => format!("vllm_server_url: {e}"),
+        SpecError::NotReady { .. } => format!("the vLLM {e}"),
+        e => e.to_string(),
     })?;
-    let health_checks = client.spawn_health_checks(Duration::from_secs(2));
-    let scorer = Scorer::new(
-        rewards,
-        ScorerConfig::default()
-            .threads(reward_threads)
-            .thread_name("async-grpo-reward"),
-    )
-    .map_err(|e| format!("reward_funcs: {e}"))?;
-    let mut builder = Loop::builder(client, tokenizer, scorer).config(config);
-    if !registry.is_empty() || environment.is_some() {
-        let tools = ToolDispatcher::new(
-            registry,
-            DispatcherConfig::new(tool_threads)
-                .default_timeout(tool_timeout)
-                .thread_name("async-grpo-tool"),
-        );
-        if let Some(environment) = environment {
-            // Every session call runs on the tool pool's threads, bounded like a tool call.
-            let name = environment.name().to_owned();
-            let harness = Harness::new_sync(name, environment, tools.clone())
-                .config(HarnessConfig::default().timeout(tool_timeout));
-            builder = builder.environment(Arc::new(harness));
-        }
-        builder = builder.tools(tools);
-    }
-    if let Some((agent, proxy_tokenizer)) = agent {
-        // One proxy for the worker's rollouts, each with a key of its own; it stops when the
-        // loop (the agent's last holder) is dropped.
-        let proxy = Proxy::start(proxy_tokenizer, ProxyConfig::new(model))
-            .await
-            .map_err(|e| e.to_string())?;
-        builder = builder.agent(agent.build(Arc::new(proxy), sandbox)?);
-    }
+    *lock(&state.client) = Some(connected.client().clone());
     // A file is opened (a shuffled one read whole) off the runtime's threads.
     let items = tokio::task::spawn_blocking(move || dataset.items(plan))
         .await
         .map_err(|e| format!("the dataset's reader was lost: {e}"))?
         .map_err(|e| format!("dataset: {e}"))?;
-    let (engine, mut groups) = builder.start_with_ids(items).map_err(|e| e.to_string())?;
-    let engine = Arc::new(engine);
+    let Running {
+        engine,
+        mut groups,
+        health_checks,
+        ..
+    } = connected.start(items).await.map_err(|e| e.to_string())?;
     // Published first, then the version applied: a version set in between reaches the loop
     // either way (versions only grow, so applying one twice is harmless).
     *lock(&state.engine) = Some(Arc::clone(&engine));
@@ -658,7 +603,7 @@ async fn run(
             break;
         }
     }
-    health_checks.abort();
+    drop(health_checks);
     if state.stopping.load(Ordering::Acquire) {
         return Ok(());
     }

@@ -46,6 +46,9 @@ pub(crate) struct BridgeSettings {
     pub(crate) reward_timeout: Duration,
     /// The engine's runtime threads.
     pub(crate) runtime_threads: usize,
+    /// Threads of the tool pool (sync tools and environment sessions); default: one per
+    /// rollout in flight, at most 512, by the binary's rule.
+    pub(crate) tool_threads: Option<usize>,
     /// Sync Python tools running at once (default: as many as the tool pool's threads).
     pub(crate) python_tool_threads: Option<usize>,
     /// How many steps of nice value below the trainer's the engine's threads and worker
@@ -75,6 +78,7 @@ impl Default for BridgeSettings {
             tool_timeout: Duration::from_secs(60),
             reward_timeout: Duration::from_secs(300),
             runtime_threads: 2,
+            tool_threads: None,
             python_tool_threads: None,
             nice: 10,
             epochs: None,
@@ -98,6 +102,7 @@ impl BridgeSettings {
         }
         let zero = [
             ("runtime_threads", self.runtime_threads == 0),
+            ("tool_threads", self.tool_threads == Some(0)),
             ("python_tool_threads", self.python_tool_threads == Some(0)),
             ("epochs", self.epochs == Some(0)),
         ];

@@ -174,6 +174,8 @@ class RolloutWorker:
       ``datasets`` writes it). Every row is checked at construction.
     - ``epochs``: passes over the dataset; ``None`` rolls out pass after pass until
       ``stop()``.
+    - ``groups``: at most this many groups in the whole run (those a resumed ``output``
+      holds count), as the binary's ``--groups``.
     - ``shuffle``: each pass in an order of its own, seeded by ``seed`` (or 0): the same
       order for the same seed, so that a resumed worker and every shard agree on it.
     - ``shard``: ``"I/N"`` or ``(I, N)`` (``0 <= I < N``): only the rows whose index modulo
@@ -189,7 +191,9 @@ class RolloutWorker:
     Sync tools and reward functions run in ``python_processes`` worker processes (default:
     the CPU count, at most 4), each with a GIL of its own, pickled at construction; one that
     cannot be pickled runs in this process, with a warning naming it. ``0`` runs every one
-    here (``python_tool_threads`` then bounds how many run Python at once).
+    here (``python_tool_threads`` then bounds how many run Python at once). The engine's
+    tool pool, where sync tools and environment sessions run, has ``tool_threads`` threads
+    (default: one per rollout in flight, at most 512, as the binary's).
 
     ``nice``: on Linux the engine's threads and worker processes run that many steps of nice
     value below the thread that called ``start()`` (at most 19), so that the trainer's
@@ -234,7 +238,9 @@ class RolloutWorker:
         drain_timeout: float = 10.0,
         seed: int | None = None,
         epochs: int | None = None,
+        groups: int | None = None,
         runtime_threads: int = 2,
+        tool_threads: int | None = None,
         python_tool_threads: int | None = None,
         python_processes: int | None = None,
         nice: int = 10,
@@ -304,6 +310,10 @@ class RolloutWorker:
             epochs = _positive_int("epochs", epochs)
         if seed is not None:
             seed = _positive_int("seed", seed, 0)
+        if groups is not None:
+            groups = _positive_int("groups", groups)
+        if tool_threads is not None:
+            tool_threads = _positive_int("tool_threads", tool_threads)
         if python_tool_threads is not None:
             python_tool_threads = _positive_int("python_tool_threads", python_tool_threads)
         if python_processes is None:
@@ -374,9 +384,11 @@ class RolloutWorker:
             "seed": seed,
             "runtime_threads": runtime_threads,
             "min_group_size": min(2, num_generations),
+            "tool_threads": tool_threads,
             "python_tool_threads": python_tool_threads,
             "nice": nice,
             "epochs": epochs,
+            "groups": groups,
             "shuffle": shuffle,
             "shard": shard,
             "output": None if output is None else os.fspath(output),
