@@ -634,7 +634,7 @@ fn build_rewards(
     };
     let mut rewards: Vec<RewardSetting> = Vec::new();
     for (i, table) in settings.rewards.iter().enumerate() {
-        let place = match (&table.spec, from_flags) {
+        let place = match (table.spec(), from_flags) {
             (Some(spec), true) => format!("--reward {spec}"),
             _ => places
                 .source

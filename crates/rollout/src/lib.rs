@@ -63,13 +63,16 @@ mod shared;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+/// The keys a serde struct reads (scoring's, which reward tables use too).
+pub use scoring::field_names;
+
 pub use crate::{
     agent::{
         Agent, AgentError, AgentOutcome, AgentRun, SampleRefused, SampleRequest, SampleRequests,
         Sampled, Sampler,
     },
     builder::EngineBuilder,
-    config::{ConfigError, PauseMode, PromptMode, RolloutConfig, field_names},
+    config::{ConfigError, PauseMode, PromptMode, RolloutConfig},
     data::{DatasetError, DatasetReader, DatasetRow, Shard},
     engine::{DrainReport, Engine, EngineError, Groups},
     episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},

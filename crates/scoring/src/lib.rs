@@ -103,6 +103,7 @@ mod pool;
 mod reward;
 #[cfg(feature = "scorer")]
 mod scorer;
+mod settings;
 #[cfg(feature = "table")]
 mod table;
 
@@ -111,8 +112,13 @@ pub use crate::scorer::{
     Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
     Scorer, ScorerConfig, ScorerError,
 };
+pub use crate::settings::field_names;
 #[cfg(feature = "table")]
-pub use crate::table::{RewardTable, TableError};
+pub use crate::table::{
+    BuildContext, ColumnSettings, CommandSettings, HttpSettings, JudgeSettings, LengthSettings,
+    RegexSettings, RewardKind, RewardModelSettings, RewardSource, RewardTable, Served,
+    ServiceSettings, TableError,
+};
 pub use crate::{
     advantage::{
         AdvantageConfig, CompletionReward, Credit, EpsPlacement, Estimator, GroupAdvantages,

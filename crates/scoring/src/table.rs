@@ -1,13 +1,22 @@
 //! [`RewardTable`]: a reward function described by its settings, built by the same code
 //! wherever it is given (the binary's `[[rewards]]` tables and `--reward` flags, the bridge's
 //! reward specs).
+//!
+//! A table is `spec = "KIND:ARG"`, or `kind` with that kind's settings: one struct per kind
+//! ([`RewardKind`]), read with its own keys only, so a key of another kind, a key of no kind
+//! and a missing key are each refused by name when the table is read. Adding a kind is one
+//! struct with its [`build`](Kind::build) and one line of [`kinds!`].
 
 use std::{collections::BTreeMap, path::Path};
 
 use process::program_path;
-use serde::{Deserialize, Serialize};
+use serde::{
+    Deserialize, Deserializer, Serialize,
+    de::{DeserializeOwned, Error as _},
+};
+use serde_json::{Map, Value};
 
-use crate::{Reward, builtin};
+use crate::{Reward, builtin, settings::field_names};
 
 /// Why a [`RewardTable`] does not describe a reward function.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,298 +56,279 @@ from_error!(
 /// A reward function described by its settings, as a config file's `[[rewards]]` table or a
 /// bridge's reward spec: `spec = "KIND:ARG"`, or `kind` with the fields that kind takes;
 /// `name` to tell apart two functions of one kind, `weight` for its share of the reward.
-/// Fields that no kind takes, or that the kind given does not, are refused by name.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RewardTable {
     /// The function's name (metrics read `rewards/NAME`); the kind's own name by default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// `KIND:ARG[@WEIGHT]`, as `--reward` takes it; not with `kind`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spec: Option<String>,
-    /// `numeric`, `exact`, `regex`, `command`, `length`, `http`, `judge` or `reward_model`,
-    /// with its fields.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// `kind = "numeric"` or `"exact"`: the dataset column holding the answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub column: Option<String>,
-    /// `kind = "regex"`: the pattern an answer must match.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pattern: Option<String>,
-    /// `kind = "command"`: the program and its arguments.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub program: Option<Vec<String>>,
-    /// `kind = "length"`: the most tokens before the full penalty.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max: Option<usize>,
-    /// `kind = "length"`: the tokens before `max` over which the penalty grows.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub buffer: Option<usize>,
+    /// What the function is.
+    #[serde(flatten)]
+    pub source: RewardSource,
     /// The column's weight in the combined reward (default 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,
-    /// `kind = "command"`: `"none"` (the default: the user's own program) or `"bwrap"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<process::Isolation>,
-    /// `kind = "command"` with `sandbox = "bwrap"`: the host's network or not (default false).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
-    /// `kind = "command"`: resource limits.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limits: Option<process::Limits>,
-    /// `kind = "http"`, `"judge"` or `"reward_model"`: the service's URL.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// `kind = "http"`, `"judge"` or `"reward_model"`: the most requests in flight at once
-    /// (default 8).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<usize>,
-    /// `kind = "http"`, `"judge"` or `"reward_model"`: attempts per call, retries of transport errors and 5xx
-    /// included (default 3).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempts: Option<u32>,
-    /// `kind = "http"`, `"judge"` or `"reward_model"`: the environment variable holding the key sent as
-    /// `Authorization: Bearer KEY`; no program the run starts sees that variable.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub api_key_env: Option<String>,
-    /// `kind = "judge"` or `"reward_model"`: the model the endpoint serves.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// `kind = "judge"`: the user message, with `{prompt}`, `{completion}` (or
-    /// `{completions}` in group mode) and `{COLUMN}` for the row's columns.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub template: Option<String>,
-    /// `kind = "judge"`: a system message before it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub system: Option<String>,
-    /// `kind = "judge"`: `"number"` (the default: the answer's last number), `"json"` (a
-    /// field of a JSON object in the answer) or `"labels"` (the last of `labels` in it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub score: Option<String>,
-    /// `kind = "judge"` with `score = "json"`: the field (default `score`, or `scores` in
-    /// group mode).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
-    /// `kind = "judge"`: labels and the scores they stand for, `{ CORRECT = 1, WRONG = 0 }`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub labels: Option<BTreeMap<String, f64>>,
-    /// `kind = "judge"`: `"each"` (the default: a request per completion) or `"group"` (a
-    /// request per group, one score per completion back).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
-    /// `kind = "judge"`: answers kept by request, so that the same request is asked once
-    /// (default 0: none kept).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache: Option<usize>,
-    /// `kind = "judge"`: the most tokens of an answer (default 1024).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<u32>,
-    /// `kind = "judge"`: the judge's temperature (default 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// `kind = "judge"`: keep each answer as the row's note (`reward_notes`; default false).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub keep_answers: Option<bool>,
-    /// `kind = "reward_model"`: the server applies the model's activation (a sigmoid for one
-    /// class; default false: the raw score).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub activation: Option<bool>,
-    /// `kind = "reward_model"`: which of the model's outputs is the score (default 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub class_index: Option<usize>,
 }
 
-impl RewardTable {
-    /// The table `{spec = SPEC}`, for a spec given alone (`numeric:answer@0.5`); checked
-    /// when it is built. Never fails: its signature is a command-line value parser's.
-    pub fn from_spec(spec: &str) -> Result<RewardTable, String> {
-        Ok(RewardTable {
-            spec: Some(spec.to_owned()),
-            ..RewardTable::default()
-        })
-    }
-    /// The reward this table describes: `spec`, or `kind` with the field that kind takes.
-    ///
-    /// A `command` program named by a relative path with a directory part is relative to
-    /// `base`; a sandboxed one starts from `sandbox` (the run's); `roots` are PEM
-    /// certificates an `https://` service is trusted by too.
-    pub fn build(
-        &self,
-        base: &Path,
-        sandbox: &process::Sandbox,
-        roots: Option<&[u8]>,
-    ) -> Result<Reward, TableError> {
-        let given = [
-            ("column", self.column.is_some()),
-            ("pattern", self.pattern.is_some()),
-            ("program", self.program.is_some()),
-            ("max", self.max.is_some()),
-            ("buffer", self.buffer.is_some()),
-            ("sandbox", self.sandbox.is_some()),
-            ("network", self.network.is_some()),
-            ("limits", self.limits.is_some()),
-            ("url", self.url.is_some()),
-            ("concurrency", self.concurrency.is_some()),
-            ("attempts", self.attempts.is_some()),
-            ("api_key_env", self.api_key_env.is_some()),
-            ("model", self.model.is_some()),
-            ("template", self.template.is_some()),
-            ("system", self.system.is_some()),
-            ("score", self.score.is_some()),
-            ("field", self.field.is_some()),
-            ("labels", self.labels.is_some()),
-            ("mode", self.mode.is_some()),
-            ("cache", self.cache.is_some()),
-            ("max_tokens", self.max_tokens.is_some()),
-            ("temperature", self.temperature.is_some()),
-            ("keep_answers", self.keep_answers.is_some()),
-            ("activation", self.activation.is_some()),
-            ("class_index", self.class_index.is_some()),
-        ];
-        let reward = match (&self.spec, &self.kind) {
-            (Some(_), Some(_)) => bail!("give `spec` or `kind`, not both"),
-            (None, None) => {
-                bail!("expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field")
-            }
-            (Some(spec), None) => {
-                if let Some((field, _)) = given.iter().find(|(_, present)| *present) {
-                    bail!("`{field}` goes with `kind`, not with `spec`");
-                }
-                if self.weight.is_some()
-                    && spec
-                        .rsplit_once('@')
-                        .is_some_and(|(_, w)| w.trim().parse::<f64>().is_ok())
-                {
-                    bail!(
-                        "the weight is given twice, in `spec` (\"...@WEIGHT\") and as \
-                         `weight`: keep one"
-                    );
-                }
-                builtin::from_spec(spec)?
-            }
-            (None, Some(kind)) => self.build_kind(kind, &given, base, sandbox, roots)?,
-        };
-        let reward = match self.weight {
-            Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
-            Some(weight) => reward.weight(weight),
-            None => reward,
-        };
-        Ok(match &self.name {
-            Some(name) if name.trim().is_empty() => bail!("`name` must not be empty"),
-            Some(name) => reward.named(name.clone()),
-            None => reward,
-        })
-    }
+/// What a [`RewardTable`] describes: a spec, or a kind with its settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum RewardSource {
+    /// `spec = "KIND:ARG[@WEIGHT]"`, as `--reward` takes it.
+    Spec {
+        /// The spec.
+        spec: String,
+    },
+    /// `kind = "..."` with that kind's settings.
+    Kind(Box<RewardKind>),
+}
 
-    /// `kind = "..."` with its own field, built with scoring's typed constructors.
-    fn build_kind(
-        &self,
-        kind: &str,
-        given: &[(&str, bool)],
-        base: &Path,
-        sandbox: &process::Sandbox,
-        roots: Option<&[u8]>,
-    ) -> Result<Reward, TableError> {
-        let wants: &[&str] = match kind {
-            "numeric" | "exact" => &["column"],
-            "regex" => &["pattern"],
-            "command" => &["program", "sandbox", "network", "limits"],
-            "length" => &["max", "buffer"],
-            "http" => &["url", "concurrency", "attempts", "api_key_env"],
-            "judge" => &[
-                "url",
-                "model",
-                "template",
-                "system",
-                "score",
-                "field",
-                "labels",
-                "mode",
-                "cache",
-                "max_tokens",
-                "temperature",
-                "keep_answers",
-                "concurrency",
-                "attempts",
-                "api_key_env",
-            ],
-            "reward_model" => &[
-                "url",
-                "model",
-                "activation",
-                "class_index",
-                "concurrency",
-                "attempts",
-                "api_key_env",
-            ],
-            other => {
-                bail!(
-                    "unknown kind '{other}'; expected numeric, exact, regex, command, length, \
-                     http, judge or reward_model"
-                )
-            }
-        };
-        if let Some((field, _)) = given
-            .iter()
-            .find(|(field, present)| *present && !wants.contains(field))
-        {
-            bail!(
-                "`{field}` is not a field of kind \"{kind}\" (it takes {})",
-                wants.join(", ")
-            );
+/// What building a table's reward needs of the run.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildContext<'a> {
+    /// The directory a `command` program's relative path is from.
+    pub base: &'a Path,
+    /// The run's sandbox, which a sandboxed `command` starts from.
+    pub sandbox: &'a process::Sandbox,
+    /// PEM certificates an `https://` service is trusted by too.
+    pub roots: Option<&'a [u8]>,
+}
+
+/// The settings of one kind of reward: the keys it reads (a serde struct's), and the reward
+/// they build.
+trait Kind: Serialize + Sized {
+    /// The keys this kind reads.
+    fn fields() -> Vec<&'static str>;
+    /// The settings from a table's keys (those of this kind only).
+    fn read(map: Map<String, Value>) -> Result<Self, ReadError>;
+    /// The reward of kind `kind` (two kinds may share one struct of settings).
+    fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError>;
+}
+
+/// A key's value that does not read.
+struct ReadError {
+    /// The key, when serde names one.
+    key: Option<String>,
+    /// What is wrong.
+    problem: String,
+}
+
+/// `T` read from `map`, the error naming the key.
+fn read_struct<T: DeserializeOwned>(map: Map<String, Value>) -> Result<T, ReadError> {
+    serde_path_to_error::deserialize(Value::Object(map)).map_err(|error| {
+        let path = error.path().to_string();
+        ReadError {
+            key: (path != ".").then_some(path),
+            problem: error.inner().to_string(),
         }
-        let missing = || error!("kind \"{kind}\" needs `{}`", wants[0]);
+    })
+}
+
+/// A plain kind: its struct read as it is.
+macro_rules! plain_kind {
+    ($($settings:ty),*) => {
+        $(impl Kind for $settings {
+            fn fields() -> Vec<&'static str> {
+                field_names::<$settings>().to_vec()
+            }
+            fn read(map: Map<String, Value>) -> Result<Self, ReadError> {
+                read_struct(map)
+            }
+            fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+                <$settings>::build_reward(self, kind, at)
+            }
+        })*
+    };
+}
+
+/// Every kind, once: the enum, its names, how each is read and built.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $variant:ident($name:literal, $settings:ty),)*) => {
+        /// A reward kind with its settings, by its `kind` name.
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[serde(tag = "kind")]
+        pub enum RewardKind {
+            $($(#[$doc])* #[serde(rename = $name)] $variant($settings),)*
+        }
+
+        /// The kinds' names, in order.
+        const KIND_NAMES: &[&str] = &[$($name),*];
+
+        impl RewardKind {
+            /// The kind's name, as `kind` gives it.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(RewardKind::$variant(_) => $name,)*
+                }
+            }
+
+            /// The keys kind `name` reads, if it is a kind.
+            fn fields_of(name: &str) -> Option<Vec<&'static str>> {
+                match name {
+                    $($name => Some(<$settings as Kind>::fields()),)*
+                    _ => None,
+                }
+            }
+
+            /// Kind `name` read from its keys.
+            fn read(name: &str, map: Map<String, Value>) -> Result<RewardKind, ReadError> {
+                match name {
+                    $($name => <$settings as Kind>::read(map).map(RewardKind::$variant),)*
+                    other => Err(ReadError { key: None, problem: format!("unknown kind '{other}'") }),
+                }
+            }
+
+            /// The reward.
+            fn build(&self, at: BuildContext<'_>) -> Result<Reward, TableError> {
+                match self {
+                    $(RewardKind::$variant(settings) => settings.build($name, at),)*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// The answer's last number, compared with a column's.
+    Numeric("numeric", ColumnSettings),
+    /// The answer, compared with a column's text.
+    Exact("exact", ColumnSettings),
+    /// Whether the answer matches a pattern.
+    Regex("regex", RegexSettings),
+    /// A program that scores a group.
+    Command("command", CommandSettings),
+    /// A penalty on long answers.
+    Length("length", LengthSettings),
+    /// A reward service of the user's own.
+    Http("http", Served<HttpSettings>),
+    /// An LLM judge on an OpenAI-compatible chat endpoint.
+    Judge("judge", Served<JudgeSettings>),
+    /// A reward model on vLLM's pooling runner.
+    RewardModel("reward_model", Served<RewardModelSettings>),
+}
+
+/// `kind = "numeric"` or `"exact"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnSettings {
+    /// The dataset column holding the answer.
+    pub column: String,
+}
+
+impl ColumnSettings {
+    fn build_reward(&self, kind: &str, _: BuildContext<'_>) -> Result<Reward, TableError> {
         Ok(match kind {
-            "numeric" => builtin::numeric(self.column.as_deref().ok_or_else(missing)?),
-            "exact" => builtin::exact(self.column.as_deref().ok_or_else(missing)?),
-            "regex" => builtin::regex(self.pattern.as_deref().ok_or_else(missing)?)?,
-            "command" => {
-                let argv = self.program.as_deref().ok_or_else(missing)?;
-                let Some((program, args)) = argv.split_first() else {
-                    bail!("`program` needs at least the program: [\"./score.py\", ...]");
-                };
-                // The user's own program runs unsandboxed unless the table asks; sandboxed,
-                // it starts from the run's sandbox (its files hidden).
-                let start = match self.sandbox {
-                    Some(process::Isolation::Bwrap) => sandbox.clone(),
-                    Some(process::Isolation::None) | None => process::Sandbox::none(),
-                };
-                let sandbox = start.with_keys(None, self.network, self.limits);
-                sandbox.check()?;
-                builtin::command_in(&program_path(base, program), args.iter().cloned(), sandbox)
-            }
-            "http" => builtin::http(self.service(roots)?)?,
-            "judge" => builtin::judge(self.service(roots)?, self.judge()?)?,
-            "reward_model" => {
-                let model = self
-                    .model
-                    .as_deref()
-                    .ok_or_else(|| error!("kind \"reward_model\" needs `model`"))?;
-                let config = builtin::RewardModelConfig::new(model)
-                    .activation(self.activation.unwrap_or(false))
-                    .class_index(self.class_index.unwrap_or(0));
-                builtin::reward_model(self.service(roots)?, config)?
-            }
-            _ => builtin::length(self.max.ok_or_else(missing)?, self.buffer)?,
+            "exact" => builtin::exact(&self.column),
+            _ => builtin::numeric(&self.column),
         })
     }
+}
 
-    /// Where an `http`, `judge` or `reward_model` reward's service is, and how to call it. Reads the key
-    /// `api_key_env` names, and hides that variable from every program the run starts.
-    fn service(&self, roots: Option<&[u8]>) -> Result<builtin::ServiceConfig, TableError> {
-        let url = self
-            .url
-            .as_deref()
-            .ok_or_else(|| error!("kind \"{}\" needs `url`", self.kind_name()))?;
+/// `kind = "regex"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegexSettings {
+    /// The pattern an answer must match.
+    pub pattern: String,
+}
+
+impl RegexSettings {
+    fn build_reward(&self, _: &str, _: BuildContext<'_>) -> Result<Reward, TableError> {
+        Ok(builtin::regex(&self.pattern)?)
+    }
+}
+
+/// `kind = "command"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandSettings {
+    /// The program and its arguments.
+    pub program: Vec<String>,
+    /// `"none"` (the default: the user's own program) or `"bwrap"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<process::Isolation>,
+    /// With `sandbox = "bwrap"`: the host's network or not (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// Resource limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<process::Limits>,
+}
+
+impl CommandSettings {
+    fn build_reward(&self, _: &str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+        let Some((program, args)) = self.program.split_first() else {
+            bail!("`program` needs at least the program: [\"./score.py\", ...]");
+        };
+        // The user's own program runs unsandboxed unless the table asks; sandboxed, it
+        // starts from the run's sandbox (its files hidden).
+        let start = match self.sandbox {
+            Some(process::Isolation::Bwrap) => at.sandbox.clone(),
+            Some(process::Isolation::None) | None => process::Sandbox::none(),
+        };
+        let sandbox = start.with_keys(None, self.network, self.limits);
+        sandbox.check()?;
+        Ok(builtin::command_in(
+            &program_path(at.base, program),
+            args.iter().cloned(),
+            sandbox,
+        ))
+    }
+}
+
+/// `kind = "length"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LengthSettings {
+    /// The most tokens before the full penalty.
+    pub max: usize,
+    /// The tokens before `max` over which the penalty grows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<usize>,
+}
+
+impl LengthSettings {
+    fn build_reward(&self, _: &str, _: BuildContext<'_>) -> Result<Reward, TableError> {
+        Ok(builtin::length(self.max, self.buffer)?)
+    }
+}
+
+plain_kind!(
+    ColumnSettings,
+    RegexSettings,
+    CommandSettings,
+    LengthSettings
+);
+
+/// Where a reward's service is and how to call it: the keys `http`, `judge` and
+/// `reward_model` share, declared once.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSettings {
+    /// The service's URL.
+    pub url: String,
+    /// The most requests in flight at once (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    /// Attempts per call, retries of transport errors and 5xx included (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// The environment variable holding the key sent as `Authorization: Bearer KEY`; no
+    /// program the run starts sees that variable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+}
+
+impl ServiceSettings {
+    /// The service's configuration. Reads the key `api_key_env` names, and hides that
+    /// variable from every program the run starts.
+    fn config(&self, roots: Option<&[u8]>) -> Result<builtin::ServiceConfig, TableError> {
         if self.concurrency == Some(0) {
             bail!("`concurrency` must be at least 1");
         }
         if self.attempts == Some(0) {
             bail!("`attempts` must be at least 1");
         }
-        let mut config = builtin::ServiceConfig::new(url);
+        let mut config = builtin::ServiceConfig::new(&self.url);
         if let Some(concurrency) = self.concurrency {
             config = config.concurrency(concurrency);
         }
@@ -363,17 +353,123 @@ impl RewardTable {
         }
         Ok(config)
     }
+}
 
-    /// What a `judge` reward asks and how it reads the answer.
+/// A kind that calls a service: the service's keys and the kind's own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Served<S> {
+    /// Where the service is and how to call it.
+    #[serde(flatten)]
+    pub service: ServiceSettings,
+    /// The kind's own settings.
+    #[serde(flatten)]
+    pub settings: S,
+}
+
+/// The own settings of a kind that calls a service.
+trait ServedKind: DeserializeOwned + Serialize {
+    fn build_served(
+        &self,
+        service: builtin::ServiceConfig,
+        at: BuildContext<'_>,
+    ) -> Result<Reward, TableError>;
+}
+
+impl<S: ServedKind> Kind for Served<S> {
+    fn fields() -> Vec<&'static str> {
+        let mut fields = field_names::<ServiceSettings>().to_vec();
+        fields.extend(field_names::<S>());
+        fields
+    }
+
+    fn read(mut map: Map<String, Value>) -> Result<Self, ReadError> {
+        let mut service = Map::new();
+        for key in field_names::<ServiceSettings>() {
+            if let Some(value) = map.remove(*key) {
+                service.insert((*key).to_owned(), value);
+            }
+        }
+        Ok(Served {
+            service: read_struct(service)?,
+            settings: read_struct(map)?,
+        })
+    }
+
+    fn build(&self, _: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+        let service = self.service.config(at.roots)?;
+        self.settings.build_served(service, at)
+    }
+}
+
+/// `kind = "http"`: the service's keys alone.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {}
+
+impl ServedKind for HttpSettings {
+    fn build_served(
+        &self,
+        service: builtin::ServiceConfig,
+        _: BuildContext<'_>,
+    ) -> Result<Reward, TableError> {
+        Ok(builtin::http(service)?)
+    }
+}
+
+/// `kind = "judge"`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeSettings {
+    /// The model the endpoint serves.
+    pub model: String,
+    /// The user message, with `{prompt}`, `{completion}` (or `{completions}` in group mode)
+    /// and `{COLUMN}` for the row's columns.
+    pub template: String,
+    /// A system message before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// `"number"` (the default: the answer's last number), `"json"` (a field of a JSON
+    /// object in the answer) or `"labels"` (the last of `labels` in it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<String>,
+    /// With `score = "json"`: the field (default `score`, or `scores` in group mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Labels and the scores they stand for, `{ CORRECT = 1, WRONG = 0 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, f64>>,
+    /// `"each"` (the default: a request per completion) or `"group"` (a request per group,
+    /// one score per completion back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Answers kept by request, so that the same request is asked once (default 0: none
+    /// kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<usize>,
+    /// The most tokens of an answer (default 1024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// The judge's temperature (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Keep each answer as the row's note (`reward_notes`; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_answers: Option<bool>,
+}
+
+impl ServedKind for JudgeSettings {
+    fn build_served(
+        &self,
+        service: builtin::ServiceConfig,
+        _: BuildContext<'_>,
+    ) -> Result<Reward, TableError> {
+        Ok(builtin::judge(service, self.judge()?)?)
+    }
+}
+
+impl JudgeSettings {
+    /// What the judge asks and how it reads the answer.
     fn judge(&self) -> Result<builtin::JudgeConfig, TableError> {
-        let model = self
-            .model
-            .as_deref()
-            .ok_or_else(|| error!("kind \"judge\" needs `model`"))?;
-        let template = self
-            .template
-            .as_deref()
-            .ok_or_else(|| error!("kind \"judge\" needs `template`"))?;
         let mode = match self.mode.as_deref() {
             None | Some("each") => builtin::JudgeMode::Each,
             Some("group") => builtin::JudgeMode::Group,
@@ -414,7 +510,7 @@ impl RewardTable {
         if self.labels.is_some() && matches!(score, builtin::ScoreFormat::Number) {
             bail!("`labels` go with score = \"labels\" or \"json\"");
         }
-        let mut config = builtin::JudgeConfig::new(model, template)
+        let mut config = builtin::JudgeConfig::new(&self.model, &self.template)
             .mode(mode)
             .score(score)
             .labels(labels)
@@ -439,37 +535,233 @@ impl RewardTable {
         }
         Ok(config)
     }
+}
 
-    fn kind_name(&self) -> &str {
-        self.kind.as_deref().unwrap_or_default()
+/// `kind = "reward_model"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardModelSettings {
+    /// The model the endpoint serves.
+    pub model: String,
+    /// The server applies the model's activation (a sigmoid for one class; default false:
+    /// the raw score).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation: Option<bool>,
+    /// Which of the model's outputs is the score (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_index: Option<usize>,
+}
+
+impl ServedKind for RewardModelSettings {
+    fn build_served(
+        &self,
+        service: builtin::ServiceConfig,
+        _: BuildContext<'_>,
+    ) -> Result<Reward, TableError> {
+        let config = builtin::RewardModelConfig::new(&self.model)
+            .activation(self.activation.unwrap_or(false))
+            .class_index(self.class_index.unwrap_or(0));
+        Ok(builtin::reward_model(service, config)?)
+    }
+}
+
+/// The keys every table reads, whatever its kind.
+const TABLE_KEYS: &[&str] = &["name", "weight", "spec", "kind"];
+
+impl RewardTable {
+    /// The table `{spec = SPEC}`, for a spec given alone (`numeric:answer@0.5`); checked
+    /// when it is built. Never fails: its signature is a command-line value parser's.
+    pub fn from_spec(spec: &str) -> Result<RewardTable, String> {
+        Ok(RewardTable {
+            name: None,
+            weight: None,
+            source: RewardSource::Spec {
+                spec: spec.to_owned(),
+            },
+        })
+    }
+
+    /// The spec, when the table is one.
+    pub fn spec(&self) -> Option<&str> {
+        match &self.source {
+            RewardSource::Spec { spec } => Some(spec),
+            RewardSource::Kind(_) => None,
+        }
+    }
+
+    /// The table's keys read: `name`, `weight`, and `spec` or `kind` with that kind's keys.
+    /// A key of no kind, a key of another kind, a key the kind needs and a value of the wrong
+    /// type are each refused by name.
+    fn read(mut map: Map<String, Value>) -> Result<RewardTable, String> {
+        let every_key = || -> Vec<&'static str> {
+            let mut keys: Vec<&'static str> = TABLE_KEYS.to_vec();
+            for kind in KIND_NAMES {
+                for key in RewardKind::fields_of(kind).unwrap_or_default() {
+                    if !keys.contains(&key) {
+                        keys.push(key);
+                    }
+                }
+            }
+            keys
+        };
+        if let Some(key) = map.keys().find(|key| !every_key().contains(&key.as_str())) {
+            let expected: Vec<String> = every_key().iter().map(|k| format!("`{k}`")).collect();
+            return Err(format!(
+                "unknown field `{key}`, expected one of {}",
+                expected.join(", ")
+            ));
+        }
+        let name = take::<String>(&mut map, "name")?;
+        let weight = take::<f64>(&mut map, "weight")?;
+        let spec = take::<String>(&mut map, "spec")?;
+        let kind = take::<String>(&mut map, "kind")?;
+        let source = match (spec, kind) {
+            (Some(_), Some(_)) => return Err("give `spec` or `kind`, not both".to_owned()),
+            (None, None) => {
+                return Err(
+                    "expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field".to_owned(),
+                );
+            }
+            (Some(spec), None) => {
+                if let Some(field) = map.keys().next() {
+                    return Err(format!("`{field}` goes with `kind`, not with `spec`"));
+                }
+                RewardSource::Spec { spec }
+            }
+            (None, Some(kind)) => {
+                let Some(fields) = RewardKind::fields_of(&kind) else {
+                    return Err(format!(
+                        "unknown kind '{kind}'; expected {}",
+                        list_or(KIND_NAMES)
+                    ));
+                };
+                if let Some(key) = map.keys().find(|key| !fields.contains(&key.as_str())) {
+                    return Err(format!(
+                        "`{key}` is not a field of kind \"{kind}\" (it takes {})",
+                        fields.join(", ")
+                    ));
+                }
+                let read = RewardKind::read(&kind, map).map_err(|error| {
+                    match (error.key, error.problem.strip_prefix("missing field ")) {
+                        (_, Some(key)) => format!("kind \"{kind}\" needs {key}"),
+                        (Some(key), None) => format!("{key}: {}", error.problem),
+                        (None, None) => error.problem,
+                    }
+                })?;
+                RewardSource::Kind(Box::new(read))
+            }
+        };
+        Ok(RewardTable {
+            name,
+            weight,
+            source,
+        })
+    }
+
+    /// The reward this table describes: `spec`, or `kind` with its settings.
+    ///
+    /// A `command` program named by a relative path with a directory part is relative to
+    /// `base`; a sandboxed one starts from `sandbox` (the run's); `roots` are PEM
+    /// certificates an `https://` service is trusted by too.
+    pub fn build(
+        &self,
+        base: &Path,
+        sandbox: &process::Sandbox,
+        roots: Option<&[u8]>,
+    ) -> Result<Reward, TableError> {
+        let at = BuildContext {
+            base,
+            sandbox,
+            roots,
+        };
+        let reward = match &self.source {
+            RewardSource::Spec { spec } => {
+                if self.weight.is_some()
+                    && spec
+                        .rsplit_once('@')
+                        .is_some_and(|(_, w)| w.trim().parse::<f64>().is_ok())
+                {
+                    bail!(
+                        "the weight is given twice, in `spec` (\"...@WEIGHT\") and as \
+                         `weight`: keep one"
+                    );
+                }
+                builtin::from_spec(spec)?
+            }
+            RewardSource::Kind(kind) => kind.build(at)?,
+        };
+        let reward = match self.weight {
+            Some(weight) if !weight.is_finite() => bail!("weight must be a finite number"),
+            Some(weight) => reward.weight(weight),
+            None => reward,
+        };
+        Ok(match &self.name {
+            Some(name) if name.trim().is_empty() => bail!("`name` must not be empty"),
+            Some(name) => reward.named(name.clone()),
+            None => reward,
+        })
     }
 
     /// A `command` reward's program named by a relative path with a directory part is
     /// relative to the file's directory.
     pub fn make_program_absolute(&mut self, base: &Path) {
-        if let Some(program) = self.program.as_mut().and_then(|argv| argv.first_mut()) {
-            *program = program_path(base, program);
-        }
-        if let Some(spec) = &self.spec
-            && let Some(rest) = spec.strip_prefix("command:")
-        {
-            let program = rest.split_whitespace().next().unwrap_or_default();
-            self.spec = Some(format!(
-                "command:{}{}",
-                program_path(base, program),
-                &rest.trim_start()[program.len()..]
-            ));
+        match &mut self.source {
+            RewardSource::Kind(kind) => {
+                if let RewardKind::Command(command) = kind.as_mut()
+                    && let Some(program) = command.program.first_mut()
+                {
+                    *program = program_path(base, program);
+                }
+            }
+            RewardSource::Spec { spec } => {
+                if let Some(rest) = spec.strip_prefix("command:") {
+                    let program = rest.split_whitespace().next().unwrap_or_default();
+                    *spec = format!(
+                        "command:{}{}",
+                        program_path(base, program),
+                        &rest.trim_start()[program.len()..]
+                    );
+                }
+            }
         }
     }
 
     /// The program a `command` reward runs.
     pub fn program(&self) -> Option<&str> {
-        match (&self.program, &self.spec) {
-            (Some(argv), _) => argv.first().map(String::as_str),
-            (None, Some(spec)) => spec
+        match &self.source {
+            RewardSource::Kind(kind) => match kind.as_ref() {
+                RewardKind::Command(command) => command.program.first().map(String::as_str),
+                _ => None,
+            },
+            RewardSource::Spec { spec } => spec
                 .strip_prefix("command:")
                 .and_then(|rest| rest.split_whitespace().next()),
-            (None, None) => None,
         }
+    }
+}
+
+impl<'de> Deserialize<'de> for RewardTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<RewardTable, D::Error> {
+        let map = Map::<String, Value>::deserialize(deserializer)?;
+        RewardTable::read(map).map_err(D::Error::custom)
+    }
+}
+
+/// `key` of `map`, taken out and read.
+fn take<T: DeserializeOwned>(map: &mut Map<String, Value>, key: &str) -> Result<Option<T>, String> {
+    match map.remove(key) {
+        None => Ok(None),
+        Some(value) => serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| format!("{key}: {e}")),
+    }
+}
+
+/// `a, b, c or d`.
+fn list_or(names: &[&str]) -> String {
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }

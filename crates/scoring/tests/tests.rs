@@ -6,6 +6,8 @@ mod estimators;
 mod properties;
 #[cfg(feature = "scorer")]
 mod scorer;
+#[cfg(feature = "table")]
+mod table;
 
 /// Asserts that two float slices are equal within `tolerance`, element by element.
 #[track_caller]
