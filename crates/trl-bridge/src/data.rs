@@ -7,19 +7,19 @@
 use std::{io::Cursor, path::PathBuf, sync::Arc};
 
 use async_grpo_run::{
-    DatasetSource, Destination, OutputError, OutputMode, PlanSpec, RunPlan, ScanError,
+    DatasetSource, Destination, OutputError, OutputMode, PlanSpec, RunPlan, ScanError, Scanned,
 };
 use rollout::{DatasetError, DatasetReader, DatasetRow};
 
 use crate::settings::BridgeSettings;
 
 /// The dataset's rows given as JSON lines, or the file at `path`, each row parsed now so
-/// that a bad one is an error at construction, with how many rows it has. The error is the
-/// message (without the argument).
+/// that a bad one is an error at construction, with what the scan found (its rows, its
+/// columns). The error is the message (without the argument).
 pub(crate) fn read_dataset(
     lines: Option<Vec<String>>,
     path: Option<PathBuf>,
-) -> Result<(DatasetSource, u64), String> {
+) -> Result<(DatasetSource, Scanned), String> {
     let dataset = match (lines, path) {
         (Some(lines), None) => {
             let text = lines.join("\n");
@@ -37,7 +37,26 @@ pub(crate) fn read_dataset(
     if scanned.rows == 0 {
         return Err("the dataset has no row".to_owned());
     }
-    Ok((dataset, scanned.rows))
+    Ok((dataset, scanned))
+}
+
+/// Each column a reward reads is in some row, as the binary checks it: the error names the
+/// reward's place among `reward_funcs` and the columns the rows have.
+pub(crate) fn check_columns(scanned: &Scanned, rewards: &[scoring::Reward]) -> Result<(), String> {
+    let Some(missing) = scanned.missing_column(rewards) else {
+        return Ok(());
+    };
+    let known: Vec<&str> = scanned.columns.iter().map(String::as_str).collect();
+    Err(format!(
+        "reward_funcs[{}]: no row of the dataset has a column '{}'; its rows have: {}",
+        missing.reward,
+        missing.column,
+        if known.is_empty() {
+            "no column but the prompt".to_owned()
+        } else {
+            known.join(", ")
+        }
+    ))
 }
 
 /// What `settings` ask of the dataset, seeded by the sampling `seed` (or 0, as the binary's),

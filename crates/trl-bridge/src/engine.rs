@@ -194,7 +194,7 @@ impl Engine {
             .detach(|| tokenizer.load())
             .map_err(|e| bad("processing_class", e))?;
         let hidden_dataset = dataset_path.clone();
-        let (dataset, rows) = py
+        let (dataset, scanned) = py
             .detach(|| data::read_dataset(dataset_rows, dataset_path))
             .map_err(|e| bad("dataset", e))?;
         let destination = match settings.output.clone() {
@@ -207,8 +207,8 @@ impl Engine {
         // Like the binary's `--groups`, `groups` counts the whole run's groups: those a
         // resumed output holds are of them.
         let plan_spec = data::plan_spec(&settings, config.sampling.seed, config.max_groups);
-        let run_plan =
-            data::plan(&plan_spec, rows, destination.as_ref()).map_err(PyValueError::new_err)?;
+        let run_plan = data::plan(&plan_spec, scanned.rows, destination.as_ref())
+            .map_err(PyValueError::new_err)?;
         config.max_groups = run_plan.max_groups;
 
         let bridge = Arc::new(bridge);
@@ -235,6 +235,7 @@ impl Engine {
             .fold(Sandbox::default(), Sandbox::hide);
         let callables = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
         let mut scored = with_tables(callables, reward_tables, &sandbox, settings.reward_timeout)?;
+        data::check_columns(&scanned, &scored).map_err(PyValueError::new_err)?;
         let reward_names = scored.iter().map(|r| r.name().to_owned()).collect();
         let environment = python_environment(&bridge, environment, &registry, &mut scored)?;
         let agent = match (agent_program, agent_function) {

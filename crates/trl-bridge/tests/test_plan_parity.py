@@ -153,3 +153,17 @@ def test_the_binary_and_the_worker_refuse_a_shard_that_holds_no_row_in_the_same_
     assert not out.exists() or out.stat().st_size == 0, "nothing written"
     with pytest.raises(ValueError, match=f"shard: {words}"):
         make_worker(simulator(), dataset=str(dataset), **{**PLAN, "shard": "7/9"})
+
+
+def test_the_binary_and_the_worker_refuse_a_reward_that_reads_a_column_no_row_has(
+    binary, tokenizer_dir, simulator, make_worker, dataset: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "binary.jsonl"
+    done = run_binary(binary, tokenizer_dir, dataset, out, "--reward", "numeric:solution")
+    assert done.returncode != 0
+    assert "has a column 'solution'; its rows have: no column but the prompt" in done.stderr, done.stderr
+    with pytest.raises(
+        ValueError,
+        match=r"reward_funcs\[0\]: no row of the dataset has a column 'solution'; its rows have: no column but the prompt",
+    ):
+        make_worker(simulator(), dataset=str(dataset), reward_funcs=["numeric:solution"], **PLAN)
