@@ -20,7 +20,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     runtime::Runtime,
 };
-use vllm_sim::{Sampled, SimConfig, Simulator};
+use vllm_sim::{Exchange, SimConfig, Simulator};
 
 /// The quickstart's tokenizer directory (tokenizer.json and its chat template).
 pub(crate) fn quickstart() -> PathBuf {
@@ -256,7 +256,7 @@ fn http_endpoint(runtime: &Runtime, body: &'static str) -> (String, Arc<AtomicUs
 /// logprob 0. Returns the number of sampled runs of each row.
 pub(crate) fn assert_rows_are_what_was_sampled(
     rows: &[TrainingSample],
-    transcript: &[Sampled],
+    transcript: &[Exchange],
 ) -> Vec<usize> {
     assert!(!transcript.is_empty(), "the simulator recorded nothing");
     let mut runs_per_row = Vec::new();
@@ -278,7 +278,7 @@ pub(crate) fn assert_rows_are_what_was_sampled(
             }
             let end = (p..ids.len()).find(|&i| mask[i] == 0).unwrap_or(ids.len());
             let run = &ids[p..end];
-            let exchanges: Vec<&Sampled> = transcript
+            let exchanges: Vec<&Exchange> = transcript
                 .iter()
                 .filter(|s| s.prompt_ids.as_slice() == &ids[..p] && s.token_ids.as_slice() == run)
                 .collect();

@@ -24,15 +24,15 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
     let out = root().join("target").join("bench");
     std::fs::create_dir_all(&out)?;
     let benches = [
-        ("tool-dispatch", "dispatch", ""),
-        ("scoring", "scoring", ""),
-        ("vllm-sim", "client", ""),
-        ("vllm-sim", "judge", ""),
-        ("rollout-core", "turns", ""),
-        ("rollout", "rollout", ""),
-        ("harness", "sessions", ""),
-        ("harness", "proxy", ""),
-        ("process", "spawn", ""),
+        ("async-grpo-tool-dispatch", "dispatch", ""),
+        ("async-grpo-scoring", "scoring", ""),
+        ("async-grpo-vllm-sim", "client", ""),
+        ("async-grpo-vllm-sim", "judge", ""),
+        ("async-grpo-rollout-core", "turns", ""),
+        ("async-grpo-rollout", "rollout", ""),
+        ("async-grpo-harness", "sessions", ""),
+        ("async-grpo-harness", "proxy", ""),
+        ("async-grpo-process", "spawn", ""),
     ];
     for (package, bench, features) in benches {
         if bench == "turns" {

@@ -29,10 +29,12 @@ use anyhow::{Context, bail};
 
 use crate::{cargo, libtest, root};
 
-/// The package whose sync primitives loom model-checks: in its `src/`, only `sync.rs` names
-/// `std::sync` (the others import from it, so that loom's types can be swapped in), which
-/// `cargo xtask tidy` checks.
-pub(crate) const PACKAGE: &str = "tool-dispatch";
+/// The package whose sync primitives loom model-checks.
+pub(crate) const PACKAGE: &str = "async-grpo-tool-dispatch";
+
+/// Its folder under `crates/`: in its `src/`, only `sync.rs` names `std::sync` (the others
+/// import from it, so that loom's types can be swapped in), which `cargo xtask tidy` checks.
+pub(crate) const FOLDER: &str = "tool-dispatch";
 
 /// One planted bug: the fault, the model that must catch it, and the text of the assertion
 /// that must fail.

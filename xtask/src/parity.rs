@@ -16,7 +16,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     libtest::run(&mut cargo(&[
         "test",
         "--package",
-        "rollout-core",
+        "async-grpo-rollout-core",
         "--test",
         "tests",
         "--",

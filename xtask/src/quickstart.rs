@@ -27,7 +27,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     let mut write_tokenizer = cargo(&[
         "run",
         "--package",
-        "vllm-sim",
+        "async-grpo-vllm-sim",
         "--example",
         "quickstart_files",
         "--",

@@ -3,7 +3,7 @@
 //! - every `.rs` file starts with a `//!` line saying what it holds;
 //! - no test is ignored or expected to panic (assert on the `Err` instead);
 //! - every crate takes the workspace lints;
-//! - in the `src/` of the crate loom checks (`loom::PACKAGE`, tool-dispatch), only `sync.rs`
+//! - in the `src/` of the crate loom checks (`loom::FOLDER`, tool-dispatch), only `sync.rs`
 //!   names `std::sync` (the others import from it, so that loom's types can be swapped in);
 //!   crates loom does not check use `std::sync` directly.
 
@@ -71,7 +71,7 @@ fn check(root: &Path) -> anyhow::Result<Vec<String>> {
                 }
                 let in_loom_checked_src = shown
                     .to_string()
-                    .starts_with(&format!("crates/{}/src/", loom::PACKAGE));
+                    .starts_with(&format!("crates/{}/src/", loom::FOLDER));
                 let is_sync_module = path.file_name().is_some_and(|n| n == "sync.rs");
                 // Inside a `use std::{` that rustfmt spread over several lines.
                 let mut in_std_use = false;
@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn tidy_catches_a_missing_doc_line_and_a_banned_attribute() {
         let dir = std::env::temp_dir().join(format!("xtask-tidy-{}", std::process::id()));
-        let loom_checked = format!("crates/{}/src", loom::PACKAGE);
+        let loom_checked = format!("crates/{}/src", loom::FOLDER);
         std::fs::create_dir_all(dir.join("src")).expect("temp dir");
         std::fs::create_dir_all(dir.join("crates/c/src")).expect("temp dir");
         std::fs::create_dir_all(dir.join(&loom_checked)).expect("temp dir");

@@ -680,7 +680,7 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
             "nextest",
             "run",
             "--package",
-            "vllm-client",
+            "async-grpo-vllm-client",
             "--features",
             "e2e",
             "--test",

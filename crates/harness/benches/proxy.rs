@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use harness::proxy::{Proxy, ProxyConfig, ProxySession};
+use async_grpo_harness::proxy::{Proxy, ProxyConfig, ProxySession};
 use rollout::{Finish, Sampled, Sampler};
 use rollout_core::{
     ChatTokenizer, Message, RenderOptions, ToolCallParser,

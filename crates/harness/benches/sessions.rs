@@ -13,12 +13,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::future::BoxFuture;
-use harness::{
+use async_grpo_harness::{
     Harness, Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory, Task,
     ToolOutput, Verification,
     mcp::{McpConfig, McpFactory, McpServer},
 };
+use futures::future::BoxFuture;
 use rollout::{Environment, EpisodeRequest};
 use rollout_core::Message;
 use serde_json::{Map, Value, json};

@@ -42,7 +42,7 @@
 //! magic word (the engine's loop drives the same calls):
 //!
 //! ```
-//! use harness::{
+//! use async_grpo_harness::{
 //!     Harness, SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification,
 //! };
 //! use rollout::{DatasetRow, Environment, EpisodeRequest, EpisodeStatus};

@@ -144,7 +144,7 @@ impl McpConfig {
 /// (`sandbox = "bwrap"`); see [`McpEnvironment::sandbox_in`].
 ///
 /// ```
-/// use harness::mcp::{McpEnvironment, McpServer};
+/// use async_grpo_harness::mcp::{McpEnvironment, McpServer};
 ///
 /// let table: McpEnvironment = serde_json::from_str(
 ///     r#"{"kind": "mcp", "url": "http://127.0.0.1:9000/mcp", "timeout": "5s"}"#,

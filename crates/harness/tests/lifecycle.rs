@@ -14,11 +14,11 @@ use std::{
     time::Duration,
 };
 
-use futures::future::BoxFuture;
-use harness::{
+use async_grpo_harness::{
     Harness, HarnessConfig, Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory,
     Task, ToolOutput, Verification,
 };
+use futures::future::BoxFuture;
 use rollout::{DatasetError, DatasetRow, Engine, FailureCause, RolloutConfig, ScoredGroup};
 use rollout_core::{ChatTemplate, ChatTokenizer, Message};
 use scoring::{Scorer, ScorerConfig};

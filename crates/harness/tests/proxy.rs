@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use harness::proxy::{Proxy, ProxyConfig, ProxySession};
+use async_grpo_harness::proxy::{Proxy, ProxyConfig, ProxySession};
 use reqwest::StatusCode;
 use rollout::{Finish, SampleRefused, SampleRequests, Sampled, Sampler};
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use process::{Program, Sandbox};
+use async_grpo_process::{Program, Sandbox};
 use serde_json::json;
 
 const RUNS: usize = 60;

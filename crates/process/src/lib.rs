@@ -24,9 +24,9 @@
 //!   what to install or set when not.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), process::Error> {
+//! # async fn demo() -> Result<(), async_grpo_process::Error> {
 //! use std::time::Duration;
-//! use process::{Program, Sandbox};
+//! use async_grpo_process::{Program, Sandbox};
 //!
 //! let sandbox = Sandbox::default(); // bubblewrap, no network, default limits
 //! sandbox.check()?;

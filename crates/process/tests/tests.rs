@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use process::{Finished, Limits, Program, Sandbox, tail};
+use async_grpo_process::{Finished, Limits, Program, Sandbox, tail};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -258,7 +258,9 @@ async fn a_program_past_its_timeout_is_killed_with_its_descendants() {
         .await
         .err();
     assert!(
-        error.as_ref().is_some_and(process::Error::is_timeout),
+        error
+            .as_ref()
+            .is_some_and(async_grpo_process::Error::is_timeout),
         "{error:?}"
     );
     let left = left_with(&marker).await;

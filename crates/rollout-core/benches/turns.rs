@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rollout_core::{
+use async_grpo_rollout_core::{
     ChatTokenizer, Message, Reconciler, ReconcilerConfig, RenderOptions, RolloutId, ToolCallParser,
     TurnRecord, parse::HermesParser,
 };

@@ -36,7 +36,7 @@
 //! template), rendered and tokenized as transformers' `apply_chat_template` does:
 //!
 //! ```
-//! use rollout_core::{ChatTokenizer, Message, RenderOptions};
+//! use async_grpo_rollout_core::{ChatTokenizer, Message, RenderOptions};
 //!
 //! # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/quickstart");
 //! let tokenizer = ChatTokenizer::from_dir(dir)?; // a folder holding a model's tokenizer
@@ -52,7 +52,7 @@
 //! Parsing a tool call, rendering with a template given as text, and building a training row:
 //!
 //! ```
-//! use rollout_core::{
+//! use async_grpo_rollout_core::{
 //!     ChatTemplate, Message, ReconcilerConfig, RenderOptions, RolloutId, ToolCallParser,
 //!     TurnRecord, parse::HermesParser, reconcile,
 //! };

@@ -4,10 +4,10 @@
 
 use std::sync::LazyLock;
 
-use proptest::prelude::*;
-use rollout_core::{
+use async_grpo_rollout_core::{
     ChatTemplate, ChatTokenizer, Message, NoExactDelta, ParsedCall, RenderOptions, RenderState,
 };
+use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use crate::{fixture, llama31, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template};

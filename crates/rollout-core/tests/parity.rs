@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, fmt::Write};
 
-use rollout_core::{ChatTemplate, Message, RenderError, RenderOptions};
+use async_grpo_rollout_core::{ChatTemplate, Message, RenderError, RenderOptions};
 use serde_json::Value;
 
 use crate::{fixture, llama31, qwen3};

@@ -1,13 +1,13 @@
 //! Tool-call parsers: each format, content around calls, malformed calls, and fuzzing.
 
-use proptest::prelude::*;
-use rollout_core::{
+use async_grpo_rollout_core::{
     ParsedOutput, ToolCallParser,
     parse::{
         HermesParser, Llama3JsonParser, MistralParser, ParseTally, Qwen3CoderParser, detect_parser,
         parser_by_name,
     },
 };
+use proptest::prelude::*;
 use serde_json::json;
 
 fn names_and_arguments(output: &ParsedOutput) -> Vec<(String, serde_json::Value)> {

@@ -1,10 +1,10 @@
 //! The reconciler: each classification, threshold edges, masks, log-prob alignment, errors.
 
-use proptest::prelude::*;
-use rollout_core::{
+use async_grpo_rollout_core::{
     ReconcileError, Reconciler, ReconcilerConfig, RolloutId, Tally, TrainingRow, Transition,
     TurnRecord, reconcile,
 };
+use proptest::prelude::*;
 
 const ID: RolloutId = RolloutId(7);
 

@@ -1,8 +1,10 @@
 //! Rendering and tokenizing with real templates and the real Qwen3 tokenizer, incrementally
 //! and whole; loading tokenizer folders; template errors.
 
+use async_grpo_rollout_core::{
+    ChatTemplate, ChatTokenizer, Message, ParsedCall, RenderError, RenderOptions,
+};
 use proptest::prelude::*;
-use rollout_core::{ChatTemplate, ChatTokenizer, Message, ParsedCall, RenderError, RenderOptions};
 use serde_json::{Map, Value, json};
 
 use crate::{fixture, llama31_with_its_template, qwen3, qwen25};

@@ -9,11 +9,10 @@ mod parity;
 mod parse;
 mod reconcile;
 mod render;
-mod tokenizers;
 
 pub(crate) use test_support::fixture;
 
-pub(crate) use crate::tokenizers::{
+pub(crate) use test_support::tokenizers::{
     llama31, llama31_with_its_template, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template,
     qwen25,
 };

@@ -32,7 +32,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rollout::{
+use async_grpo_rollout::{
     DatasetError, DatasetRow, Engine, Finish, GenerateError, GenerateRequest, Generation,
     Generator, RolloutConfig,
 };

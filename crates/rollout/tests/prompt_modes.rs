@@ -6,7 +6,9 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use rollout::{DatasetError, DatasetRow, Engine, PromptMode, RolloutConfig, ScoredGroup};
+use async_grpo_rollout::{
+    DatasetError, DatasetRow, Engine, PromptMode, RolloutConfig, ScoredGroup,
+};
 use rollout_core::{
     ChatTokenizer, Message, ReconcilerConfig, RenderOptions, RolloutId, TrainingSample, TurnRecord,
     parse::parser_by_name, reconcile,
@@ -15,7 +17,7 @@ use scoring::{Scorer, ScorerConfig};
 use serde_json::{Map, Value, json};
 use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher, builtin::ToolConfig};
 use vllm_client::{Client, ClientConfig};
-use vllm_sim::{CallFormat, Sampled, SimConfig, Simulator};
+use vllm_sim::{CallFormat, Exchange, SimConfig, Simulator};
 
 use crate::{
     fixture, llama31, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template, rollout::Recorder,
@@ -52,7 +54,7 @@ fn model(tokenizer: fn() -> ChatTokenizer) -> Model {
 /// What a run gave: the scored groups, every request the simulator answered, and counters.
 struct Run {
     groups: Vec<ScoredGroup>,
-    transcript: Vec<Sampled>,
+    transcript: Vec<Exchange>,
     fallbacks: u64,
 }
 
@@ -165,9 +167,9 @@ fn metric(sample: &TrainingSample, name: &str) -> f64 {
 /// a row must be a request the simulator answered, its prompt the row up to there, its ids the
 /// trained ids and its log-probs theirs (with `realign`, the run may be the first of its ids);
 /// and every request answered is found exactly once.
-fn turns_by_rollout(run: &Run, realign: bool) -> BTreeMap<RolloutId, Vec<&Sampled>> {
+fn turns_by_rollout(run: &Run, realign: bool) -> BTreeMap<RolloutId, Vec<&Exchange>> {
     let mut used = vec![false; run.transcript.len()];
-    let mut turns: BTreeMap<RolloutId, Vec<&Sampled>> = BTreeMap::new();
+    let mut turns: BTreeMap<RolloutId, Vec<&Exchange>> = BTreeMap::new();
     for sample in samples(run) {
         let (ids, mask, logprobs) = (
             &sample.input_ids,

@@ -14,12 +14,12 @@ use std::{
     time::Duration,
 };
 
-use futures::future::BoxFuture;
-use rollout::{
+use async_grpo_rollout::{
     Agent, AgentError, AgentOutcome, AgentRun, DatasetError, DatasetRow, Engine, FailureCause,
     Finish, GenerateError, GenerateRequest, Generation, Generator, Groups, PauseMode,
     RolloutConfig, SampleRefused, Sampled, ScoredGroup,
 };
+use futures::future::BoxFuture;
 use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderOptions};
 use scoring::{
     AdvantageConfig, CompletionReward, Group, Reward, Scorer, ScorerConfig, group_advantages,

@@ -10,14 +10,11 @@ mod data;
 #[cfg(feature = "vllm-client")]
 mod prompt_modes;
 mod rollout;
-#[cfg(feature = "vllm-client")]
-#[path = "../../rollout-core/tests/tokenizers.rs"]
-mod tokenizers;
 
 #[cfg(feature = "vllm-client")]
 pub(crate) use test_support::fixture;
 
 #[cfg(feature = "vllm-client")]
-pub(crate) use crate::tokenizers::{
+pub(crate) use test_support::tokenizers::{
     llama31, quickstart, qwen3, qwen3_as_mistral, qwen3_with_template,
 };

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use scoring::{
+use async_grpo_scoring::{
     AdvantageConfig, Completion, CompletionReward, Group, Scorer, ScorerConfig, builtin,
     group_advantages,
 };

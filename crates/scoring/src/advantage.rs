@@ -388,7 +388,7 @@ fn denominator(config: &AdvantageConfig, scale: f64) -> f64 {
 /// turn's return. A completion without turns has one return, its outcome.
 ///
 /// ```
-/// use scoring::turn_returns;
+/// use async_grpo_scoring::turn_returns;
 /// // Two turns: a step reward of 0.5 on the first, an outcome of 1.
 /// assert_eq!(turn_returns(&[Some(0.5), None], 1.0, 0.5), vec![1.0, 1.0]);
 /// ```

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use scoring::{
+use async_grpo_scoring::{
     Completion, FailureKind, Group, Reward, Scorer, ScorerConfig, builtin::CommandReward,
 };
 use serde_json::json;
@@ -25,7 +25,7 @@ fn shell(script: &str) -> CommandReward {
     CommandReward::new("sh", ["-c".to_owned(), script.to_owned()])
 }
 
-async fn score_with(reward: CommandReward, timeout: Duration) -> scoring::Column {
+async fn score_with(reward: CommandReward, timeout: Duration) -> async_grpo_scoring::Column {
     let scorer = Scorer::new(
         vec![Reward::from_async("command", reward).timeout(timeout)],
         ScorerConfig::default(),

@@ -3,7 +3,7 @@
 
 use std::f64::consts::FRAC_1_SQRT_2;
 
-use scoring::{
+use async_grpo_scoring::{
     AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupKind, StdKind,
     batch_advantages, group_advantages,
 };
@@ -45,7 +45,7 @@ fn the_same_pair_gives_plus_minus_0_7071_with_the_unbiased_std() {
 
 #[test]
 fn a_singleton_gets_zero() {
-    for name in scoring::PRESETS {
+    for name in async_grpo_scoring::PRESETS {
         let result = group_advantages(&scored(&[3.0]), &preset(name));
         assert_eq!(
             (result.advantages.as_slice(), result.kind),
@@ -282,9 +282,9 @@ fn batch_std_reports_the_std_it_divided_by() {
 fn three_with_steps() -> Vec<Vec<f64>> {
     let gamma = 0.5;
     let returns = vec![
-        scoring::turn_returns(&[Some(1.0), None], 1.0, gamma),
-        scoring::turn_returns(&[None], 0.0, gamma),
-        scoring::turn_returns(&[Some(0.5), Some(-0.5), None], 1.0, gamma),
+        async_grpo_scoring::turn_returns(&[Some(1.0), None], 1.0, gamma),
+        async_grpo_scoring::turn_returns(&[None], 0.0, gamma),
+        async_grpo_scoring::turn_returns(&[Some(0.5), Some(-0.5), None], 1.0, gamma),
     ];
     assert_close(&returns[0], &[1.5, 1.0], 1e-12);
     assert_close(&returns[1], &[0.0], 1e-12);
@@ -302,7 +302,7 @@ fn per_turn(returns: &[Vec<f64>], config: &AdvantageConfig) -> Vec<Vec<f64>> {
     returns
         .iter()
         .zip(&episodes)
-        .map(|(r, c)| scoring::turn_advantages(r, c, &group, config))
+        .map(|(r, c)| async_grpo_scoring::turn_advantages(r, c, &group, config))
         .collect()
 }
 
@@ -339,7 +339,7 @@ fn without_step_rewards_and_discount_every_turn_gets_the_episode_s_advantage() {
     let returns: Vec<Vec<f64>> = outcomes
         .iter()
         .zip(turns)
-        .map(|(outcome, turns)| scoring::turn_returns(&vec![None; turns], *outcome, 1.0))
+        .map(|(outcome, turns)| async_grpo_scoring::turn_returns(&vec![None; turns], *outcome, 1.0))
         .collect();
     let episode = group_advantages(&scored(&outcomes), &config).advantages;
     for (completion, advantages) in per_turn(&returns, &config).iter().enumerate() {
@@ -359,7 +359,7 @@ fn turn_advantages_are_zero_outside_the_baseline_and_in_a_group_without_spread()
     let unscorable = CompletionReward::unscorable();
     let group = group_advantages(&[CompletionReward::scored(1.0), unscorable], &config);
     assert_eq!(
-        scoring::turn_advantages(&returns[1], &unscorable, &group, &config),
+        async_grpo_scoring::turn_advantages(&returns[1], &unscorable, &group, &config),
         vec![0.0]
     );
     // Equal episode returns, different turn returns: the group carries no signal.
@@ -367,7 +367,7 @@ fn turn_advantages_are_zero_outside_the_baseline_and_in_a_group_without_spread()
     let group = group_advantages(&equal, &config);
     assert_eq!(group.kind, GroupKind::ZeroVariance);
     assert_eq!(
-        scoring::turn_advantages(&returns[0], &equal[0], &group, &config),
+        async_grpo_scoring::turn_advantages(&returns[0], &equal[0], &group, &config),
         vec![0.0, 0.0]
     );
 }
@@ -376,13 +376,13 @@ fn turn_advantages_are_zero_outside_the_baseline_and_in_a_group_without_spread()
 fn a_gamma_outside_zero_to_one_is_refused() {
     for gamma in [-0.1, 1.5, f64::NAN] {
         let config = AdvantageConfig {
-            credit: scoring::Credit::Turn { gamma },
+            credit: async_grpo_scoring::Credit::Turn { gamma },
             ..preset("trl")
         };
         assert!(config.validate().is_err(), "{gamma}");
     }
     let config = AdvantageConfig {
-        credit: scoring::Credit::Turn { gamma: 0.9 },
+        credit: async_grpo_scoring::Credit::Turn { gamma: 0.9 },
         ..preset("trl")
     };
     assert_eq!(config.validate(), Ok(()));

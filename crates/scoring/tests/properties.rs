@@ -1,7 +1,7 @@
 //! Properties of the estimators over random groups.
 
+use async_grpo_scoring::{AdvantageConfig, CompletionReward, Estimator, group_advantages};
 use proptest::prelude::*;
-use scoring::{AdvantageConfig, CompletionReward, Estimator, group_advantages};
 
 fn config(estimator: Estimator) -> AdvantageConfig {
     AdvantageConfig {

@@ -5,7 +5,7 @@ use std::{
     time::Duration,
 };
 
-use scoring::{
+use async_grpo_scoring::{
     Completion, FailureKind, Group, Reward, RewardError, Scorer, ScorerConfig, ScorerError, Scores,
 };
 use serde_json::json;
@@ -207,7 +207,7 @@ async fn a_completion_no_column_scores_is_unscorable_and_metrics_say_so() {
         (0.25, 0.0)
     );
 
-    let advantages = scores.advantages(&group, &scoring::AdvantageConfig::default());
+    let advantages = scores.advantages(&group, &async_grpo_scoring::AdvantageConfig::default());
     assert_eq!(advantages.advantages[1], 0.0);
     assert_eq!(advantages.baseline_size, 3);
 }

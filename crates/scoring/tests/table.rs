@@ -1,7 +1,7 @@
 //! `RewardTable`: one struct of settings per kind, read with its own keys only; what a table
 //! gets wrong is refused by name when it is read, and a table written back reads the same.
 
-use scoring::{RewardKind, RewardSource, RewardTable};
+use async_grpo_scoring::{RewardKind, RewardSource, RewardTable};
 use serde_json::{Value, json};
 
 fn read(table: Value) -> Result<RewardTable, String> {

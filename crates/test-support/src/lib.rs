@@ -6,7 +6,11 @@
 //!   the test with what was awaited, never by a hang, with the test clock paused or not;
 //! - [`cpu_seconds`] and [`threads_cpu_seconds`]: this process's CPU time, or some of its
 //!   threads', for the benchmarks' per-turn figures;
-//! - [`ScratchDir`]: a test's working directory, removed when the test passes.
+//! - [`ScratchDir`]: a test's working directory, removed when the test passes;
+//! - [`tokenizers`] (feature `tokenizers`): the real tokenizers and templates the tests load.
+
+#[cfg(feature = "tokenizers")]
+pub mod tokenizers;
 
 use std::path::{Path, PathBuf};
 #[cfg(feature = "wait")]

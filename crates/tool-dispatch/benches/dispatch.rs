@@ -14,11 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hdrhistogram::Histogram;
-use serde_json::{Value, json};
-use tool_dispatch::{
+use async_grpo_tool_dispatch::{
     Arguments, DispatcherConfig, Registry, Tool, ToolCall, ToolDispatcher, ToolError, ToolSpec,
 };
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")

@@ -14,7 +14,7 @@ use tokio_util::{
 use tower::Service;
 
 use crate::{
-    call::{Engine, Family},
+    call::{Calls, Family},
     error::DispatchError,
     future::ResponseFuture,
     metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
@@ -144,7 +144,7 @@ impl fmt::Display for ShutdownReport {
 /// without it cancels queued calls and lets each pool thread exit after its current call,
 /// without waiting.
 pub struct ToolDispatcher {
-    engine: Arc<Engine>,
+    engine: Arc<Calls>,
     shared: Arc<Shared>,
     slots: PollSemaphore,
     permit: Option<OwnedSemaphorePermit>,
@@ -170,7 +170,7 @@ impl ToolDispatcher {
             .iter()
             .map(|_| Arc::new(ToolMetrics::new()))
             .collect();
-        let engine = Engine {
+        let engine = Calls {
             registry,
             metrics,
             family: Arc::default(),
@@ -237,7 +237,7 @@ impl ToolDispatcher {
     }
 
     fn with_metrics(&self, registry: Registry, metrics: Vec<Arc<ToolMetrics>>) -> ToolDispatcher {
-        let engine = Engine {
+        let engine = Calls {
             registry,
             metrics,
             // Its own tools are counted here already; what is made from it, in it.
@@ -347,7 +347,7 @@ impl Counts {
     }
 }
 
-async fn drain(engine: Arc<Engine>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
+async fn drain(engine: Arc<Calls>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
     let started = Instant::now();
     let deadline = crate::call::far(tokio::time::Instant::now(), timeout);
     let gauges = &engine.gauges;

@@ -9,9 +9,9 @@ use std::{
     time::Duration,
 };
 
+use async_grpo_tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 use serde_json::json;
 use tokio_test::{assert_pending, assert_ready_ok};
-use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 use tower_test::mock::Spawn;
 
 use crate::{Gate, dispatcher, gated, ok_value, quick, wait_for, within};
@@ -77,7 +77,7 @@ async fn a_clone_does_not_copy_a_reserved_slot() {
 #[tokio::test(start_paused = true)]
 async fn dropping_a_response_future_releases_its_slot() {
     let pending = Tool::new_async(ToolSpec::new("forever", "Never ends"), |_: Arguments| {
-        std::future::pending::<Result<serde_json::Value, tool_dispatch::ToolError>>()
+        std::future::pending::<Result<serde_json::Value, async_grpo_tool_dispatch::ToolError>>()
     });
     let service = dispatcher(vec![pending], one_slot());
     let mut first = Spawn::new(service.clone());

@@ -8,8 +8,10 @@ use std::{
     time::Duration,
 };
 
+use async_grpo_tool_dispatch::{
+    Arguments, DispatcherConfig, Outcome, SyncTool, Tool, ToolCall, ToolSpec,
+};
 use serde_json::json;
-use tool_dispatch::{Arguments, DispatcherConfig, Outcome, SyncTool, Tool, ToolCall, ToolSpec};
 
 use crate::{PATIENCE, dispatcher, quick, within};
 

@@ -1,11 +1,11 @@
 //! Built-in tools from their configuration, through the dispatcher.
 
+use async_grpo_tool_dispatch::{DispatcherConfig, Outcome, ToolCall, builtin::ToolConfig};
 use serde_json::{Value, json};
-use tool_dispatch::{DispatcherConfig, Outcome, ToolCall, builtin::ToolConfig};
 
 use crate::{dispatcher, error_of, within};
 
-fn tool(config: Value) -> tool_dispatch::Tool {
+fn tool(config: Value) -> async_grpo_tool_dispatch::Tool {
     serde_json::from_value::<ToolConfig>(config)
         .expect("a tool table")
         .build()
@@ -249,7 +249,7 @@ mod http {
         )
     }
 
-    async fn call_once(config: Value) -> tool_dispatch::ToolResult {
+    async fn call_once(config: Value) -> async_grpo_tool_dispatch::ToolResult {
         let dispatcher = dispatcher(vec![tool(config)], DispatcherConfig::new(1));
         let mut results = within(
             "the lookup",

@@ -8,8 +8,8 @@ use std::{
     time::Duration,
 };
 
+use async_grpo_tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 use serde_json::json;
-use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolSpec};
 
 use crate::{Rendezvous, dispatcher, quick, wait_for, within};
 
@@ -202,8 +202,8 @@ async fn an_idle_pool_thread_wakes_for_the_next_call() {
 /// A tool with an environment behind it: a struct, not a closure.
 struct Counter(AtomicUsize);
 
-impl tool_dispatch::SyncTool for Counter {
-    fn call(&self, _: Arguments) -> Result<serde_json::Value, tool_dispatch::ToolError> {
+impl async_grpo_tool_dispatch::SyncTool for Counter {
+    fn call(&self, _: Arguments) -> Result<serde_json::Value, async_grpo_tool_dispatch::ToolError> {
         Ok(json!(self.0.fetch_add(1, Ordering::SeqCst) + 1))
     }
 }
@@ -213,12 +213,14 @@ struct Echo {
     prefix: String,
 }
 
-impl tool_dispatch::AsyncTool for Echo {
+impl async_grpo_tool_dispatch::AsyncTool for Echo {
     fn call(
         &self,
         args: Arguments,
-    ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, tool_dispatch::ToolError>>
-    {
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<serde_json::Value, async_grpo_tool_dispatch::ToolError>,
+    > {
         let text = format!(
             "{}{}",
             self.prefix,

@@ -8,8 +8,10 @@ use std::{
     time::Duration,
 };
 
+use async_grpo_tool_dispatch::{
+    Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolError, ToolSpec,
+};
 use serde_json::{Value, json};
-use tool_dispatch::{Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolError, ToolSpec};
 
 use crate::{Gate, dispatcher, error_of, gated, ok_value, quick, wait_for, within};
 
@@ -344,12 +346,12 @@ async fn per_rollout_tools_are_counted_in_the_dispatcher_they_were_made_from() {
     };
     // Two rollouts' sessions, each with tools of its own; one also has the root's `alpha`.
     let first = root.with_tools(
-        tool_dispatch::Registry::new()
+        async_grpo_tool_dispatch::Registry::new()
             .with(failing())
             .expect("one tool"),
     );
     let second = root.with_tools(
-        tool_dispatch::Registry::new()
+        async_grpo_tool_dispatch::Registry::new()
             .with(failing())
             .and_then(|r| r.with(quick("alpha")))
             .expect("two tools"),
@@ -370,7 +372,7 @@ async fn per_rollout_tools_are_counted_in_the_dispatcher_they_were_made_from() {
     .expect("open");
     // One-off work on the pool is not a tool anyone called.
     let uncounted = root.with_uncounted_tools(
-        tool_dispatch::Registry::new()
+        async_grpo_tool_dispatch::Registry::new()
             .with(quick("session_create"))
             .expect("one tool"),
     );

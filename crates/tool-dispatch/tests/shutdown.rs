@@ -11,10 +11,10 @@ use std::{
     time::Duration,
 };
 
-use serde_json::json;
-use tool_dispatch::{
+use async_grpo_tool_dispatch::{
     Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolDispatcher, ToolResult, ToolSpec,
 };
+use serde_json::json;
 use tower_test::mock::Spawn;
 
 use crate::{Gate, dispatcher, error_of, gated, ok_value, quick, threads_named, wait_for, within};
@@ -374,7 +374,7 @@ async fn tools_added_with_with_tools_share_the_pool_and_its_shutdown() {
         ToolSpec::new("thread", "Names its thread"),
         |_: Arguments| ok_value(json!(std::thread::current().name().unwrap_or_default())),
     );
-    let registry = tool_dispatch::Registry::new()
+    let registry = async_grpo_tool_dispatch::Registry::new()
         .with(thread)
         .expect("one tool");
     let per_rollout = dispatcher.with_tools(registry);

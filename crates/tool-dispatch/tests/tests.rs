@@ -13,10 +13,10 @@ use std::{
     time::Duration,
 };
 
-use serde_json::{Value, json};
-use tool_dispatch::{
+use async_grpo_tool_dispatch::{
     Arguments, DispatcherConfig, Registry, Tool, ToolDispatcher, ToolError, ToolSpec,
 };
+use serde_json::{Value, json};
 
 /// How long a test waits for anything before it fails, in real time. Nothing here takes
 /// more than a fraction of it; it only turns a hang into a failure that says what hung.

@@ -1,16 +1,16 @@
-//! `Engine`: the rollout loop on a tokio runtime of its own, as the Python worker drives it.
+//! `NativeEngine` (Python's `async_grpo._native.Engine`): the rollout loop on a tokio runtime of its own, as the Python worker drives it.
 //!
 //! Construction checks everything that can be checked without a server (the tokenizer and
 //! its chat template, the settings, every dataset row, the output to resume, the tools and
 //! rewards) and raises `ValueError` naming the argument or setting; the run itself is an
-//! [`async_grpo_run::RunSpec`], as the binary's is. [`Engine::start`] opens
+//! [`async_grpo_run::RunSpec`], as the binary's is. [`NativeEngine::start`] opens
 //! the output and starts the runtime and a driver task: it waits for the servers, starts the
 //! loop on the run's [`Plan`](rollout::data::Plan), and forwards scored groups to a channel
-//! of one group that the worker's pump thread reads with [`Engine::next_group`], never
+//! of one group that the worker's pump thread reads with [`NativeEngine::next_group`], never
 //! holding the GIL while it waits. Once the pump has handed a group to the trainer,
-//! [`Engine::delivered`] writes it to the output (on the pump's thread, without the GIL:
-//! never on the runtime's). [`Engine::shutdown`] drains the loop; [`Engine::close`] joins
-//! the runtime's threads; [`Engine::finish_output`] closes the output.
+//! [`NativeEngine::delivered`] writes it to the output (on the pump's thread, without the GIL:
+//! never on the runtime's). [`NativeEngine::shutdown`] drains the loop; [`NativeEngine::close`] joins
+//! the runtime's threads; [`NativeEngine::finish_output`] closes the output.
 
 use std::{
     collections::BTreeMap,
@@ -31,7 +31,7 @@ use pyo3::{
     prelude::*,
     types::{PyDict, PyList},
 };
-use rollout::{DrainReport, Engine as Loop, ScoredGroup, data::Plan, output::Output};
+use rollout::{DrainReport, Engine, ScoredGroup, data::Plan, output::Output};
 use rollout_core::TrainingSample;
 use scoring::{Reward, ScorerConfig};
 use serde_json::Value;
@@ -55,7 +55,7 @@ fn bad(argument: &str, message: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{argument}: {message}"))
 }
 
-/// Everything the loop needs, checked at construction and consumed by [`Engine::start`].
+/// Everything the loop needs, checked at construction and consumed by [`NativeEngine::start`].
 struct Prepared {
     /// The run: its settings, tokenizer, servers, tools, rewards, environment or agent.
     spec: RunSpec,
@@ -75,7 +75,7 @@ struct Prepared {
 #[derive(Default)]
 struct State {
     /// The loop, once the servers answered and it started.
-    engine: Mutex<Option<Arc<Loop<Client>>>>,
+    engine: Mutex<Option<Arc<Engine<Client>>>>,
     /// The client, for its retry counters.
     client: Mutex<Option<Client>>,
     /// The latest model version set, applied when the loop starts.
@@ -89,7 +89,7 @@ struct State {
 }
 
 impl State {
-    fn engine(&self) -> Option<Arc<Loop<Client>>> {
+    fn engine(&self) -> Option<Arc<Engine<Client>>> {
         lock(&self.engine).clone()
     }
 
@@ -102,7 +102,7 @@ impl State {
     }
 
     /// Drains the loop once; later calls get the same report.
-    async fn shutdown(&self, engine: &Loop<Client>, deadline: Duration) -> DrainReport {
+    async fn shutdown(&self, engine: &Engine<Client>, deadline: Duration) -> DrainReport {
         let mut report = self.report.lock().await;
         match report.as_ref() {
             Some(done) => done.clone(),
@@ -115,21 +115,21 @@ impl State {
     }
 }
 
-/// The rollout engine behind `async_grpo.RolloutWorker` (`async_grpo._native.Engine`).
-#[pyclass(frozen, module = "async_grpo._native")]
-pub(crate) struct Engine {
+/// The rollout engine behind `async_grpo.RolloutWorker` (`async_grpo._native.Engine`, in Python).
+#[pyclass(frozen, name = "Engine", module = "async_grpo._native")]
+pub(crate) struct NativeEngine {
     prepared: Mutex<Option<Prepared>>,
     runtime: Mutex<Option<Runtime>>,
     handle: OnceLock<tokio::runtime::Handle>,
     state: Arc<State>,
     groups: Mutex<Option<mpsc::Receiver<ScoredGroup>>>,
     driver: Mutex<Option<JoinHandle<()>>>,
-    /// The output, from [`Engine::start`] to [`Engine::finish_output`].
+    /// The output, from [`NativeEngine::start`] to [`NativeEngine::finish_output`].
     output: Mutex<Option<Output>>,
-    /// The last group [`Engine::next_group`] handed out, written once [`Engine::delivered`].
+    /// The last group [`NativeEngine::next_group`] handed out, written once [`NativeEngine::delivered`].
     handed: Mutex<Option<ScoredGroup>>,
-    /// The worker processes of sync tools and rewards, if any: started by [`Engine::start`],
-    /// killed by [`Engine::close`].
+    /// The worker processes of sync tools and rewards, if any: started by [`NativeEngine::start`],
+    /// killed by [`NativeEngine::close`].
     pool: Option<Arc<Pool>>,
     /// The names of `reward_funcs`' functions, in order.
     reward_names: Vec<String>,
@@ -158,7 +158,7 @@ type AgentFunctionTuple = (String, Py<PyAny>, bool, f64);
 type RewardTableTuple = (usize, String, Option<f64>);
 
 #[pymethods]
-impl Engine {
+impl NativeEngine {
     #[new]
     #[pyo3(signature = (
         *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, tools, rewards,
@@ -182,7 +182,7 @@ impl Engine {
         agent_program: Option<AgentProgramTuple>,
         agent_function: Option<AgentFunctionTuple>,
         reward_tables: Vec<RewardTableTuple>,
-    ) -> PyResult<Engine> {
+    ) -> PyResult<NativeEngine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
         }
@@ -314,7 +314,7 @@ impl Engine {
             SpecError::Rewards(e) => bad("reward_funcs", e),
             e => PyValueError::new_err(e.to_string()),
         })?;
-        Ok(Engine {
+        Ok(NativeEngine {
             prepared: Mutex::new(Some(Prepared {
                 spec,
                 dataset,
@@ -416,7 +416,7 @@ impl Engine {
         }
     }
 
-    /// The group [`Engine::next_group`] last returned reached the trainer: it is written to
+    /// The group [`NativeEngine::next_group`] last returned reached the trainer: it is written to
     /// the output (one write and a flush), without the GIL, on the caller's thread (the
     /// pump's, never the runtime's). A group never said delivered (dropped by a stop with the
     /// buffer full) is not written, so a resumed run rolls it out again.
@@ -526,7 +526,7 @@ impl Engine {
     }
 
     /// Shuts the runtime down, waiting up to `timeout` seconds for its threads, and kills the
-    /// worker processes. Call after [`Engine::shutdown`] and after the pump thread has
+    /// worker processes. Call after [`NativeEngine::shutdown`] and after the pump thread has
     /// stopped reading.
     fn close(&self, py: Python<'_>, timeout: f64) {
         *lock(&self.groups) = None;

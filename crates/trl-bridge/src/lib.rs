@@ -2,7 +2,7 @@
 //! package `async_grpo` (`python/async_grpo/`), which implements TRL's rollout worker
 //! protocol on top of it.
 //!
-//! - `engine`: `Engine`, the rollout loop on a tokio runtime of its own; the worker's pump
+//! - `engine`: `NativeEngine`, the rollout loop on a tokio runtime of its own; the worker's pump
 //!   thread reads scored groups from it without holding the GIL, and writes those it
 //!   delivered to the output.
 //! - `settings`: the engine's settings, one mapping from Python read into the engine's own
@@ -48,7 +48,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    module.add_class::<engine::Engine>()?;
+    module.add_class::<engine::NativeEngine>()?;
     module.add_class::<simulator::Simulator>()?;
     module.add_function(wrap_pyfunction!(agent::agent_forward, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -7,7 +7,7 @@ use pyo3::FromPyObject;
 use rollout_core::ChatTokenizer;
 use serde_json::{Map, Value};
 
-/// The engine's tokenizer, as `Engine(tokenizer=...)` takes it.
+/// The engine's tokenizer, as `Engine(tokenizer=...)` (the Python class) takes it.
 #[derive(Debug, FromPyObject)]
 pub(crate) enum TokenizerSource {
     /// A Hugging Face tokenizer folder (a `str` or a path), loaded as `ChatTokenizer::from_dir`.

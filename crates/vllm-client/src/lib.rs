@@ -20,7 +20,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use vllm_client::{Client, ClientConfig, FinishReason, GenerateParams};
+//! use async_grpo_vllm_client::{Client, ClientConfig, FinishReason, GenerateParams};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

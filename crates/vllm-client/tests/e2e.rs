@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use vllm_client::{
+use async_grpo_vllm_client::{
     Client, ClientConfig, FinishReason, GenerateParams, PauseMode, SamplingParams,
     StructuredOutputs,
     types::{ChatRequest, DetokenizeRequest, TokenizeRequest},

@@ -1,14 +1,14 @@
 //! Wire shapes: every response recorded from a real vLLM 0.32 server (`tests/fixtures/`,
 //! see its README) decodes into the client's types, with the fields RL reads where they are.
 
-use serde::de::DeserializeOwned;
-use vllm_client::{
+use async_grpo_vllm_client::{
     FinishReason,
     types::{
         ChatResponse, CompletionRequest, CompletionResponse, DetokenizeResponse, ModelList,
         ServerError, TokenizeResponse,
     },
 };
+use serde::de::DeserializeOwned;
 
 fn fixture(name: &str) -> String {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));

@@ -15,10 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use async_grpo_vllm_sim::{SimConfig, Simulator, training_tokenizer};
 use serde_json::{Value, json};
 use test_support::cpu_seconds;
 use vllm_client::{Client, ClientConfig, GenerateParams, RetryPolicy};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 async fn run(callers: usize, duration: Duration) -> (f64, f64, u64) {
     let mut config = SimConfig::new(training_tokenizer());

@@ -19,13 +19,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use async_grpo_vllm_sim::{SimConfig, Simulator, training_tokenizer};
 use scoring::{
     Completion, Group, Scorer, ScorerConfig,
     builtin::{JudgeConfig, JudgeMode, ScoreFormat, ServiceConfig, judge},
 };
 use serde_json::{Map, Value, json};
 use test_support::{cpu_seconds, threads_cpu_seconds};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 const GROUP: usize = 8;
 const CALLERS: usize = 16;

@@ -1,4 +1,4 @@
-//! Writes the simulator's tokenizer, [`vllm_sim::training_tokenizer`], as `tokenizer.json`
+//! Writes the simulator's tokenizer, [`async_grpo_vllm_sim::training_tokenizer`], as `tokenizer.json`
 //! into the folder given as the one argument (pretty-printed; the training is deterministic,
 //! so every run writes the same bytes). `cargo xtask quickstart` runs it for
 //! `examples/quickstart/`:
@@ -16,7 +16,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     let path = PathBuf::from(dir).join("tokenizer.json");
-    match vllm_sim::training_tokenizer().save(&path, true) {
+    match async_grpo_vllm_sim::training_tokenizer().save(&path, true) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!(

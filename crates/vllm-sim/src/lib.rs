@@ -49,7 +49,7 @@
 //! use std::time::Duration;
 //!
 //! use vllm_client::{Client, ClientConfig, GenerateParams};
-//! use vllm_sim::{SimConfig, Simulator, training_tokenizer};
+//! use async_grpo_vllm_sim::{SimConfig, Simulator, training_tokenizer};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -244,9 +244,10 @@ impl std::fmt::Debug for SimConfig {
     }
 }
 
-/// One `/v1/completions` answer, as sent (with `record` on).
+/// One `/v1/completions` exchange: the prompt a request carried and the answer sent to it
+/// (with `record` on).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sampled {
+pub struct Exchange {
     /// The prompt ids the request carried.
     pub prompt_ids: Vec<u32>,
     /// The ids sampled.
@@ -406,7 +407,7 @@ impl Simulator {
     }
 
     /// Every completion answered so far, in order (empty unless `record` was set).
-    pub fn transcript(&self) -> Vec<Sampled> {
+    pub fn transcript(&self) -> Vec<Exchange> {
         lock(&self.state.transcript).clone()
     }
 

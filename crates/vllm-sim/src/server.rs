@@ -48,7 +48,7 @@ pub(crate) struct State {
     /// Every token's text, decoded once (logprob `tokens` need one per sampled id).
     token_texts: Vec<String>,
     /// Completions answered, when the config says to record them.
-    pub(super) transcript: Mutex<Vec<super::Sampled>>,
+    pub(super) transcript: Mutex<Vec<super::Exchange>>,
 }
 
 impl std::fmt::Debug for State {
@@ -448,7 +448,7 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         .logprobs
         .map(|_| completion_logprobs(&tokens, &ids, seed));
     if state.config.record {
-        lock(&state.transcript).push(super::Sampled {
+        lock(&state.transcript).push(super::Exchange {
             prompt_ids: prompt.clone(),
             token_ids: ids.clone(),
             logprobs: ids

@@ -1,9 +1,9 @@
 //! The simulator's arithmetic policy: the question's expression in the tool call, the tool's
 //! result in the final answer as often as `correct_rate` says, on both generation endpoints.
 
+use async_grpo_vllm_sim::{CallFormat, training_tokenizer};
 use serde_json::json;
 use vllm_client::{Client, FinishReason, GenerateParams, SamplingParams, types::ChatRequest};
-use vllm_sim::{CallFormat, training_tokenizer};
 
 use crate::{client, fast_retry, simulator};
 

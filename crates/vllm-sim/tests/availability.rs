@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use async_grpo_vllm_sim::{SimConfig, Simulator, training_tokenizer};
 use vllm_client::{Client, ClientConfig, GenerateParams};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 use crate::{eventually, fast_retry, simulator};
 

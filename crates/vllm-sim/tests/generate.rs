@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use async_grpo_vllm_sim::training_tokenizer;
 use vllm_client::{
     ClientConfig, FinishReason, GenerateParams, SamplingParams,
     types::{DetokenizeRequest, TokenizeRequest},
 };
-use vllm_sim::training_tokenizer;
 
 use crate::{client, eventually, fast_retry, simulator};
 

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use async_grpo_vllm_sim::{SimConfig, Simulator, training_tokenizer};
 use vllm_client::{ClientConfig, GenerateParams};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 use crate::{eventually, fast_retry, simulator};
 
@@ -31,7 +31,7 @@ async fn a_sticky_key_keeps_a_rollout_on_one_server() {
 
 #[tokio::test]
 async fn without_a_key_concurrent_requests_go_to_the_least_busy_server() {
-    let slow = |c: &mut vllm_sim::SimConfig| c.latency = Duration::from_millis(300);
+    let slow = |c: &mut async_grpo_vllm_sim::SimConfig| c.latency = Duration::from_millis(300);
     let (a, b) = (simulator(slow).await, simulator(slow).await);
     let client = crate::client(&[&a, &b], fast_retry());
     let turns: Vec<_> = (0..8)

