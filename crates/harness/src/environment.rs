@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use backoff::Backoff;
 use futures::future::BoxFuture;
 use rollout::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict};
 use rollout_core::Message;
@@ -28,6 +29,9 @@ use crate::{
 /// through it.
 pub const CREATE_TIMEOUT_CALLS: u32 = 4;
 
+/// The highest ceiling of a pause between attempts at creating a session.
+pub const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(10);
+
 /// How long a session call may take by default.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -37,7 +41,9 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct HarnessConfig {
     /// Attempts at creating a session before the rollout fails with cause `session_create`.
     pub create_attempts: u32,
-    /// The wait after the first failed attempt; it doubles after each further one.
+    /// The ceiling of the pause after the first failed attempt; it doubles after each further
+    /// one, up to [`MAX_CREATE_BACKOFF`], and each pause is drawn below it (full jitter), so
+    /// that the sessions a failure hit together are not created again together.
     pub create_backoff: Duration,
     /// How long one session call may take: a tool call, verify, close.
     pub timeout: Duration,
@@ -73,7 +79,7 @@ impl HarnessConfig {
         self
     }
 
-    /// Sets the first wait between create attempts.
+    /// Sets the ceiling of the first pause between create attempts.
     #[must_use]
     pub fn create_backoff(mut self, backoff: Duration) -> Self {
         self.create_backoff = backoff;
@@ -275,7 +281,7 @@ impl Environment for Harness {
                 episode_id: request.episode_id,
             };
             let attempts = self.config.create_attempts.max(1);
-            let mut backoff = self.config.create_backoff;
+            let backoff = Backoff::new(self.config.create_backoff, MAX_CREATE_BACKOFF);
             let mut last = String::new();
             for attempt in 1..=attempts {
                 match self.create(&task).await {
@@ -292,8 +298,7 @@ impl Environment for Harness {
                     }
                 }
                 if attempt < attempts {
-                    tokio::time::sleep(backoff).await;
-                    backoff = backoff.saturating_mul(2);
+                    tokio::time::sleep(backoff.delay(attempt - 1)).await;
                 }
             }
             Err(OpenError(format!(

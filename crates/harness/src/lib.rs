@@ -112,7 +112,7 @@ pub mod proxy;
 mod session;
 
 pub use crate::{
-    environment::{CREATE_TIMEOUT_CALLS, Harness, HarnessConfig},
+    environment::{CREATE_TIMEOUT_CALLS, Harness, HarnessConfig, MAX_CREATE_BACKOFF},
     session::{
         Session, SessionError, SessionFactory, SyncSession, SyncSessionFactory, Task, ToolOutput,
         Verification, step_reward,

@@ -1,9 +1,8 @@
 //! [`RetryPolicy`]: which failures are tried again, how often, how long apart, until when.
 
-use std::{
-    hash::{BuildHasher, Hasher},
-    time::Duration,
-};
+use std::time::Duration;
+
+use backoff::Backoff;
 
 /// Retries transport errors and 5xx with exponential backoff and full jitter, bounded by a
 /// number of attempts *and* a deadline; a 4xx is returned at once.
@@ -44,14 +43,7 @@ impl RetryPolicy {
     /// `[0, min(max_backoff, base_backoff * 2^attempt)]` ("full jitter"), so that many
     /// rollouts failing together do not retry together.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let ceiling = self
-            .base_backoff
-            .saturating_mul(2u32.saturating_pow(attempt.min(30)))
-            .min(self.max_backoff);
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(attempt);
-        let unit = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
-        ceiling.mul_f64(unit)
+        Backoff::new(self.base_backoff, self.max_backoff).delay(attempt)
     }
 }
 

@@ -3,7 +3,6 @@
 //! counts of calls by outcome.
 
 use std::{
-    hash::{BuildHasher, Hasher},
     sync::{
         Mutex,
         atomic::{AtomicU64, Ordering},
@@ -11,11 +10,15 @@ use std::{
     time::Duration,
 };
 
+use backoff::Backoff;
 use bytes::Bytes;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use tokio::sync::Semaphore;
 
 use crate::reward::CallStats;
+
+/// The highest ceiling of a pause between attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Bytes read of a service's answer: more fails the call.
 const MAX_ANSWER: usize = 16 * 1024 * 1024;
@@ -244,14 +247,7 @@ impl Service {
     /// A pause drawn below a ceiling that doubles with each failed attempt (from the base, up
     /// to 5 s): calls that failed together do not come back together.
     fn backoff(&self, failed: u32) -> Duration {
-        let ceiling = self
-            .base_backoff
-            .saturating_mul(1 << (failed - 1).min(16))
-            .min(Duration::from_secs(5));
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(failed);
-        let unit = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
-        ceiling.mul_f64(unit)
+        Backoff::new(self.base_backoff, MAX_BACKOFF).delay(failed.saturating_sub(1))
     }
 
     async fn attempt(&self, body: Bytes) -> Result<Vec<u8>, Failure> {
