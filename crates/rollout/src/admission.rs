@@ -219,7 +219,7 @@ pub(crate) async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool
         }
         if started.elapsed() >= wait {
             shared.stop_run(format!(
-                "no server could take requests for {wait:?} (--server-wait); the last error: {reason}"
+                "no server could take requests for {wait:?} (server_wait); the last error: {reason}"
             ));
             return false;
         }

@@ -7,6 +7,7 @@
 //! through vllm-client's generator (feature `vllm-client`).
 
 mod data;
+mod output;
 #[cfg(feature = "vllm-client")]
 mod prompt_modes;
 mod rollout;

@@ -107,7 +107,7 @@ impl Output {
         match Format::of(out) {
             Format::JsonLines => Ok(Output::Jsonl(open_jsonl(out, resume, resumed)?)),
             Format::Parquet => {
-                check_parquet()?;
+                check_parquet(out)?;
                 let journal_path = journal_path(out);
                 Ok(Output::Parquet {
                     journal: open_jsonl(&journal_path, resume, resumed)?,
@@ -170,13 +170,13 @@ fn open_jsonl(path: &Path, resume: bool, resumed: &Resumed) -> Result<JsonlSink<
 }
 
 #[cfg(feature = "parquet")]
-fn check_parquet() -> Result<(), FileError> {
+fn check_parquet(_: &Path) -> Result<(), FileError> {
     Ok(())
 }
 
 #[cfg(not(feature = "parquet"))]
-fn check_parquet() -> Result<(), FileError> {
-    bail!("--out: {}", crate::data::NO_PARQUET)
+fn check_parquet(out: &Path) -> Result<(), FileError> {
+    bail!("{}: {}", out.display(), crate::data::NO_PARQUET)
 }
 
 #[cfg(feature = "parquet")]
@@ -185,8 +185,8 @@ fn write_parquet(out: &Path, previous: Option<&Path>, journal: &Path) -> Result<
 }
 
 #[cfg(not(feature = "parquet"))]
-fn write_parquet(_: &Path, _: Option<&Path>, _: &Path) -> Result<(), FileError> {
-    bail!("--out: {}", crate::data::NO_PARQUET)
+fn write_parquet(out: &Path, _: Option<&Path>, _: &Path) -> Result<(), FileError> {
+    bail!("{}: {}", out.display(), crate::data::NO_PARQUET)
 }
 
 /// What the output `out` already holds, to resume it (nothing when it does not exist yet).
@@ -195,7 +195,7 @@ pub fn resume(out: &Path) -> Result<Resumed, FileError> {
         Format::JsonLines if out.exists() => scan_jsonl(out),
         Format::JsonLines => Ok(Resumed::default()),
         Format::Parquet => {
-            check_parquet()?;
+            check_parquet(out)?;
             let journal = journal_path(out);
             let mut resumed = if journal.exists() {
                 scan_jsonl(&journal)?
@@ -223,8 +223,8 @@ fn parquet_groups(path: &Path) -> Result<HashMap<u64, u64>, FileError> {
 }
 
 #[cfg(not(feature = "parquet"))]
-fn parquet_groups(_: &Path) -> Result<HashMap<u64, u64>, FileError> {
-    bail!("--out: {}", crate::data::NO_PARQUET)
+fn parquet_groups(path: &Path) -> Result<HashMap<u64, u64>, FileError> {
+    bail!("{}: {}", path.display(), crate::data::NO_PARQUET)
 }
 
 /// A group as a resumed scan finds it.
@@ -273,8 +273,8 @@ fn scan_jsonl(path: &Path) -> Result<Resumed, FileError> {
                 break;
             }
             Err(error) => bail!(
-                "{}:{}: not a training row ({error}); --resume continues only an output this \
-                 program wrote",
+                "{}:{}: not a training row ({error}); only an output this engine wrote can \
+                 be resumed",
                 path.display(),
                 index + 1
             ),
