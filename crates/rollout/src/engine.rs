@@ -133,7 +133,7 @@ impl<G: Generator> Engine<G> {
             heartbeat_age: shared.heartbeat.age(),
             scheduler_lag_p99,
             scheduler_lag_max,
-            in_flight: shared.config.max_inflight - shared.in_flight.available_permits(),
+            in_flight: shared.rollouts_in_flight(),
             queued: shared.queued.load(Ordering::Relaxed),
             model_version: shared.model_version(),
             admission_closed: shared.admission_closed.load(Ordering::Acquire),
@@ -172,7 +172,7 @@ impl<G: Generator> Engine<G> {
             let mut freed = std::pin::pin!(shared.slot_freed.notified());
             // Waiting before the count is read: a slot freed in between still wakes this.
             freed.as_mut().enable();
-            if shared.in_flight.available_permits() >= shared.config.max_inflight {
+            if shared.rollouts_in_flight() == 0 {
                 return;
             }
             freed.await;
@@ -201,7 +201,7 @@ impl<G: Generator> Engine<G> {
         let shared = &self.shared;
         shared.admission.cancel();
         if !shared.cancel.is_cancelled() {
-            let in_flight = shared.config.max_inflight - shared.in_flight.available_permits();
+            let in_flight = shared.rollouts_in_flight();
             shared
                 .cancelled_in_flight
                 .fetch_add(in_flight as u64, Ordering::Relaxed);
@@ -223,8 +223,7 @@ impl<G: Generator> Engine<G> {
             .is_ok();
         let mut cancelled_at_deadline = 0;
         if !in_time {
-            cancelled_at_deadline =
-                (shared.config.max_inflight - shared.in_flight.available_permits()) as u64;
+            cancelled_at_deadline = shared.rollouts_in_flight() as u64;
             tracing::warn!(
                 rollouts = cancelled_at_deadline,
                 "drain deadline reached: cancelling the rollouts still running"

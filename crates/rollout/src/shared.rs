@@ -88,6 +88,13 @@ pub(crate) struct Shared<G> {
 }
 
 impl<G> Shared<G> {
+    /// Rollouts holding an `in_flight` permit now: running, or admitted and about to.
+    pub(crate) fn rollouts_in_flight(&self) -> usize {
+        self.config
+            .max_inflight
+            .saturating_sub(self.in_flight.available_permits())
+    }
+
     /// A group's prompt, rendered once for all its rollouts.
     pub(crate) fn render_prompt(&self, row: &DatasetRow) -> Result<RenderState, RenderError> {
         let mut render = match &self.base {
