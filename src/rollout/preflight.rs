@@ -129,17 +129,10 @@ fn scan_dataset(resolved: &Resolved, dataset: &DatasetSource) -> anyhow::Result<
     }
     let rewards: Vec<_> = resolved.rewards.iter().map(|r| r.reward.clone()).collect();
     if let Some(missing) = scanned.missing_column(&rewards) {
-        let known: Vec<&str> = scanned.columns.iter().map(String::as_str).collect();
         bail!(
-            "{}: no row of {} has a column '{}'; its rows have: {}",
+            "{}: {}",
             resolved.rewards[missing.reward].place(),
-            path.display(),
-            missing.column,
-            if known.is_empty() {
-                "no column but the prompt".to_owned()
-            } else {
-                known.join(", ")
-            }
+            scanned.explain(&missing, path.display())
         );
     }
     Ok((scanned.rows, scanned.bad_rows))

@@ -132,4 +132,22 @@ impl Scanned {
             })
         })
     }
+
+    /// `missing` in words, for `dataset` (its path, or how it was given): no row of it has
+    /// the column, and the columns its rows do have.
+    pub fn explain(&self, missing: &MissingColumn, dataset: impl std::fmt::Display) -> String {
+        let present = if self.columns.is_empty() {
+            "no column but the prompt".to_owned()
+        } else {
+            self.columns
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "no row of {dataset} has a column '{}'; its rows have: {present}",
+            missing.column
+        )
+    }
 }

@@ -43,20 +43,14 @@ pub(crate) fn read_dataset(
 /// Each column a reward reads is in some row, as the binary checks it: the error names the
 /// reward's place among `reward_funcs` and the columns the rows have.
 pub(crate) fn check_columns(scanned: &Scanned, rewards: &[scoring::Reward]) -> Result<(), String> {
-    let Some(missing) = scanned.missing_column(rewards) else {
-        return Ok(());
-    };
-    let known: Vec<&str> = scanned.columns.iter().map(String::as_str).collect();
-    Err(format!(
-        "reward_funcs[{}]: no row of the dataset has a column '{}'; its rows have: {}",
-        missing.reward,
-        missing.column,
-        if known.is_empty() {
-            "no column but the prompt".to_owned()
-        } else {
-            known.join(", ")
-        }
-    ))
+    match scanned.missing_column(rewards) {
+        None => Ok(()),
+        Some(missing) => Err(format!(
+            "reward_funcs[{}]: {}",
+            missing.reward,
+            scanned.explain(&missing, "the dataset")
+        )),
+    }
 }
 
 /// What `settings` ask of the dataset, seeded by the sampling `seed` (or 0, as the binary's),
