@@ -26,7 +26,7 @@ use crate::{
 
 /// Everything a turn needs to run its calls; shared by the service, its clones and every
 /// response future.
-pub(crate) struct Calls {
+pub(crate) struct Dispatch {
     pub(crate) registry: Registry,
     /// One per tool of `registry`, in its order; shared by name with the dispatcher this one
     /// was made from ([`ToolDispatcher::with_tools`](crate::ToolDispatcher::with_tools)).
@@ -45,7 +45,7 @@ pub(crate) struct Calls {
     pub(crate) default_timeout: Duration,
 }
 
-/// Tools counted by name beyond a dispatcher's own registry ([`Calls::family`]).
+/// Tools counted by name beyond a dispatcher's own registry ([`Dispatch::family`]).
 pub(crate) type Family = Vec<(String, Arc<ToolMetrics>)>;
 
 /// How a call ended, before it becomes a [`ToolResult`].
@@ -80,7 +80,7 @@ impl Ended {
     }
 }
 
-impl Calls {
+impl Dispatch {
     /// Runs a turn's calls one after another, in the model's order.
     pub(crate) async fn run_turn(
         &self,

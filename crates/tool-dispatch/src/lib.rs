@@ -47,7 +47,9 @@
 //! use std::time::Duration;
 //!
 //! use serde_json::json;
-//! use async_grpo_tool_dispatch::{DispatcherConfig, Outcome, Registry, Tool, ToolCall, ToolDispatcher, ToolSpec};
+//! use async_grpo_tool_dispatch::{
+//!     DispatcherConfig, Outcome, Registry, Tool, ToolCall, ToolDispatcher, ToolSpec,
+//! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -14,7 +14,7 @@ use tokio_util::{
 use tower::Service;
 
 use crate::{
-    call::{Calls, Family},
+    call::{Dispatch, Family},
     error::DispatchError,
     future::ResponseFuture,
     metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
@@ -89,13 +89,13 @@ impl DispatcherConfig {
 /// and `still_running` ones as [`Outcome::Cancelled`](crate::Outcome::Cancelled).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// Calls that were running when shutdown began and finished before the deadline, with any
+    /// Dispatch that were running when shutdown began and finished before the deadline, with any
     /// outcome but cancelled.
     pub completed: u64,
-    /// Calls cancelled before they ran: queued for a thread, or not yet started in a turn in
+    /// Dispatch cancelled before they ran: queued for a thread, or not yet started in a turn in
     /// flight (also those after a call that was still running at the deadline).
     pub cancelled: u64,
-    /// Calls still running at the deadline, resolved as cancelled there. A sync tool's thread
+    /// Dispatch still running at the deadline, resolved as cancelled there. A sync tool's thread
     /// cannot be killed and finishes on its own.
     pub still_running: usize,
     /// Pool threads joined.
@@ -144,7 +144,7 @@ impl fmt::Display for ShutdownReport {
 /// without it cancels queued calls and lets each pool thread exit after its current call,
 /// without waiting.
 pub struct ToolDispatcher {
-    engine: Arc<Calls>,
+    dispatch: Arc<Dispatch>,
     shared: Arc<Shared>,
     slots: PollSemaphore,
     permit: Option<OwnedSemaphorePermit>,
@@ -170,7 +170,7 @@ impl ToolDispatcher {
             .iter()
             .map(|_| Arc::new(ToolMetrics::new()))
             .collect();
-        let engine = Calls {
+        let dispatch = Dispatch {
             registry,
             metrics,
             family: Arc::default(),
@@ -182,7 +182,7 @@ impl ToolDispatcher {
             default_timeout: config.default_timeout,
         };
         ToolDispatcher {
-            engine: Arc::new(engine),
+            dispatch: Arc::new(dispatch),
             shared: Arc::new(Shared {
                 tracker: TaskTracker::new(),
                 report: OnceCell::new(),
@@ -200,7 +200,7 @@ impl ToolDispatcher {
     /// this one's registry has adds to that tool's counts).
     pub fn with_tools(&self, registry: Registry) -> ToolDispatcher {
         let metrics = {
-            let mut family = lock(&self.engine.family);
+            let mut family = lock(&self.dispatch.family);
             registry
                 .names()
                 .map(|name| self.counted(&mut family, name))
@@ -224,9 +224,9 @@ impl ToolDispatcher {
     /// The metrics `name` is counted in: this dispatcher's own tool of that name, or the
     /// family's entry for it (created on first use).
     fn counted(&self, family: &mut Family, name: &str) -> Arc<ToolMetrics> {
-        let engine = &self.engine;
-        if let Some(index) = engine.registry.names().position(|own| own == name) {
-            return Arc::clone(&engine.metrics[index]);
+        let dispatch = &self.dispatch;
+        if let Some(index) = dispatch.registry.names().position(|own| own == name) {
+            return Arc::clone(&dispatch.metrics[index]);
         }
         if let Some((_, metrics)) = family.iter().find(|(known, _)| known == name) {
             return Arc::clone(metrics);
@@ -237,20 +237,20 @@ impl ToolDispatcher {
     }
 
     fn with_metrics(&self, registry: Registry, metrics: Vec<Arc<ToolMetrics>>) -> ToolDispatcher {
-        let engine = Calls {
+        let dispatch = Dispatch {
             registry,
             metrics,
             // Its own tools are counted here already; what is made from it, in it.
             family: Arc::default(),
-            gauges: Arc::clone(&self.engine.gauges),
-            pool: Arc::clone(&self.engine.pool),
-            slots: Arc::clone(&self.engine.slots),
-            closing: self.engine.closing.clone(),
-            abort: self.engine.abort.clone(),
-            default_timeout: self.engine.default_timeout,
+            gauges: Arc::clone(&self.dispatch.gauges),
+            pool: Arc::clone(&self.dispatch.pool),
+            slots: Arc::clone(&self.dispatch.slots),
+            closing: self.dispatch.closing.clone(),
+            abort: self.dispatch.abort.clone(),
+            default_timeout: self.dispatch.default_timeout,
         };
         ToolDispatcher {
-            engine: Arc::new(engine),
+            dispatch: Arc::new(dispatch),
             shared: Arc::clone(&self.shared),
             slots: self.slots.clone(),
             permit: None,
@@ -259,7 +259,7 @@ impl ToolDispatcher {
 
     /// The tools this dispatcher runs.
     pub fn registry(&self) -> &Registry {
-        &self.engine.registry
+        &self.dispatch.registry
     }
 
     /// Runs one turn: waits for a slot, then runs the calls. A shorthand for
@@ -272,34 +272,34 @@ impl ToolDispatcher {
 
     /// Whether shutdown has begun.
     pub fn is_closed(&self) -> bool {
-        self.engine.closing.is_cancelled()
+        self.dispatch.closing.is_cancelled()
     }
 
     /// The metrics so far: this dispatcher's tools, then those of the dispatchers made from
     /// it by [`with_tools`](Self::with_tools) (by name, in the order they first appeared).
     pub fn metrics(&self) -> MetricsSnapshot {
-        let engine = &self.engine;
-        let pool = engine.pool.state();
+        let dispatch = &self.dispatch;
+        let pool = dispatch.pool.state();
         MetricsSnapshot {
-            tools: engine
+            tools: dispatch
                 .registry
                 .names()
-                .zip(&engine.metrics)
+                .zip(&dispatch.metrics)
                 .map(|(name, metrics)| metrics.snapshot(name))
                 .chain(
-                    lock(&engine.family)
+                    lock(&dispatch.family)
                         .iter()
                         .map(|(name, metrics)| metrics.snapshot(name)),
                 )
                 .collect(),
-            unknown_tool: engine.gauges.unknown_tool.load(Ordering::Relaxed),
-            running_calls: engine.gauges.running_calls.load(Ordering::Relaxed),
+            unknown_tool: dispatch.gauges.unknown_tool.load(Ordering::Relaxed),
+            running_calls: dispatch.gauges.running_calls.load(Ordering::Relaxed),
             pool: PoolSnapshot {
-                max_threads: engine.pool.max_threads(),
+                max_threads: dispatch.pool.max_threads(),
                 threads: pool.threads,
                 busy: pool.running,
                 queued: pool.queued,
-                stuck: engine.gauges.stuck_threads.load(Ordering::Relaxed),
+                stuck: dispatch.gauges.stuck_threads.load(Ordering::Relaxed),
                 completed: pool.completed,
             },
         }
@@ -314,12 +314,12 @@ impl ToolDispatcher {
     /// the report counts what they resolved to; they do so at once, unless a turn's future is
     /// not being polled, which it waits for 100 ms at most.
     pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
-        let engine = Arc::clone(&self.engine);
+        let dispatch = Arc::clone(&self.dispatch);
         let shared = Arc::clone(&self.shared);
         *self
             .shared
             .report
-            .get_or_init(|| drain(engine, shared, timeout))
+            .get_or_init(|| drain(dispatch, shared, timeout))
             .await
     }
 }
@@ -347,29 +347,29 @@ impl Counts {
     }
 }
 
-async fn drain(engine: Arc<Calls>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
+async fn drain(dispatch: Arc<Dispatch>, shared: Arc<Shared>, timeout: Duration) -> ShutdownReport {
     let started = Instant::now();
     let deadline = crate::call::far(tokio::time::Instant::now(), timeout);
-    let gauges = &engine.gauges;
+    let gauges = &dispatch.gauges;
     let before = Counts::read(gauges);
 
-    engine.slots.close();
-    engine.closing.cancel();
+    dispatch.slots.close();
+    dispatch.closing.cancel();
     shared.tracker.close();
-    engine.pool.close();
+    dispatch.pool.close();
 
     let drained = tokio::time::timeout_at(deadline, shared.tracker.wait())
         .await
         .is_ok();
-    // Calls still running are abandoned: each resolves as cancelled at once, and so does
+    // Dispatch still running are abandoned: each resolves as cancelled at once, and so does
     // every call after it in its turn (`closing`). Counting before they do would miss them.
-    engine.abort.cancel();
+    dispatch.abort.cancel();
     let resolved = drained
         || tokio::time::timeout(ABORT_GRACE, shared.tracker.wait())
             .await
             .is_ok();
     let after = Counts::read(gauges);
-    // Calls of turns nobody polls are still running, as far as anyone can tell.
+    // Dispatch of turns nobody polls are still running, as far as anyone can tell.
     let unresolved = if resolved {
         0
     } else {
@@ -377,7 +377,7 @@ async fn drain(engine: Arc<Calls>, shared: Arc<Shared>, timeout: Duration) -> Sh
     };
 
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let pool = join_pool(Arc::clone(&engine.pool), remaining).await;
+    let pool = join_pool(Arc::clone(&dispatch.pool), remaining).await;
     let report = ShutdownReport {
         completed: after.finished - before.finished,
         cancelled: after.cancelled - before.cancelled,
@@ -416,7 +416,7 @@ impl Clone for ToolDispatcher {
     /// A clone shares everything but a slot reserved by `poll_ready`, which stays with `self`.
     fn clone(&self) -> ToolDispatcher {
         ToolDispatcher {
-            engine: Arc::clone(&self.engine),
+            dispatch: Arc::clone(&self.dispatch),
             shared: Arc::clone(&self.shared),
             slots: self.slots.clone(),
             permit: None,
@@ -427,8 +427,8 @@ impl Clone for ToolDispatcher {
 impl fmt::Debug for ToolDispatcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolDispatcher")
-            .field("tools", &self.engine.registry.names().collect::<Vec<_>>())
-            .field("pool", &self.engine.pool)
+            .field("tools", &self.dispatch.registry.names().collect::<Vec<_>>())
+            .field("pool", &self.dispatch.pool)
             .field("closed", &self.is_closed())
             .field("reserved", &self.permit.is_some())
             .finish()
@@ -441,7 +441,7 @@ impl Service<Vec<ToolCall>> for ToolDispatcher {
     type Future = ResponseFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), DispatchError>> {
-        if self.engine.closing.is_cancelled() {
+        if self.dispatch.closing.is_cancelled() {
             self.permit = None;
             return Poll::Ready(Err(DispatchError::closed()));
         }
@@ -456,11 +456,11 @@ impl Service<Vec<ToolCall>> for ToolDispatcher {
 
     fn call(&mut self, calls: Vec<ToolCall>) -> ResponseFuture {
         let permit = self.permit.take().expect("poll_ready must be called first");
-        let engine = Arc::clone(&self.engine);
+        let dispatch = Arc::clone(&self.dispatch);
         // Taken now, not when first polled, so that shutdown waits for this turn.
         let tracked = self.shared.tracker.token();
         ResponseFuture::new(async move {
-            let results = engine.run_turn(calls, permit).await;
+            let results = dispatch.run_turn(calls, permit).await;
             drop(tracked);
             Ok(results)
         })

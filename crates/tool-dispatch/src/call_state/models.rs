@@ -3,7 +3,7 @@
 //!
 //! The slot models run the crate's own [`CallJob`] and [`Waiting`] on the real [`Pool`], with
 //! loom's stand-ins for tokio's semaphore and oneshot channel (`sync.rs`). The waiter's side
-//! is written out here in blocking form: it does what `Calls::run_sync` (`call.rs`) does in
+//! is written out here in blocking form: it does what `Dispatch::run_sync` (`call.rs`) does in
 //! its `select!`, which loom cannot run. The semaphore has `max_threads + queue_capacity`
 //! permits, and each model ends by checking that every one of them came back exactly once.
 
