@@ -37,7 +37,7 @@ const STEPS: &[Step] = &[
             // Every published crate packs as crates.io would take it: manifest, metadata and
             // files, its workspace dependencies resolved among the packages made together.
             // Not rebuilt from the archives (`--no-verify`): the other steps build the same
-            // sources, and a second build of every dependency would double CI's time.
+            // sources, and rebuilding would compile every dependency a second time.
             run_checked(&mut cargo(&[
                 "package",
                 "--workspace",

@@ -41,7 +41,7 @@ impl Backoff {
     /// The ceiling of the pause before retry `retry` (0-based): `min(max, base * 2^retry)`.
     pub fn ceiling(&self, retry: u32) -> Duration {
         self.base
-            .saturating_mul(2u32.saturating_pow(retry.min(31)))
+            .saturating_mul(2u32.saturating_pow(retry))
             .min(self.max)
     }
 

@@ -4,7 +4,7 @@
 //! once. The model is a stub that answers at once (a tool call, then an answer, from the
 //! real Qwen3 tokenizer), so what is measured is the proxy alone.
 //!
-//! `cargo bench -p harness --bench proxy` (or `cargo xtask bench`); needs the Qwen3 tokenizer
+//! `cargo bench -p async-grpo-harness --bench proxy` (or `cargo xtask bench`); needs the Qwen3 tokenizer
 //! (`cargo xtask fixtures`). Results are printed and, with `BENCH_OUT`, written to
 //! `$BENCH_OUT/proxy.json`.
 

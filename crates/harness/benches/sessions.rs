@@ -2,7 +2,7 @@
 //! (in-process async and sync sessions through `Harness`, and MCP stdio servers), and the
 //! latency of one tool call through an MCP stdio session against a `[[tools]]` command tool.
 //!
-//! `cargo bench -p harness --bench sessions` (or `cargo xtask bench`); the MCP parts need the
+//! `cargo bench -p async-grpo-harness --bench sessions` (or `cargo xtask bench`); the MCP parts need the
 //! Python MCP SDK (`cargo xtask fixtures`, or `ASYNC_GRPO_MCP_PYTHON`). Results are printed
 //! and, with `BENCH_OUT`, written to `$BENCH_OUT/harness.json`.
 

@@ -2,7 +2,7 @@
 //! each run plainly (no sandbox, no limits: the engine's process before the sandbox) and in
 //! the default sandbox (bubblewrap, `prlimit`), one after another, the same number of times.
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p process --bench spawn`). Prints a markdown
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-process --bench spawn`). Prints a markdown
 //! table and, when `BENCH_OUT` names a folder, writes `process.json` there. Figures are
 //! recorded in BENCHMARKS.md with the machine and date.
 

@@ -1,6 +1,6 @@
 //! Per-turn cost of a long agent conversation: parse, render, tokenize, reconcile.
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p rollout-core --bench turns`; the real
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-rollout-core --bench turns`; the real
 //! Qwen3 tokenizer comes from `cargo xtask fixtures`). A Qwen3 agent conversation of 128
 //! turns (each: reasoning, a tool call, a tool result) grows to about 64k tokens. Each turn
 //! does what the rollout loop does between two generations: parse the sampled text into an

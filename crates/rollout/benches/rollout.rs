@@ -1,6 +1,6 @@
 //! The rollout loop against the vLLM simulator over real HTTP.
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p rollout-core --bench rollout`). Each
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-rollout --bench rollout`). Each
 //! scenario runs in a process of its own (this program started again with
 //! `ROLLOUT_BENCH_ONLY=NAME`), so that its memory figure starts from a clean heap; the
 //! simulator (`vllm_sim`: scripted answers, not a model) runs in a further child

@@ -1,6 +1,6 @@
-//! What a run rolls out: `async_grpo_rollout::data::Plan` over a dataset file and over rows in memory,
-//! one shard of it exactly the rows whose index modulo N is I, each with the id one full run
-//! gives it.
+//! What a run rolls out: `async_grpo_rollout::data::Plan` over a dataset file and over rows
+//! in memory, one shard of it exactly the rows whose index modulo N is I, each with the id
+//! one full run gives it.
 
 use std::{collections::HashSet, path::PathBuf, sync::Arc};
 

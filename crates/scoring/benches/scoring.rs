@@ -1,6 +1,6 @@
 //! Scoring throughput: the advantage math alone, and whole groups through the scorer.
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p scoring --bench scoring`). Prints a
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-scoring --bench scoring`). Prints a
 //! markdown table and, when `BENCH_OUT` names a folder, writes `scoring.json` there.
 
 #![allow(clippy::print_stdout, reason = "the report is this program's output")]

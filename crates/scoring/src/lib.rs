@@ -33,7 +33,9 @@
 //! With no feature, this crate is the advantage math: rewards in, advantages out.
 //!
 //! ```
-//! use async_grpo_scoring::{AdvantageConfig, CompletionReward, Estimator, GroupKind, group_advantages};
+//! use async_grpo_scoring::{
+//!     AdvantageConfig, CompletionReward, Estimator, GroupKind, group_advantages,
+//! };
 //!
 //! // Four completions of one prompt; the third could not be scored.
 //! let group = [
@@ -64,7 +66,9 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //!
-//! use async_grpo_scoring::{AdvantageConfig, Completion, Group, Reward, Scorer, ScorerConfig, builtin};
+//! use async_grpo_scoring::{
+//!     AdvantageConfig, Completion, Group, Reward, Scorer, ScorerConfig, builtin,
+//! };
 //! use serde_json::json;
 //!
 //! let scorer = Scorer::new(

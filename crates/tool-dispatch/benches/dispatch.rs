@@ -1,6 +1,6 @@
 //! Benchmarks of the tool dispatcher: added latency, saturated throughput, scheduler lag.
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p tool-dispatch --bench dispatch`). Prints a
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-tool-dispatch --bench dispatch`). Prints a
 //! markdown table and, when `BENCH_OUT` names a folder, writes `tool-dispatch.json` there.
 //! Figures are recorded in BENCHMARKS.md with the machine and date.
 

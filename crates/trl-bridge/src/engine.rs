@@ -1,4 +1,5 @@
-//! `NativeEngine` (Python's `async_grpo._native.Engine`): the rollout loop on a tokio runtime of its own, as the Python worker drives it.
+//! `NativeEngine` (Python's `async_grpo._native.Engine`): the rollout loop on a tokio runtime
+//! of its own, as the Python worker drives it.
 //!
 //! Construction checks everything that can be checked without a server (the tokenizer and
 //! its chat template, the settings, every dataset row, the output to resume, the tools and
@@ -8,9 +9,10 @@
 //! loop on the run's [`Plan`](rollout::data::Plan), and forwards scored groups to a channel
 //! of one group that the worker's pump thread reads with [`NativeEngine::next_group`], never
 //! holding the GIL while it waits. Once the pump has handed a group to the trainer,
-//! [`NativeEngine::delivered`] writes it to the output (on the pump's thread, without the GIL:
-//! never on the runtime's). [`NativeEngine::shutdown`] drains the loop; [`NativeEngine::close`] joins
-//! the runtime's threads; [`NativeEngine::finish_output`] closes the output.
+//! [`NativeEngine::delivered`] writes it to the output (on the pump's thread, without the
+//! GIL: never on the runtime's). [`NativeEngine::shutdown`] drains the loop;
+//! [`NativeEngine::close`] joins the runtime's threads; [`NativeEngine::finish_output`]
+//! closes the output.
 
 use std::{
     collections::BTreeMap,
@@ -126,7 +128,8 @@ pub(crate) struct NativeEngine {
     driver: Mutex<Option<JoinHandle<()>>>,
     /// The output, from [`NativeEngine::start`] to [`NativeEngine::finish_output`].
     output: Mutex<Option<Output>>,
-    /// The last group [`NativeEngine::next_group`] handed out, written once [`NativeEngine::delivered`].
+    /// The last group [`NativeEngine::next_group`] handed out, written once
+    /// [`NativeEngine::delivered`].
     handed: Mutex<Option<ScoredGroup>>,
     /// The worker processes of sync tools and rewards, if any: started by [`NativeEngine::start`],
     /// killed by [`NativeEngine::close`].
@@ -416,8 +419,8 @@ impl NativeEngine {
         }
     }
 
-    /// The group [`NativeEngine::next_group`] last returned reached the trainer: it is written to
-    /// the output (one write and a flush), without the GIL, on the caller's thread (the
+    /// The group [`NativeEngine::next_group`] last returned reached the trainer: it is written
+    /// to the output (one write and a flush), without the GIL, on the caller's thread (the
     /// pump's, never the runtime's). A group never said delivered (dropped by a stop with the
     /// buffer full) is not written, so a resumed run rolls it out again.
     fn delivered(&self, py: Python<'_>) -> PyResult<()> {

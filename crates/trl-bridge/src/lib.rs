@@ -2,8 +2,8 @@
 //! package `async_grpo` (`python/async_grpo/`), which implements TRL's rollout worker
 //! protocol on top of it.
 //!
-//! - `engine`: `NativeEngine`, the rollout loop on a tokio runtime of its own; the worker's pump
-//!   thread reads scored groups from it without holding the GIL, and writes those it
+//! - `engine`: `NativeEngine`, the rollout loop on a tokio runtime of its own; the worker's
+//!   pump thread reads scored groups from it without holding the GIL, and writes those it
 //!   delivered to the output.
 //! - `settings`: the engine's settings, one mapping from Python read into the engine's own
 //!   types (`RolloutConfig`, `Sampling`, `ReconcilerConfig`) and the bridge's.

@@ -2,7 +2,7 @@
 //! 256 concurrent callers, and process CPU time per call, with client and simulator sharing
 //! one 2-worker runtime (the machine's 2 cores).
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p vllm-sim --bench client`).
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-vllm-sim --bench client`).
 //! Prints a markdown table and, when `BENCH_OUT` names a folder, writes `vllm-client.json`.
 
 #![allow(clippy::print_stdout, reason = "the report is this program's output")]

@@ -6,7 +6,7 @@
 //! The engine's side runs on a 1-worker runtime and the simulator on another 1-worker
 //! runtime, so that each has one of the machine's 2 cores.
 //!
-//! Run with `cargo xtask bench` (or `cargo bench -p vllm-sim --bench judge`).
+//! Run with `cargo xtask bench` (or `cargo bench -p async-grpo-vllm-sim --bench judge`).
 //! Prints a markdown table and, when `BENCH_OUT` names a folder, writes `judge.json`.
 
 #![allow(clippy::print_stdout, reason = "the report is this program's output")]

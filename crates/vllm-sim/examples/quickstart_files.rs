@@ -1,10 +1,10 @@
-//! Writes the simulator's tokenizer, [`async_grpo_vllm_sim::training_tokenizer`], as `tokenizer.json`
-//! into the folder given as the one argument (pretty-printed; the training is deterministic,
-//! so every run writes the same bytes). `cargo xtask quickstart` runs it for
-//! `examples/quickstart/`:
+//! Writes the simulator's tokenizer, [`async_grpo_vllm_sim::training_tokenizer`], as
+//! `tokenizer.json` into the folder given as the one argument (pretty-printed; the training
+//! is deterministic, so every run writes the same bytes). `cargo xtask quickstart` runs it
+//! for `examples/quickstart/`:
 //!
 //! ```text
-//! cargo run -p vllm-sim --example quickstart_files -- examples/quickstart
+//! cargo run -p async-grpo-vllm-sim --example quickstart_files -- examples/quickstart
 //! ```
 
 use std::{path::PathBuf, process::ExitCode};
