@@ -10,10 +10,12 @@
 //! | `tool-dispatch` | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
 //! | `http` (default) | [`tool_dispatch`] | tool-dispatch's built-in `http` tool (reqwest) |
 //! | `rollout-core` | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler, training rows |
-//! | `rollout` | [`rollout`] | the rollout engine over any `Generator` (with tool-dispatch and scoring's `Scorer`), datasets in and training rows out |
+//! | `rollout-api` | [`rollout_api`] | the engine's API without its loop: the `Environment`, `Agent` and `Generator` traits and the dataset row |
+//! | `rollout` | [`rollout`] | the rollout engine over any `Generator` (with tool-dispatch and scoring's `Scorer`): dataset rows in, scored groups out; re-exports `rollout_api` |
+//! | `files` | [`files`] | datasets and outputs as files: JSON Lines (and Parquet with `parquet`), the run's plan of passes, shards and resume |
 //! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
 //! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
-//! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, white-box rollouts; turns on `rollout` |
+//! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, the recording proxy and agent programs; turns on `rollout-api` |
 //! | `run` | [`run`] | one run specified once: the plan (passes, shuffle, shards, resume), the dataset, the output, and the engine wired with its servers, tools, rewards, environment or agent; turns on `harness` and `vllm-client` |
 //! | `sim` (default) | [`vllm_sim`] | the vLLM-compatible simulator behind `async-grpo simulate` and a rollout without `--server` |
 //! | `cli` (default) | | the `async-grpo` binary and its dependencies (clap, anyhow, toml, tracing-subscriber, tokio); turns on `rollout`, `harness`, `vllm-client` and the built-in rewards |
@@ -39,12 +41,18 @@
 #[cfg(feature = "run")]
 #[doc(inline)]
 pub use async_grpo_run as run;
+#[cfg(feature = "files")]
+#[doc(inline)]
+pub use files;
 #[cfg(feature = "harness")]
 #[doc(inline)]
 pub use harness;
 #[cfg(feature = "rollout")]
 #[doc(inline)]
 pub use rollout;
+#[cfg(feature = "rollout-api")]
+#[doc(inline)]
+pub use rollout_api;
 #[cfg(feature = "rollout-core")]
 #[doc(inline)]
 pub use rollout_core;

@@ -35,8 +35,9 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::Args;
+use files::Shard;
 use harness::{agent::ProgramConfig, mcp::McpEnvironment};
-use rollout::{ConfigError, RolloutConfig, Sampling, Shard, field_names};
+use rollout::{ConfigError, RolloutConfig, Sampling, field_names};
 use rollout_core::ReconcilerConfig;
 use scoring::{AdvantageConfig, Credit, Reward, RewardTable};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -608,7 +609,7 @@ fn run_sandbox(settings: &Settings, config_file: Option<&Path>) -> process::Sand
     let mut sandbox = process::Sandbox::default()
         .hide(&settings.dataset)
         .hide(&settings.out)
-        .hide(rollout::output::journal_path(&settings.out));
+        .hide(files::output::journal_path(&settings.out));
     if let Some(file) = config_file {
         sandbox = sandbox.hide(file);
     }

@@ -9,7 +9,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use async_grpo_run::{Destination, RunPlan, RunSpec, Running, Servers, SpecError, ToolPool};
-use rollout::{Agent, DrainReport, Engine, FileError, Groups, output::Output};
+use files::{FileError, output::Output};
+use rollout::{Agent, DrainReport, Engine, Groups};
 use rollout_core::{ChatTokenizer, parse::parser_by_name};
 use tool_dispatch::Registry;
 use vllm_client::Client;

@@ -17,7 +17,7 @@ use std::{
 };
 
 use async_grpo_harness::proxy::{Proxy, ProxyConfig, ProxySession};
-use rollout::{Finish, Sampled, Sampler};
+use rollout_api::{Finish, Sampled, Sampler};
 use rollout_core::{
     ChatTokenizer, Message, RenderOptions, ToolCallParser,
     parse::{HermesParser, split_reasoning},

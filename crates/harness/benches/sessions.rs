@@ -19,7 +19,7 @@ use async_grpo_harness::{
     mcp::{McpConfig, McpFactory, McpServer},
 };
 use futures::future::BoxFuture;
-use rollout::{Environment, EpisodeRequest};
+use rollout_api::{Environment, EpisodeRequest};
 use rollout_core::Message;
 use serde_json::{Map, Value, json};
 use tool_dispatch::{
@@ -79,7 +79,7 @@ impl SyncSessionFactory for SyncNoopFactory {
 }
 
 fn request(i: usize) -> EpisodeRequest {
-    let row = rollout::DatasetRow {
+    let row = rollout_api::DatasetRow {
         source: "bench".into(),
         line: i,
         prompt: vec![Message::user("What is 2 + 3?")],

@@ -1,6 +1,6 @@
 //! [`ProgramAgent`]: a loop-owning agent program (a coding agent such as opencode) run once
 //! per rollout attempt against the recording [`Proxy`], as the loop's
-//! [`rollout::Agent`].
+//! [`rollout_api::Agent`].
 //!
 //! Each attempt gets a directory of its own (an unguessable name in a private root, mode 0700,
 //! removed at the end), a proxy key of its own (`OPENAI_BASE_URL`, `OPENAI_API_KEY` in the
@@ -36,7 +36,7 @@ use std::{
 
 use futures::future::BoxFuture;
 use process::{Finished, Isolation, Limits, Program, Sandbox};
-use rollout::{Agent, AgentError, AgentOutcome, AgentRun, DatasetRow, Verdict};
+use rollout_api::{Agent, AgentError, AgentOutcome, AgentRun, DatasetRow, Verdict};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::{

@@ -10,7 +10,7 @@ use std::{
 
 use backoff::Backoff;
 use futures::future::BoxFuture;
-use rollout::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict};
+use rollout_api::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict};
 use rollout_core::Message;
 use serde_json::{Value, json};
 use tool_dispatch::{Arguments, Registry, Tool, ToolCall, ToolDispatcher, ToolError, ToolSpec};

@@ -9,7 +9,7 @@
 //! on the tool pool's threads, never on the runtime); both are first-class.
 //!
 //! [`Harness`] turns a factory into the rollout loop's
-//! [`Environment`](rollout::Environment) (white-box rollouts: the engine drives
+//! [`Environment`](rollout_api::Environment) (white-box rollouts: the engine drives
 //! the turns): creation is retried with backoff (a rollout whose session cannot be created
 //! fails with cause `session_create`), the session's tools are the rollout's tools (rendered
 //! into its prompt, run through tool-dispatch with the same order, timeouts and error
@@ -20,7 +20,7 @@
 //! OpenAI-compatible server; every request is rendered with the model's template and sampled
 //! token-in/token-out as a turn of the rollout, so the rows stay exact whatever the agent
 //! does with the text. [`agent`] (feature `agent`, on by default): an agent program run per
-//! rollout behind it, as the loop's [`Agent`](rollout::Agent).
+//! rollout behind it, as the loop's [`Agent`](rollout_api::Agent).
 //!
 //! [`mcp`] (feature `mcp`, on by default): any MCP server (a process speaking stdio, or a streamable-HTTP endpoint) is an
 //! environment, through the official Rust SDK `rmcp`, so an environment needs no Rust.
@@ -45,7 +45,7 @@
 //! use async_grpo_harness::{
 //!     Harness, SessionError, SyncSession, SyncSessionFactory, Task, ToolOutput, Verification,
 //! };
-//! use rollout::{DatasetRow, Environment, EpisodeRequest, EpisodeStatus};
+//! use rollout_api::{DatasetRow, Environment, EpisodeRequest, EpisodeStatus};
 //! use rollout_core::Message;
 //! use serde_json::{Map, Value, json};
 //! use tool_dispatch::{DispatcherConfig, Registry, ToolCall, ToolDispatcher, ToolSpec};

@@ -24,7 +24,7 @@ pub(crate) async fn admit<G: Generator>(
 ) {
     let config = &shared.config;
     let n = config.num_generations;
-    let first_version = shared.model_version();
+    let first_version = shared.control.model_version();
     let mut admitted = 0u64;
     loop {
         if config.max_groups.is_some_and(|max| admitted >= max) {
@@ -39,7 +39,7 @@ pub(crate) async fn admit<G: Generator>(
         // The group's output slot first: a consumer that falls behind holds admission here.
         let slot = tokio::select! {
             biased;
-            () = shared.admission.cancelled() => break,
+            () = shared.control.admission.cancelled() => break,
             slot = output.clone().reserve_owned() => match slot {
                 Ok(slot) => slot,
                 Err(_) => break,
@@ -48,14 +48,17 @@ pub(crate) async fn admit<G: Generator>(
         let Some((group_id, row, first)) = next_row(&shared, &mut rows).await else {
             break;
         };
-        Counters::add(&shared.counters.groups_admitted, 1);
+        Counters::add(&shared.tallies.counters.groups_admitted, 1);
         let group = Arc::new(GroupState::new(group_id, row, first, n, slot));
         if !start_group(&shared, group).await {
             break;
         }
         admitted += 1;
     }
-    shared.admission_closed.store(true, Ordering::Release);
+    shared
+        .control
+        .admission_closed
+        .store(true, Ordering::Release);
 }
 
 /// Waits until a group may be admitted: admission not paused, and with `max_staleness` and
@@ -67,8 +70,8 @@ pub(crate) async fn admission_open<G>(
     admitted: u64,
     first_version: u64,
 ) -> bool {
-    let mut paused = shared.paused.subscribe();
-    let mut versions = shared.versions.subscribe();
+    let mut paused = shared.control.paused.subscribe();
+    let mut versions = shared.control.versions.subscribe();
     loop {
         let held = *paused.borrow_and_update();
         let version = *versions.borrow_and_update();
@@ -78,7 +81,7 @@ pub(crate) async fn admission_open<G>(
         // The senders live in `shared`: neither channel closes while this runs.
         tokio::select! {
             biased;
-            () = shared.admission.cancelled() => return false,
+            () = shared.control.admission.cancelled() => return false,
             _ = paused.changed() => {}
             _ = versions.changed() => {}
         }
@@ -88,20 +91,20 @@ pub(crate) async fn admission_open<G>(
 /// `permits` in-flight slots, once admission is not paused; `None` when admission closes.
 /// A pause that comes while it waits holds it again.
 pub(crate) async fn acquire<G>(shared: &Shared<G>, permits: u32) -> Option<OwnedSemaphorePermit> {
-    let mut paused = shared.paused.subscribe();
+    let mut paused = shared.control.paused.subscribe();
     loop {
         if *paused.borrow_and_update() {
             tokio::select! {
                 biased;
-                () = shared.admission.cancelled() => return None,
+                () = shared.control.admission.cancelled() => return None,
                 _ = paused.changed() => continue,
             }
         }
         tokio::select! {
             biased;
-            () = shared.admission.cancelled() => return None,
+            () = shared.control.admission.cancelled() => return None,
             _ = paused.changed() => {}
-            acquired = Arc::clone(&shared.in_flight).acquire_many_owned(permits) => return acquired.ok(),
+            acquired = Arc::clone(&shared.control.in_flight).acquire_many_owned(permits) => return acquired.ok(),
         }
     }
 }
@@ -116,7 +119,7 @@ pub(crate) async fn next_row<G>(
     loop {
         let next = tokio::select! {
             biased;
-            () = shared.admission.cancelled() => return None,
+            () = shared.control.admission.cancelled() => return None,
             next = rows.recv() => next?,
         };
         match next {
@@ -124,16 +127,16 @@ pub(crate) async fn next_row<G>(
             Err(error)
                 if shared.config.skip_bad_rows && matches!(error, DatasetError::Row { .. }) =>
             {
-                Counters::add(&shared.counters.bad_rows, 1);
+                Counters::add(&shared.tallies.counters.bad_rows, 1);
                 tracing::warn!(%error, "skipping a bad dataset row");
-                let mut bad = lock(&shared.bad_rows);
+                let mut bad = lock(&shared.tallies.bad_rows);
                 if bad.len() < 100 {
                     bad.push(error.to_string());
                 }
             }
             Err(error) => {
                 tracing::error!(%error, "stopping admission");
-                *lock(&shared.error) = Some(error.to_string());
+                *lock(&shared.control.error) = Some(error.to_string());
                 return None;
             }
         }
@@ -149,7 +152,7 @@ pub(crate) async fn start_group<G: Generator>(
 ) -> bool {
     let n = shared.config.num_generations;
     let base = group.group_id * n as u64;
-    shared.queued.fetch_add(n, Ordering::Relaxed);
+    shared.tallies.queued.fetch_add(n, Ordering::Relaxed);
     // A group that fits takes its slots all at once, so that a drain never finds it half
     // started (its started rollouts would be thrown away with it); a group larger than
     // `max_inflight` can only start rollout by rollout.
@@ -166,8 +169,14 @@ pub(crate) async fn start_group<G: Generator>(
             None => acquire(shared, 1).await,
         };
         let Some(permit) = permit else {
-            shared.queued.fetch_sub(n - index, Ordering::Relaxed);
-            Counters::add(&shared.counters.rollouts_cancelled, (n - index) as u64);
+            shared
+                .tallies
+                .queued
+                .fetch_sub(n - index, Ordering::Relaxed);
+            Counters::add(
+                &shared.tallies.counters.rollouts_cancelled,
+                (n - index) as u64,
+            );
             // Even with no rollout started the group must be finished: that counts it as
             // cancelled, so admitted groups always add up.
             if group.abandon_from(index, base) {
@@ -175,16 +184,16 @@ pub(crate) async fn start_group<G: Generator>(
             }
             return false;
         };
-        shared.queued.fetch_sub(1, Ordering::Relaxed);
+        shared.tallies.queued.fetch_sub(1, Ordering::Relaxed);
         let rollout_shared = Arc::clone(shared);
         let group = Arc::clone(&group);
-        shared.tracker.spawn(async move {
+        shared.control.tracker.spawn(async move {
             let shared = rollout_shared;
             let rollout_id = RolloutId(base + index as u64);
             let outcome = conversation::run(&shared, &group, rollout_id).await;
             drop(permit);
-            shared.slot_freed.notify_waiters();
-            shared.generator.release(rollout_id);
+            shared.control.slot_freed.notify_waiters();
+            shared.wiring.generator.release(rollout_id);
             shared.rollout_ended(&outcome);
             if group.complete(index, outcome) {
                 group::finish(&shared, &group).await;
@@ -197,7 +206,7 @@ pub(crate) async fn start_group<G: Generator>(
 /// Waits while the generator says no server can take requests, saying so every few seconds.
 /// False when the run must stop: admission was cancelled, or the wait passed `server_wait`.
 pub(crate) async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool {
-    let Some(mut reason) = shared.generator.unavailable() else {
+    let Some(mut reason) = shared.wiring.generator.unavailable() else {
         return true;
     };
     let wait = shared.config.server_wait;
@@ -207,10 +216,10 @@ pub(crate) async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool
     loop {
         tokio::select! {
             biased;
-            () = shared.admission.cancelled() => return false,
+            () = shared.control.admission.cancelled() => return false,
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        match shared.generator.unavailable() {
+        match shared.wiring.generator.unavailable() {
             None => {
                 tracing::info!(waited = ?started.elapsed(), "a server answers again: admission resumes");
                 return true;
@@ -218,7 +227,7 @@ pub(crate) async fn wait_for_generator<G: Generator>(shared: &Shared<G>) -> bool
             Some(now) => reason = now,
         }
         if started.elapsed() >= wait {
-            shared.stop_run(format!(
+            shared.control.stop_run(format!(
                 "no server could take requests for {wait:?} (server_wait); the last error: {reason}"
             ));
             return false;

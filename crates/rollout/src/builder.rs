@@ -1,21 +1,14 @@
 //! [`EngineBuilder`]: what a loop runs with, and the start: the dataset reader thread and
 //! the wait for a server.
 
-use std::{
-    fmt,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize},
-    },
-};
+use std::{fmt, sync::Arc};
 
 use rollout_core::{
     ChatTokenizer, RenderOptions, ToolCallParser,
     parse::{HermesParser, detect_parser},
 };
 use scoring::Scorer;
-use tokio::sync::{Notify, Semaphore, mpsc, watch};
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio::sync::mpsc;
 use tool_dispatch::ToolDispatcher;
 
 use crate::{
@@ -23,8 +16,7 @@ use crate::{
     admission::admit,
     config::RolloutConfig,
     engine::{Engine, EngineError, Groups},
-    health::{Counters, Failures, Heartbeat, Latency},
-    shared::{ReadRow, Shared},
+    shared::{Control, ReadRow, Shared, Tallies, Wiring},
 };
 
 /// Builds an [`Engine`]; see [`Engine::builder`].
@@ -183,55 +175,38 @@ impl<G: Generator> EngineBuilder<G> {
         let groups_in_flight = config.max_inflight.div_ceil(config.num_generations) + 1;
         let (output, groups) = mpsc::channel(groups_in_flight + config.output_buffer.max(1));
         let shared = Arc::new(Shared {
-            template_name,
-            fallbacks_warned: Mutex::new(Vec::new()),
-            generator: self.generator,
-            tokenizer: self.tokenizer,
-            options,
-            parser,
-            tools: self.tools,
-            environment: self.environment,
-            agent: self.agent,
-            scorer: self.scorer,
-            max_model_len,
-            base,
-            max_token_bytes,
-            counters: Counters::default(),
-            failures_by_cause: Failures::default(),
-            generation_latency: Latency::default(),
-            cancel: CancellationToken::new(),
-            paused: watch::Sender::new(false),
-            abort: Mutex::new(CancellationToken::new()),
-            cancelled_in_flight: AtomicU64::new(0),
-            versions: watch::Sender::new(0),
-            admission: CancellationToken::new(),
-            admission_closed: AtomicBool::new(false),
-            heartbeat: Heartbeat::new(),
-            stop_heartbeat: CancellationToken::new(),
-            tracker: TaskTracker::new(),
-            in_flight: Arc::new(Semaphore::new(config.max_inflight)),
-            slot_freed: Notify::new(),
-            render_threads: Semaphore::new(
-                std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
-            ),
-            queued: AtomicUsize::new(0),
-            error: Mutex::new(None),
-            bad_rows: Mutex::new(Vec::new()),
-            failures: Mutex::new(Vec::new()),
+            wiring: Wiring {
+                generator: self.generator,
+                tokenizer: self.tokenizer,
+                options,
+                parser,
+                tools: self.tools,
+                environment: self.environment,
+                agent: self.agent,
+                scorer: self.scorer,
+                max_model_len,
+                base,
+                max_token_bytes,
+                template_name,
+            },
+            control: Control::new(config.max_inflight),
+            tallies: Tallies::default(),
             config,
         });
         let rows =
             spawn_reader(rows.into_iter(), Arc::clone(&shared)).map_err(EngineError::Thread)?;
         let heartbeat = Arc::clone(&shared);
         tokio::spawn(async move {
-            let stop = heartbeat.stop_heartbeat.clone();
+            let stop = heartbeat.control.stop_heartbeat.clone();
             let config = &heartbeat.config;
             heartbeat
+                .tallies
                 .heartbeat
                 .run(config.heartbeat, config.lag_warning, stop)
                 .await;
         });
         shared
+            .control
             .tracker
             .spawn(admit(Arc::clone(&shared), rows, output));
         Ok((Engine { shared }, Groups { receiver: groups }))
@@ -255,13 +230,14 @@ where
             for row in rows {
                 let read = row.and_then(|(id, row)| {
                     shared
+                        .wiring
                         .check_prompt_size(&row)
                         .map_err(|reason| DatasetError::Row {
                             path: row.source.to_string(),
                             line: row.line,
                             reason,
                         })?;
-                    let prompt = shared.render_prompt(&row);
+                    let prompt = shared.wiring.render_prompt(&row);
                     Ok((id, row, prompt))
                 });
                 if sender.blocking_send(read).is_err() {

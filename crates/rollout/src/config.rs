@@ -5,7 +5,7 @@ use std::{fmt, time::Duration};
 use rollout_core::ReconcilerConfig;
 use scoring::AdvantageConfig;
 
-use crate::Sampling;
+use crate::{ConfigError, Sampling};
 
 /// How a rollout builds the prompt of each turn after the first.
 #[derive(
@@ -264,26 +264,6 @@ impl RolloutConfig {
         self.advantages
             .validate()
             .map_err(|e| ConfigError::new("advantages", e.to_string()))
-    }
-}
-
-/// A setting of [`RolloutConfig`] that cannot work: which one (its field name, which is also
-/// its settings-file key) and why.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{setting} {problem}")]
-pub struct ConfigError {
-    /// The setting's name.
-    pub setting: &'static str,
-    /// What is wrong with its value, a phrase that follows the name.
-    pub problem: String,
-}
-
-impl ConfigError {
-    pub(crate) fn new(setting: &'static str, problem: impl Into<String>) -> ConfigError {
-        ConfigError {
-            setting,
-            problem: problem.into(),
-        }
     }
 }
 

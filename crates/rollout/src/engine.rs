@@ -13,10 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 use crate::{
-    Generator, Health, Metrics, RolloutFailure, ScoredGroup, Stats,
-    config::{ConfigError, PauseMode},
-    lock,
-    shared::Shared,
+    ConfigError, Generator, Health, Metrics, RolloutFailure, ScoredGroup, Stats, config::PauseMode,
+    lock, shared::Shared,
 };
 
 /// The loop could not start.
@@ -102,7 +100,7 @@ impl<G: Generator> Engine<G> {
     /// (`Err(current)`); the current one again is a no-op.
     pub fn set_model_version(&self, version: u64) -> Result<(), u64> {
         let mut refused = None;
-        self.shared.versions.send_if_modified(|current| {
+        self.shared.control.versions.send_if_modified(|current| {
             if version < *current {
                 refused = Some(*current);
             }
@@ -117,29 +115,29 @@ impl<G: Generator> Engine<G> {
 
     /// The model version turns are sampled under now.
     pub fn model_version(&self) -> u64 {
-        self.shared.model_version()
+        self.shared.control.model_version()
     }
 
     /// The context length the loop clips turns to, if known.
     pub fn max_model_len(&self) -> Option<u32> {
-        self.shared.max_model_len
+        self.shared.wiring.max_model_len
     }
 
     /// How the loop is doing. Cheap; call it as often as needed.
     pub fn health(&self) -> Health {
         let shared = &self.shared;
-        let (scheduler_lag_p99, scheduler_lag_max) = shared.heartbeat.lag();
+        let (scheduler_lag_p99, scheduler_lag_max) = shared.tallies.heartbeat.lag();
         Health {
-            heartbeat_age: shared.heartbeat.age(),
+            heartbeat_age: shared.tallies.heartbeat.age(),
             scheduler_lag_p99,
             scheduler_lag_max,
             in_flight: shared.rollouts_in_flight(),
-            queued: shared.queued.load(Ordering::Relaxed),
-            model_version: shared.model_version(),
-            admission_closed: shared.admission_closed.load(Ordering::Acquire),
-            paused: *shared.paused.borrow(),
-            servers_unavailable: shared.generator.unavailable(),
-            stats: shared.counters.snapshot(),
+            queued: shared.tallies.queued.load(Ordering::Relaxed),
+            model_version: shared.control.model_version(),
+            admission_closed: shared.control.admission_closed.load(Ordering::Acquire),
+            paused: *shared.control.paused.borrow(),
+            servers_unavailable: shared.wiring.generator.unavailable(),
+            stats: shared.tallies.counters.snapshot(),
         }
     }
 
@@ -148,11 +146,11 @@ impl<G: Generator> Engine<G> {
         let shared = &self.shared;
         Metrics {
             health: self.health(),
-            failures: shared.failures_by_cause.snapshot(),
-            generation_latency: shared.generation_latency.snapshot(),
-            generator: shared.generator.stats(),
-            tools: shared.tools.as_ref().map(ToolDispatcher::metrics),
-            rewards: shared.scorer.stats(),
+            failures: shared.tallies.failures_by_cause.snapshot(),
+            generation_latency: shared.tallies.generation_latency.snapshot(),
+            generator: shared.wiring.generator.stats(),
+            tools: shared.wiring.tools.as_ref().map(ToolDispatcher::metrics),
+            rewards: shared.wiring.scorer.stats(),
         }
     }
 
@@ -162,14 +160,14 @@ impl<G: Generator> Engine<G> {
     /// cancelled). Returns once no rollout is in flight. Pausing a paused loop is harmless.
     pub async fn pause(&self, mode: PauseMode) {
         let shared = &self.shared;
-        shared.paused.send_replace(true);
+        shared.control.paused.send_replace(true);
         if mode == PauseMode::Abort {
-            let mut abort = lock(&shared.abort);
+            let mut abort = lock(&shared.control.abort);
             abort.cancel();
             *abort = CancellationToken::new();
         }
         loop {
-            let mut freed = std::pin::pin!(shared.slot_freed.notified());
+            let mut freed = std::pin::pin!(shared.control.slot_freed.notified());
             // Waiting before the count is read: a slot freed in between still wakes this.
             freed.as_mut().enable();
             if shared.rollouts_in_flight() == 0 {
@@ -181,17 +179,17 @@ impl<G: Generator> Engine<G> {
 
     /// Resumes admission after [`Engine::pause`].
     pub fn resume(&self) {
-        self.shared.paused.send_replace(false);
+        self.shared.control.paused.send_replace(false);
     }
 
     /// The tool dispatcher, for its metrics.
     pub fn tools(&self) -> Option<&ToolDispatcher> {
-        self.shared.tools.as_ref()
+        self.shared.wiring.tools.as_ref()
     }
 
     /// The scorer, for its statistics.
     pub fn scorer(&self) -> &Scorer {
-        &self.shared.scorer
+        &self.shared.wiring.scorer
     }
 
     /// Stops admission and cancels every rollout in flight at once (their requests are
@@ -199,14 +197,15 @@ impl<G: Generator> Engine<G> {
     /// already complete are still scored and sent.
     pub fn cancel(&self) {
         let shared = &self.shared;
-        shared.admission.cancel();
-        if !shared.cancel.is_cancelled() {
+        shared.control.admission.cancel();
+        if !shared.control.cancel.is_cancelled() {
             let in_flight = shared.rollouts_in_flight();
             shared
+                .tallies
                 .cancelled_in_flight
                 .fetch_add(in_flight as u64, Ordering::Relaxed);
         }
-        shared.cancel.cancel();
+        shared.control.cancel.cancel();
     }
 
     /// Drains: stops admission, lets rollouts in flight finish until `deadline`, then
@@ -216,9 +215,9 @@ impl<G: Generator> Engine<G> {
     pub async fn shutdown(&self, deadline: Duration) -> DrainReport {
         let shared = &self.shared;
         let start = Instant::now();
-        shared.admission.cancel();
-        shared.tracker.close();
-        let in_time = tokio::time::timeout(deadline, shared.tracker.wait())
+        shared.control.admission.cancel();
+        shared.control.tracker.close();
+        let in_time = tokio::time::timeout(deadline, shared.control.tracker.wait())
             .await
             .is_ok();
         let mut cancelled_at_deadline = 0;
@@ -228,11 +227,11 @@ impl<G: Generator> Engine<G> {
                 rollouts = cancelled_at_deadline,
                 "drain deadline reached: cancelling the rollouts still running"
             );
-            shared.cancel.cancel();
-            shared.tracker.wait().await;
+            shared.control.cancel.cancel();
+            shared.control.tracker.wait().await;
         }
-        shared.stop_heartbeat.cancel();
-        let tools = match &shared.tools {
+        shared.control.stop_heartbeat.cancel();
+        let tools = match &shared.wiring.tools {
             Some(tools) => {
                 let left = deadline
                     .saturating_sub(start.elapsed())
@@ -242,28 +241,28 @@ impl<G: Generator> Engine<G> {
             None => None,
         };
         if let Some(reason) = shared.failure_rate_exceeded(true) {
-            shared.stop_run(reason);
+            shared.control.stop_run(reason);
         }
         let threads_clean = tools.as_ref().is_none_or(|t| t.threads_detached == 0);
         // Rollouts that `cancel` ended did not finish either, however soon the wait was over.
-        let cancelled_early = shared.cancelled_in_flight.load(Ordering::Relaxed);
+        let cancelled_early = shared.tallies.cancelled_in_flight.load(Ordering::Relaxed);
         DrainReport {
             elapsed: start.elapsed(),
             clean: in_time && cancelled_early == 0 && threads_clean,
             cancelled_at_deadline: cancelled_at_deadline + cancelled_early,
-            stats: shared.counters.snapshot(),
+            stats: shared.tallies.counters.snapshot(),
             tools,
-            error: lock(&shared.error).clone(),
-            bad_rows: lock(&shared.bad_rows).clone(),
-            failures: lock(&shared.failures).clone(),
+            error: lock(&shared.control.error).clone(),
+            bad_rows: lock(&shared.tallies.bad_rows).clone(),
+            failures: lock(&shared.tallies.failures).clone(),
         }
     }
 }
 
 impl<G: Generator> Drop for Engine<G> {
     fn drop(&mut self) {
-        self.shared.admission.cancel();
-        self.shared.cancel.cancel();
-        self.shared.stop_heartbeat.cancel();
+        self.shared.control.admission.cancel();
+        self.shared.control.cancel.cancel();
+        self.shared.control.stop_heartbeat.cancel();
     }
 }

@@ -15,8 +15,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
 use crate::{
-    PromptMode,
-    generator::Generator,
+    Generator, PromptMode,
     health::Counters,
     lock,
     outcome::{FailureCause, Finished, RolloutFailure, Stop},
@@ -64,7 +63,7 @@ impl GroupState {
     /// Resolves once the group's first turn is more than `max_staleness` versions behind
     /// the model version of `shared`.
     pub(crate) async fn stale<G>(&self, shared: &Shared<G>, max_staleness: u64) {
-        let mut versions = shared.versions.subscribe();
+        let mut versions = shared.control.versions.subscribe();
         loop {
             let first = self.first_version();
             if first.is_some_and(|first| {
@@ -137,7 +136,7 @@ impl GroupState {
 
 /// Scores a complete group and sends its samples, or drops it and counts why.
 pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState) {
-    let counters = &shared.counters;
+    let counters = &shared.tallies.counters;
     let outcomes = std::mem::take(&mut *lock(&group.outcomes));
     let Some(output) = lock(&group.output).take() else {
         return;
@@ -276,7 +275,7 @@ fn kept<G>(
     group: &GroupState,
     outcomes: Vec<Option<Box<Outcome>>>,
 ) -> Option<(Vec<Finished>, Vec<RolloutFailure>)> {
-    let counters = &shared.counters;
+    let counters = &shared.tallies.counters;
     let mut finished = Vec::with_capacity(outcomes.len());
     let mut failures = Vec::new();
     for outcome in outcomes.into_iter().flatten() {
@@ -345,7 +344,7 @@ async fn score<G>(
         completions,
         group.row.columns.clone(),
     ));
-    let scores = shared.scorer.score(Arc::clone(&scored)).await;
+    let scores = shared.wiring.scorer.score(Arc::clone(&scored)).await;
     let config = &shared.config.advantages;
     match config.credit {
         Credit::Episode => {

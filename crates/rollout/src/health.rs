@@ -196,8 +196,8 @@ pub(crate) struct Heartbeat {
     lag: Mutex<Histogram<u64>>,
 }
 
-impl Heartbeat {
-    pub(crate) fn new() -> Heartbeat {
+impl Default for Heartbeat {
+    fn default() -> Heartbeat {
         let lag = Histogram::new_with_bounds(1, 3_600_000_000, 3)
             .unwrap_or_else(|e| unreachable!("fixed histogram bounds are valid: {e}"));
         Heartbeat {
@@ -206,7 +206,9 @@ impl Heartbeat {
             lag: Mutex::new(lag),
         }
     }
+}
 
+impl Heartbeat {
     fn beat(&self, lag: Duration) {
         let now = self.start.elapsed().as_micros() as u64;
         self.last_micros.store(now, Ordering::Relaxed);

@@ -38,48 +38,33 @@
 //! | feature | default | what it adds | dependencies |
 //! |---|---|---|---|
 //! | `vllm-client` | yes | [`Generator`] for vllm-client's `Client` | vllm-client |
-//! | `parquet` | no | Parquet datasets and outputs ([`data::open`], [`output::Output`]) | parquet, arrow |
 //! | `prometheus` | no | [`Metrics::encode`]: the metrics as a Prometheus exposition | prometheus-client |
 //! | `clap` | no | `clap::Args` for [`RolloutConfig`] and what it holds, so that a program declares none of its flags again | clap |
 
 mod admission;
-mod agent;
 mod builder;
 mod config;
 mod conversation;
-pub mod data;
 mod engine;
-mod episode;
-mod file_error;
-mod generator;
 mod group;
 mod health;
 mod metrics;
 mod outcome;
-pub mod output;
-#[cfg(feature = "parquet")]
-mod parquet;
 mod shared;
+mod slot;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The keys a serde struct reads (scoring's, which reward tables use too).
 pub use scoring::field_names;
 
+/// The engine's API, apart from its loop: every item of async-grpo-rollout-api.
+pub use rollout_api::*;
+
 pub use crate::{
-    agent::{
-        Agent, AgentError, AgentOutcome, AgentRun, SampleRefused, SampleRequest, SampleRequests,
-        Sampled, Sampler,
-    },
     builder::EngineBuilder,
-    config::{ConfigError, PauseMode, PromptMode, RolloutConfig},
-    data::{DatasetError, DatasetReader, DatasetRow, Shard},
+    config::{PauseMode, PromptMode, RolloutConfig},
     engine::{DrainReport, Engine, EngineError, Groups},
-    episode::{Environment, Episode, EpisodeRequest, EpisodeStatus, OpenError, Verdict},
-    file_error::FileError,
-    generator::{
-        Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats, Sampling,
-    },
     group::ScoredGroup,
     health::{Health, LatencySnapshot, Stats},
     metrics::Metrics,

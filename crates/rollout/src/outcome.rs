@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::Serialize;
 
-use crate::episode::Verdict;
+use crate::Verdict;
 use rollout_core::{Message, RolloutId, Tally, TrainingRow};
 
 /// A rollout that ended with a conversation.

@@ -30,8 +30,18 @@ pub(crate) type ReadRow = Result<ReadOk, DatasetError>;
 /// A row that parsed with its group id, and its prompt rendered or why it could not be.
 pub(crate) type ReadOk = (u64, DatasetRow, Result<RenderState, RenderError>);
 
-/// State shared by the driver, the rollouts and the heartbeat.
+/// State shared by the driver, the rollouts and the heartbeat, in three parts: what a rollout
+/// runs with ([`Wiring`]), what starts, pauses and stops work ([`Control`]) and what is
+/// counted of it ([`Tallies`]).
 pub(crate) struct Shared<G> {
+    pub(crate) config: RolloutConfig,
+    pub(crate) wiring: Wiring<G>,
+    pub(crate) control: Control,
+    pub(crate) tallies: Tallies,
+}
+
+/// What a rollout runs with, fixed for the run.
+pub(crate) struct Wiring<G> {
     pub(crate) generator: G,
     pub(crate) tokenizer: ChatTokenizer,
     pub(crate) options: RenderOptions,
@@ -42,7 +52,6 @@ pub(crate) struct Shared<G> {
     /// What runs each rollout's conversation, when a loop-owning agent does.
     pub(crate) agent: Option<Arc<dyn Agent>>,
     pub(crate) scorer: Scorer,
-    pub(crate) config: RolloutConfig,
     pub(crate) max_model_len: Option<u32>,
     /// The conversation with no message (the tools' system block, for most templates),
     /// rendered once: every group's prompt starts from it and tokenizes only what it adds.
@@ -50,51 +59,95 @@ pub(crate) struct Shared<G> {
     /// Bytes of the vocabulary's longest token: a text of `n` bytes is at least
     /// `n / max_token_bytes` tokens.
     pub(crate) max_token_bytes: usize,
+    /// The chat template's name, for messages about it.
+    pub(crate) template_name: String,
+}
+
+/// What starts, pauses and stops work: the tokens, switches and permits the driver, the
+/// rollouts and the engine's methods act through.
+pub(crate) struct Control {
+    pub(crate) cancel: CancellationToken,
+    /// Whether admission is paused ([`Engine::pause`](crate::Engine::pause)).
+    pub(crate) paused: watch::Sender<bool>,
+    /// Cancelled by a pause in [`PauseMode::Abort`](crate::PauseMode::Abort) (then
+    /// replaced): every rollout attempt watches the token current when it started.
+    pub(crate) abort: Mutex<CancellationToken>,
+    /// The model version; rollouts waiting on staleness subscribe to it.
+    pub(crate) versions: watch::Sender<u64>,
+    pub(crate) admission: CancellationToken,
+    pub(crate) admission_closed: AtomicBool,
+    pub(crate) stop_heartbeat: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) in_flight: Arc<Semaphore>,
+    /// Notified each time a rollout gives back its `in_flight` slot: what
+    /// [`Engine::pause`](crate::Engine::pause) waits on.
+    pub(crate) slot_freed: Notify,
+    /// Blocking threads that may render an episode's first prompt at once (the machine's
+    /// cores): a burst of episodes opening does not start a thread each.
+    pub(crate) render_threads: Semaphore,
+    /// Why the run stopped, the first reason given.
+    pub(crate) error: Mutex<Option<String>>,
+}
+
+/// What is counted and kept of the work for the report and the metrics.
+#[derive(Default)]
+pub(crate) struct Tallies {
     pub(crate) counters: Counters,
     /// Rollouts that failed, by cause.
     pub(crate) failures_by_cause: Failures,
     /// How long generation requests take.
     pub(crate) generation_latency: Latency,
-    pub(crate) cancel: CancellationToken,
-    /// Whether admission is paused ([`Engine::pause`]).
-    pub(crate) paused: watch::Sender<bool>,
-    /// Cancelled by a pause in [`PauseMode::Abort`] (then replaced): every rollout attempt
-    /// watches the token current when it started.
-    pub(crate) abort: Mutex<CancellationToken>,
-    /// Rollouts in flight when [`Engine::cancel`] ended them: a drain they did not finish.
+    /// How late the runtime wakes the heartbeat.
+    pub(crate) heartbeat: Heartbeat,
+    /// Rollouts in flight when [`Engine::cancel`](crate::Engine::cancel) ended them: a drain
+    /// they did not finish.
     pub(crate) cancelled_in_flight: AtomicU64,
-    /// The chat template's name, for messages about it.
-    pub(crate) template_name: String,
     /// Why append mode fell back to re-rendering, by reason: each is warned about once.
     pub(crate) fallbacks_warned: Mutex<Vec<&'static str>>,
-    /// The model version; rollouts waiting on staleness subscribe to it.
-    pub(crate) versions: watch::Sender<u64>,
-    pub(crate) admission: CancellationToken,
-    pub(crate) admission_closed: AtomicBool,
-    pub(crate) heartbeat: Heartbeat,
-    pub(crate) stop_heartbeat: CancellationToken,
-    pub(crate) tracker: TaskTracker,
-    pub(crate) in_flight: Arc<Semaphore>,
-    /// Notified each time a rollout gives back its `in_flight` slot: what [`Engine::pause`]
-    /// waits on.
-    pub(crate) slot_freed: Notify,
-    /// Blocking threads that may render an episode's first prompt at once (the machine's
-    /// cores): a burst of episodes opening does not start a thread each.
-    pub(crate) render_threads: Semaphore,
+    /// Groups read and waiting for admission.
     pub(crate) queued: AtomicUsize,
-    pub(crate) error: Mutex<Option<String>>,
     pub(crate) bad_rows: Mutex<Vec<String>>,
+    /// The first failures, for the report (at most 100).
     pub(crate) failures: Mutex<Vec<RolloutFailure>>,
 }
 
-impl<G> Shared<G> {
-    /// Rollouts holding an `in_flight` permit now: running, or admitted and about to.
-    pub(crate) fn rollouts_in_flight(&self) -> usize {
-        self.config
-            .max_inflight
-            .saturating_sub(self.in_flight.available_permits())
+impl Control {
+    /// Nothing started, paused or stopped yet; `max_inflight` rollouts may run at once.
+    pub(crate) fn new(max_inflight: usize) -> Control {
+        Control {
+            cancel: CancellationToken::new(),
+            paused: watch::Sender::new(false),
+            abort: Mutex::new(CancellationToken::new()),
+            versions: watch::Sender::new(0),
+            admission: CancellationToken::new(),
+            admission_closed: AtomicBool::new(false),
+            stop_heartbeat: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            in_flight: Arc::new(Semaphore::new(max_inflight)),
+            slot_freed: Notify::new(),
+            render_threads: Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+            ),
+            error: Mutex::new(None),
+        }
     }
 
+    /// Records why the run stops (the first reason wins) and stops admission.
+    pub(crate) fn stop_run(&self, reason: String) {
+        let mut error = lock(&self.error);
+        if error.is_none() {
+            tracing::error!(%reason, "stopping the run");
+            *error = Some(reason);
+        }
+        self.admission.cancel();
+    }
+
+    pub(crate) fn model_version(&self) -> u64 {
+        *self.versions.borrow()
+    }
+}
+
+impl<G> Wiring<G> {
     /// A group's prompt, rendered once for all its rollouts.
     pub(crate) fn render_prompt(&self, row: &DatasetRow) -> Result<RenderState, RenderError> {
         let mut render = match &self.base {
@@ -126,12 +179,21 @@ impl<G> Shared<G> {
         }
         Ok(())
     }
+}
+
+impl<G> Shared<G> {
+    /// Rollouts holding an `in_flight` permit now: running, or admitted and about to.
+    pub(crate) fn rollouts_in_flight(&self) -> usize {
+        self.config
+            .max_inflight
+            .saturating_sub(self.control.in_flight.available_permits())
+    }
 
     /// Why the run must stop for its failure rate, if it must. `at_end`: judge however few
     /// rollouts ended.
     pub(crate) fn failure_rate_exceeded(&self, at_end: bool) -> Option<String> {
         let max = self.config.max_failure_rate?;
-        let stats = self.counters.snapshot();
+        let stats = self.tallies.counters.snapshot();
         let failed = stats
             .rollouts_failed
             .saturating_sub(stats.rollouts_unavailable);
@@ -143,7 +205,7 @@ impl<G> Shared<G> {
         if rate <= max {
             return None;
         }
-        let last = lock(&self.failures)
+        let last = lock(&self.tallies.failures)
             .iter()
             .rev()
             .find(|f| f.cause != FailureCause::Unavailable)
@@ -153,20 +215,6 @@ impl<G> Shared<G> {
             rate * 100.0,
             max * 100.0
         ))
-    }
-
-    /// Records why the run stops (the first reason wins) and stops admission.
-    pub(crate) fn stop_run(&self, reason: String) {
-        let mut error = lock(&self.error);
-        if error.is_none() {
-            tracing::error!(%reason, "stopping the run");
-            *error = Some(reason);
-        }
-        self.admission.cancel();
-    }
-
-    pub(crate) fn model_version(&self) -> u64 {
-        *self.versions.borrow()
     }
 
     /// AReaL's rule: whether the `admitted`-th group may start `versions` versions after the
@@ -187,12 +235,12 @@ impl<G> Shared<G> {
     /// Notes a turn whose next prompt append mode could not build (counted by the caller),
     /// warning once per reason.
     pub(crate) fn fell_back(&self, reason: &NoExactDelta) {
-        Counters::add(&self.counters.append_fallbacks, 1);
-        let mut warned = lock(&self.fallbacks_warned);
+        Counters::add(&self.tallies.counters.append_fallbacks, 1);
+        let mut warned = lock(&self.tallies.fallbacks_warned);
         if !warned.contains(&reason.kind()) {
             warned.push(reason.kind());
             tracing::warn!(
-                template = %self.template_name,
+                template = %self.wiring.template_name,
                 reason = %reason,
                 "append mode: no exact token delta after an assistant turn; such turns are re-rendered whole (counted in fallback_turns); warned once per reason"
             );
@@ -205,25 +253,25 @@ impl<G> Shared<G> {
     /// when failures pass `max_failure_rate`.
     pub(crate) fn rollout_ended(&self, outcome: &Result<crate::outcome::Finished, RolloutFailure>) {
         match outcome {
-            Ok(_) => Counters::add(&self.counters.rollouts_completed, 1),
+            Ok(_) => Counters::add(&self.tallies.counters.rollouts_completed, 1),
             Err(failure) if failure.cause == FailureCause::Cancelled => {
-                Counters::add(&self.counters.rollouts_cancelled, 1);
+                Counters::add(&self.tallies.counters.rollouts_cancelled, 1);
             }
             Err(failure) => {
-                Counters::add(&self.counters.rollouts_failed, 1);
-                self.failures_by_cause.add(failure.cause);
+                Counters::add(&self.tallies.counters.rollouts_failed, 1);
+                self.tallies.failures_by_cause.add(failure.cause);
                 if failure.cause == FailureCause::Unavailable {
-                    Counters::add(&self.counters.rollouts_unavailable, 1);
+                    Counters::add(&self.tallies.counters.rollouts_unavailable, 1);
                 }
                 tracing::warn!(%failure, "rollout failed");
                 {
-                    let mut failures = lock(&self.failures);
+                    let mut failures = lock(&self.tallies.failures);
                     if failures.len() < 100 {
                         failures.push(failure.clone());
                     }
                 }
                 if let Some(reason) = self.failure_rate_exceeded(false) {
-                    self.stop_run(reason);
+                    self.control.stop_run(reason);
                 }
             }
         }

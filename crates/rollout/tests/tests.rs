@@ -1,13 +1,10 @@
 //! Integration tests of the rollout engine: one test binary, one module per area.
 //!
-//! `data` checks what a run rolls out (the plan: passes, shards, ids); `rollout` runs the
-//! loop against scripted in-process generators and the simulator;
+//! `rollout` runs the loop against scripted in-process generators and the simulator;
 //! `prompt_modes` compares the two prompt modes on the real tokenizers that `cargo xtask
 //! fixtures` fetches into the cache (it runs in the `fixtures` and `ci` nextest profiles),
 //! through vllm-client's generator (feature `vllm-client`).
 
-mod data;
-mod output;
 #[cfg(feature = "vllm-client")]
 mod prompt_modes;
 mod rollout;

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rollout::{
+use files::{
     DatasetError, DatasetRow, FileError,
     data::{self, Items, Plan},
 };

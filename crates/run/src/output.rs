@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rollout::{
+use files::{
     FileError,
     output::{self, Held, Output, Resumed},
 };

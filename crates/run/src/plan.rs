@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use rollout::{Shard, data::Plan};
+use files::{Shard, data::Plan};
 
 /// What a run asks of its dataset: how many passes, in which order, which shard, how many
 /// groups.

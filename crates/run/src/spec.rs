@@ -9,8 +9,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use files::data::Items;
 use harness::proxy::{Proxy, ProxyConfig};
-use rollout::{Agent, Engine, EngineError, Environment, Groups, RolloutConfig, data::Items};
+use rollout::{Agent, Engine, EngineError, Environment, Groups, RolloutConfig};
 use rollout_core::{ChatTokenizer, parse::ToolCallParser};
 use scoring::{Reward, Scorer, ScorerConfig, ScorerError};
 use tokio::task::JoinHandle;

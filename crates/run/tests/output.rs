@@ -96,7 +96,7 @@ fn a_resumed_output_gives_its_whole_groups_and_keeps_them() {
 fn a_parquet_output_left_unfinished_is_refused_by_its_journal() {
     let dir = ScratchDir::new("run-output-journal");
     let path = dir.join("rows.parquet");
-    let journal = rollout::output::journal_path(&path);
+    let journal = files::output::journal_path(&path);
     std::fs::write(&journal, "{\"group_id\": 0}\n").expect("a journal is written");
     match Destination::check(&path, OutputMode::Create) {
         Err(OutputError::Unfinished { journal: held }) => assert_eq!(held, journal),

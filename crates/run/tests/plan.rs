@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use async_grpo_run::{PlanError, PlanSpec};
-use rollout::Shard;
+use files::Shard;
 
 fn shard(index: u64, count: u64) -> Option<Shard> {
     Some(Shard { index, count })
@@ -139,14 +139,14 @@ fn a_plan_without_epochs_runs_until_stopped_and_counts_no_total() {
 }
 
 /// Every group id a bounded plan rolls out, in order.
-fn group_ids(plan: &rollout::data::Plan) -> Vec<u64> {
+fn group_ids(plan: &files::data::Plan) -> Vec<u64> {
     ids_of(plan.clone()).collect()
 }
 
 /// The group ids of `plan`, in order, over rows made in memory.
-fn ids_of(plan: rollout::data::Plan) -> impl Iterator<Item = u64> {
+fn ids_of(plan: files::data::Plan) -> impl Iterator<Item = u64> {
     let rows = (0..plan.rows)
-        .map(|line| rollout::DatasetRow {
+        .map(|line| files::DatasetRow {
             source: "memory".into(),
             line: line as usize + 1,
             prompt: vec![rollout_core::Message::user(format!("question {line}"))],

@@ -153,7 +153,7 @@ async fn a_spec_rolls_out_its_plan_against_the_simulator_with_its_tools_on_its_p
     let dataset = DatasetSource::Rows(rows(6));
     let plan = PlanSpec {
         epochs: Some(1),
-        shard: Some(rollout::Shard { index: 1, count: 2 }),
+        shard: Some(files::Shard { index: 1, count: 2 }),
         ..PlanSpec::default()
     }
     .plan(6, &HashSet::new())

@@ -9,7 +9,7 @@ use std::{io::Cursor, path::PathBuf, sync::Arc};
 use async_grpo_run::{
     DatasetSource, Destination, OutputError, OutputMode, PlanSpec, RunPlan, ScanError, Scanned,
 };
-use rollout::{DatasetError, DatasetReader, DatasetRow};
+use files::{DatasetError, DatasetReader, DatasetRow};
 
 use crate::settings::BridgeSettings;
 

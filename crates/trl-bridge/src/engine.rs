@@ -6,7 +6,7 @@
 //! rewards) and raises `ValueError` naming the argument or setting; the run itself is an
 //! [`async_grpo_run::RunSpec`], as the binary's is. [`NativeEngine::start`] opens
 //! the output and starts the runtime and a driver task: it waits for the servers, starts the
-//! loop on the run's [`Plan`](rollout::data::Plan), and forwards scored groups to a channel
+//! loop on the run's [`Plan`](files::data::Plan), and forwards scored groups to a channel
 //! of one group that the worker's pump thread reads with [`NativeEngine::next_group`], never
 //! holding the GIL while it waits. Once the pump has handed a group to the trainer,
 //! [`NativeEngine::delivered`] writes it to the output (on the pump's thread, without the
@@ -25,6 +25,7 @@ use std::{
 };
 
 use async_grpo_run::{DatasetSource, Destination, RunSpec, Running, Servers, SpecError, ToolPool};
+use files::{data::Plan, output::Output};
 use harness::{Harness, HarnessConfig};
 use numpy::PyArray1;
 use process::Sandbox;
@@ -33,7 +34,7 @@ use pyo3::{
     prelude::*,
     types::{PyDict, PyList},
 };
-use rollout::{DrainReport, Engine, ScoredGroup, data::Plan, output::Output};
+use rollout::{DrainReport, Engine, ScoredGroup};
 use rollout_core::TrainingSample;
 use scoring::{Reward, ScorerConfig};
 use serde_json::Value;

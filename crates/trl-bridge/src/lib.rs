@@ -9,7 +9,7 @@
 //!   types (`RolloutConfig`, `Sampling`, `ReconcilerConfig`) and the bridge's.
 //! - `data`: the dataset (rows, or a JSON Lines or Parquet file), the plan of passes,
 //!   shuffle and shard, and the output a restarted worker resumes, through the engine's
-//!   `rollout::data` and `rollout::output`.
+//!   `files::data` and `files::output`, planned by `async_grpo_run`.
 //! - `callables`: Python tools and reward functions as tool-dispatch tools and scoring
 //!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
 //! - `environment`: a Python object of OpenEnv's session-factory shape as the harness's

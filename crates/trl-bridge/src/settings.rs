@@ -14,7 +14,8 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use rollout::{RolloutConfig, Sampling, Shard, field_names};
+use files::Shard;
+use rollout::{RolloutConfig, Sampling, field_names};
 use rollout_core::ReconcilerConfig;
 use scoring::AdvantageConfig;
 use serde::{Deserialize, de::DeserializeOwned};

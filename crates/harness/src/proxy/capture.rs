@@ -18,7 +18,7 @@
 //! as it was. A rollout holds at most `max_conversations` conversations; a request that would
 //! start one more is refused with a 400.
 
-use rollout::{Finish, SampleRefused, Sampler};
+use rollout_api::{Finish, SampleRefused, Sampler};
 use rollout_core::{
     ChatTokenizer, IncrementalRender, Message, RenderError, RenderOptions, RenderState,
     ToolCallParser, parse::split_reasoning,

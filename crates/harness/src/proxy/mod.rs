@@ -45,7 +45,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use rollout::Sampler;
+use rollout_api::Sampler;
 use rollout_core::{
     ChatTokenizer, Message, RenderOptions,
     parse::{HermesParser, detect_parser},
@@ -267,7 +267,7 @@ pub struct Transcript {
     /// What the capture counted.
     pub stats: CaptureStats,
     /// The main conversation (the one with the most answers, the latest of equals: the
-    /// prompt and completion above), as [`Sampler::sample_in`](rollout::Sampler::sample_in)
+    /// prompt and completion above), as [`Sampler::sample_in`](rollout_api::Sampler::sample_in)
     /// numbered it; `None` when no request was answered.
     pub main_conversation: Option<usize>,
 }

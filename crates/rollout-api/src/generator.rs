@@ -203,7 +203,7 @@ pub trait Generator: Send + Sync + 'static {
 
     /// Why no request can be served now (every server down, with the last error), or `None`
     /// when one can. The loop admits no group while this says why, and stops the run when it
-    /// lasts longer than [`RolloutConfig::server_wait`](crate::RolloutConfig::server_wait).
+    /// lasts longer than the run's `server_wait` (async-grpo-rollout's `RolloutConfig`).
     fn unavailable(&self) -> Option<String> {
         None
     }

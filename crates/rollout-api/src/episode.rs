@@ -2,7 +2,7 @@
 //! rollout attempt; the episode offers the rollout's tools, may end it, is verified at the
 //! end and is closed exactly once, whatever way the attempt ended.
 //!
-//! How the loop uses it (`conversation.rs`): before the first turn it opens an episode
+//! How the loop uses it (async-grpo-rollout's `conversation.rs`): before the first turn it opens an episode
 //! ([`Environment::open`]) and renders the prompt with the episode's tools and its initial
 //! messages before the dataset row's prompt; tool calls go to the episode's
 //! [`ToolDispatcher`] (same order, timeouts and error messages as `[[tools]]`); after each
@@ -15,11 +15,10 @@
 //! it ([`Episode::close`]) before it gives back its in-flight permit: open episodes never
 //! outnumber `max_inflight`.
 
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
-use tokio::sync::{MappedMutexGuard, MutexGuard};
 use tool_dispatch::ToolDispatcher;
 
 use rollout_core::Message;
@@ -90,7 +89,7 @@ pub trait Environment: Send + Sync + 'static {
     fn open(&self, request: EpisodeRequest) -> BoxFuture<'_, Result<Box<dyn Episode>, OpenError>>;
 }
 
-/// One rollout's episode: how the loop uses it is told at [`EngineBuilder::environment`](crate::EngineBuilder::environment).
+/// One rollout's episode: how the loop uses it is told at async-grpo-rollout's `EngineBuilder::environment`.
 pub trait Episode: Send + 'static {
     /// Messages that start the conversation, before the dataset row's prompt.
     fn initial_messages(&self) -> Vec<Message>;
@@ -109,56 +108,4 @@ pub trait Episode: Send + 'static {
     fn verify(&mut self, transcript: Vec<Message>) -> BoxFuture<'_, Verdict>;
     /// Ends the episode and frees what it holds. Called exactly once, on every path.
     fn close(self: Box<Self>) -> BoxFuture<'static, ()>;
-}
-
-/// The rollout task's slot for its open episode: the attempt borrows the episode in it
-/// ([`Lease`]) and whatever way the attempt ends (the lease dropped, or unwound), the
-/// episode is still there for the task to close.
-#[derive(Default)]
-pub(crate) struct EpisodeSlot(tokio::sync::Mutex<Option<Box<dyn Episode>>>);
-
-impl fmt::Debug for EpisodeSlot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let open = match self.0.try_lock() {
-            Ok(slot) => {
-                if slot.is_some() {
-                    "open"
-                } else {
-                    "empty"
-                }
-            }
-            Err(_) => "leased",
-        };
-        f.debug_tuple("EpisodeSlot").field(&open).finish()
-    }
-}
-
-impl EpisodeSlot {
-    /// Puts `episode` in the slot and lends it to the attempt until the lease drops.
-    pub(crate) async fn lease(&self, episode: Box<dyn Episode>) -> Lease<'_> {
-        let slot = self.0.lock().await;
-        Lease(MutexGuard::map(slot, |slot| slot.insert(episode)))
-    }
-
-    /// Closes the episode left in the slot, if any.
-    pub(crate) async fn close(&self) {
-        let episode = self.0.lock().await.take();
-        if let Some(episode) = episode {
-            episode.close().await;
-        }
-    }
-}
-
-/// An episode on loan from its [`EpisodeSlot`]: the slot's lock, held until the attempt ends
-/// (returns, is dropped, or unwinds).
-pub(crate) struct Lease<'a>(MappedMutexGuard<'a, Box<dyn Episode>>);
-
-impl Lease<'_> {
-    pub(crate) fn get(&self) -> &dyn Episode {
-        self.0.as_ref()
-    }
-
-    pub(crate) fn get_mut(&mut self) -> &mut dyn Episode {
-        self.0.as_mut()
-    }
 }

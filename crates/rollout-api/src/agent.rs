@@ -49,6 +49,20 @@ pub struct AgentRun {
     pub sampler: Sampler,
 }
 
+impl AgentRun {
+    /// The run of `row` as `attempt` of `rollout_id`, sampling through `sampler`; its
+    /// `episode_id` is `r{rollout}-a{attempt}`.
+    pub fn new(row: DatasetRow, rollout_id: RolloutId, attempt: u32, sampler: Sampler) -> AgentRun {
+        AgentRun {
+            episode_id: format!("r{}-a{attempt}", rollout_id.0),
+            row,
+            rollout_id,
+            attempt,
+            sampler,
+        }
+    }
+}
+
 /// How an agent's run ended.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
@@ -112,13 +126,13 @@ pub struct AgentError(pub String);
 /// One turn an agent asks for, as the side that samples receives it.
 #[derive(Debug)]
 pub struct SampleRequest {
-    pub(crate) prompt_ids: Vec<u32>,
+    prompt_ids: Vec<u32>,
     /// What the agent asked for at most; the engine clips it to `max_tokens`, the context
     /// and the budget.
-    pub(crate) max_tokens: Option<u32>,
+    max_tokens: Option<u32>,
     /// The agent's conversation the turn belongs to, when it said.
-    pub(crate) conversation: Option<usize>,
-    pub(crate) reply: oneshot::Sender<Result<Sampled, SampleRefused>>,
+    conversation: Option<usize>,
+    reply: oneshot::Sender<Result<Sampled, SampleRefused>>,
 }
 
 impl SampleRequest {

@@ -1,7 +1,7 @@
-//! What `async_grpo_rollout::output` says of an output it cannot continue: the file and the
+//! What `async_grpo_files::output` says of an output it cannot continue: the file and the
 //! line, in the words of its own inputs (no program's flag).
 
-use async_grpo_rollout::output;
+use async_grpo_files::output;
 
 #[test]
 fn resuming_a_file_the_engine_did_not_write_names_its_path_and_line_and_no_flag() {

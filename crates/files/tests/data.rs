@@ -1,10 +1,10 @@
-//! What a run rolls out: `async_grpo_rollout::data::Plan` over a dataset file and over rows
+//! What a run rolls out: `async_grpo_files::data::Plan` over a dataset file and over rows
 //! in memory, one shard of it exactly the rows whose index modulo N is I, each with the id
 //! one full run gives it.
 
 use std::{collections::HashSet, path::PathBuf, sync::Arc};
 
-use async_grpo_rollout::{
+use async_grpo_files::{
     DatasetRow, Shard,
     data::{Items, Plan},
 };
@@ -32,7 +32,7 @@ impl Dataset {
 
     /// Every row, read back.
     fn rows(&self) -> Vec<DatasetRow> {
-        async_grpo_rollout::data::open(&self.path)
+        async_grpo_files::data::open(&self.path)
             .expect("the dataset opens")
             .map(|row| row.expect("a good row"))
             .collect()

@@ -12,8 +12,9 @@ use std::{collections::HashSet, path::Path, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
-pub use self::jsonl::{DatasetError, DatasetReader, DatasetRow};
+pub use self::jsonl::DatasetReader;
 use crate::{FileError, file_error::bail};
+pub use rollout_api::{DatasetError, DatasetRow};
 
 /// Dataset rows, read lazily.
 pub type Rows = Box<dyn Iterator<Item = Result<DatasetRow, DatasetError>> + Send>;
