@@ -69,15 +69,7 @@ const LISTEN_RUNS: usize = 3;
 /// 100 ms (Prometheus's default is 15 s: a pessimistic load), alternately. Reports turns/s
 /// and the process's CPU (user + system, simulator included) per turn.
 fn listen() -> anyhow::Result<()> {
-    run_checked(&mut cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "async-grpo",
-        "--no-default-features",
-        "--features",
-        "cli,sim",
-    ]))?;
+    run_checked(&mut cargo(&["build", "--release", "-p", "async-grpo-cli"]))?;
     let binary = root().join("target/release/async-grpo");
     let mut lines = Vec::new();
     for run in 0..LISTEN_RUNS {

@@ -49,8 +49,8 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
     // The plan-parity tests run the binary beside the worker (the test step's build).
     run_checked(&mut cargo(&[
         "build",
-        "--bin",
-        "async-grpo",
+        "-p",
+        "async-grpo-cli",
         "--all-features",
     ]))?;
     let target =

@@ -72,7 +72,7 @@ const STEPS: &[Step] = &[
                 "--all-features",
                 // The real-vLLM suite needs its server: the e2e step starts one and runs it.
                 "-E",
-                "not binary_id(async-grpo-vllm-client::e2e) and not binary_id(async-grpo::e2e)",
+                "not binary_id(async-grpo-vllm-client::e2e) and not binary_id(async-grpo-cli::e2e)",
             ]))
         },
     },

@@ -696,7 +696,7 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
                 "nextest",
                 "run",
                 "--package",
-                "async-grpo",
+                "async-grpo-cli",
                 "--features",
                 "e2e",
                 "--test",

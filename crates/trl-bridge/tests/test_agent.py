@@ -337,7 +337,7 @@ def processes_running(mark: str) -> list[str]:
 def test_an_agent_program_runs_sandboxed_and_reaches_its_proxy(simulator, make_worker) -> None:
     python = cache_dir() / "venv-agents" / "bin" / "python"
     assert python.is_file(), f"{python} is missing: run `cargo xtask fixtures`"
-    fixtures = ROOT / "tests" / "fixtures" / "agent"
+    fixtures = ROOT / "crates" / "cli" / "tests" / "fixtures" / "agent"
     sim = simulator(tool_rounds=1, tool_name="calculator")
     env, mark = marked()
     worker = make_worker(

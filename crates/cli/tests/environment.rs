@@ -41,7 +41,7 @@ pub(crate) fn mcp_python() -> PathBuf {
 }
 
 pub(crate) fn kv_env() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/environment/kv_env.py")
+    crate::repository().join("examples/environment/kv_env.py")
 }
 
 /// What verify returned, by episode id, from the server's log.

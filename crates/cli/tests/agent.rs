@@ -135,11 +135,7 @@ fn opencode() -> PathBuf {
 }
 
 fn example(name: &str) -> String {
-    toml_path(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("examples/agent")
-            .join(name),
-    )
+    toml_path(&crate::repository().join("examples/agent").join(name))
 }
 
 #[test]

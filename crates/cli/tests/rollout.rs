@@ -24,7 +24,7 @@ use vllm_sim::{Exchange, SimConfig, Simulator};
 
 /// The quickstart's tokenizer directory (tokenizer.json and its chat template).
 pub(crate) fn quickstart() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart")
+    crate::repository().join("examples/quickstart")
 }
 
 /// A TOML string holding `path`.
@@ -798,7 +798,7 @@ fn a_second_ctrl_c_cancels_the_rollouts_in_flight_and_the_drain_is_not_clean() {
 #[test]
 fn the_quickstart_runs_offline_with_rewards_that_vary() {
     let case = Case::new("quickstart");
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart.toml");
+    let config = crate::repository().join("examples/quickstart.toml");
     let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .arg("rollout")
         .arg("--config")

@@ -1,7 +1,5 @@
-//! The `async-grpo` binary: the reference wiring of every layer of the engine.
-//!
-//! Built with the `cli` feature, which brings every crate it wires, the simulator (`simulate`,
-//! and the server of a rollout given none) and Parquet included.
+//! The `async-grpo` binary: the reference wiring of every layer of the engine, the
+//! simulator (`simulate`, and the server of a rollout given none) and Parquet included.
 
 mod layered;
 mod render;

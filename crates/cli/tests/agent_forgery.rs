@@ -25,8 +25,14 @@ const TASKS: [(&str, &str); 2] = [
     ),
 ];
 
+/// `path` in the repository (`examples/...`) or in this package (`tests/...`).
 fn repository(path: &str) -> String {
-    toml_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+    let base = if path.starts_with("examples/") {
+        crate::repository()
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+    };
+    toml_path(&base.join(path))
 }
 
 /// The env reward of every rollout (2 tasks × 2) of the fake agent in `mode` judged by the

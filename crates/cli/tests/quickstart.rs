@@ -7,7 +7,7 @@ use rollout_core::{ChatTokenizer, Message, RenderOptions};
 use serde_json::{Value, json};
 
 fn quickstart() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart")
+    crate::repository().join("examples/quickstart")
 }
 
 fn read_json(path: &Path) -> Value {

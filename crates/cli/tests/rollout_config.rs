@@ -14,7 +14,7 @@ fn workspace(name: &str) -> ScratchDir {
         "{\"prompt\": \"What is 2 + 3?\", \"answer\": \"5\"}\n",
     )
     .expect("write");
-    let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart");
+    let quickstart = crate::repository().join("examples/quickstart");
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(quickstart.join(file), dir.join("data/tok").join(file)).expect("copy");
     }
@@ -328,8 +328,8 @@ fn no_reward_is_an_error_saying_how_to_add_one() {
 
 #[test]
 fn the_quickstart_config_resolves() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = rollout(root, &["--config", "examples/quickstart.toml"]);
+    let root = crate::repository();
+    let output = rollout(&root, &["--config", "examples/quickstart.toml"]);
     let settings = resolved(&output);
     assert_eq!(value(&settings, "servers"), "[]");
     assert_eq!(value(&settings, "num_generations"), "8");
