@@ -90,9 +90,7 @@ fn the_quickstart_template_renders_a_tool_round_trip_as_the_simulator_writes_it(
         interpreter: None,
         timeout: None,
         max_output_bytes: None,
-        sandbox: None,
-        network: None,
-        limits: None,
+        keys: process::SandboxKeys::default(),
     }
     .build()
     .expect("a calculator");

@@ -35,7 +35,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use process::{Finished, Isolation, Limits, Program, Sandbox};
+use process::{Finished, Isolation, Program, Sandbox, SandboxKeys};
 use rollout_api::{Agent, AgentError, AgentOutcome, AgentRun, DatasetRow, Verdict};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -104,16 +104,10 @@ pub struct ProgramConfig {
     /// (for whoever builds them: the agent itself only reports the reward).
     #[serde(default = "default_weight")]
     pub weight: f64,
-    /// The `sandbox` key: how the programs are isolated (`"bwrap"` or `"none"`); unset keeps
-    /// the sandbox's own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Isolation>,
-    /// Whether the programs get the host's network; unset keeps the sandbox's own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
-    /// The programs' resource limits; unset keeps the sandbox's own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
+    /// The `sandbox`, `network` and `limits` keys: how the programs are isolated, whether
+    /// they get the host's network, their resource limits; each unset keeps the sandbox's own.
+    #[serde(flatten)]
+    pub keys: SandboxKeys,
     /// Which of the agent's conversations with its proxy become training rows.
     #[serde(default)]
     pub conversations: Conversations,
@@ -196,9 +190,7 @@ impl ProgramConfig {
             timeout: default_timeout(),
             command_timeout: default_command_timeout(),
             weight: default_weight(),
-            sandbox: None,
-            network: None,
-            limits: None,
+            keys: SandboxKeys::default(),
             conversations: Conversations::default(),
             workdir_root: std::env::temp_dir(),
             max_output: default_max_output(),
@@ -210,8 +202,7 @@ impl ProgramConfig {
     /// host's network, for a library user without a forwarder; a run's files hidden, for the
     /// binary) as the `sandbox`, `network` and `limits` keys change it.
     pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
-        base.clone()
-            .with_keys(self.sandbox, self.network, self.limits)
+        self.keys.apply(base.clone())
     }
 
     /// Every command line with its key, for messages: `command`, then `setup` (`setup[i]`
@@ -851,7 +842,7 @@ mod tests {
         assert_eq!(read.workdir, Workdir::Fresh);
         assert_eq!(read.conversations, Conversations::Main);
         assert_eq!(read.max_output, 64 * 1024);
-        assert!(read.forwarder.is_none() && read.sandbox.is_none() && read.network.is_none());
+        assert!(read.forwarder.is_none() && !read.keys.is_set());
         // What is decided at run time is no key, and is not written.
         let written = serde_json::to_value(&read).expect("written");
         assert_eq!(

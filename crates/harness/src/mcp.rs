@@ -27,7 +27,7 @@
 use std::{borrow::Cow, collections::BTreeMap, fmt, process::Stdio, sync::Mutex, time::Duration};
 
 use futures::future::BoxFuture;
-use process::{Isolation, Limits, ProcessGroup, Program, Sandbox};
+use process::{ProcessGroup, Program, Sandbox, SandboxKeys};
 use rmcp::{
     RoleClient, ServiceError, ServiceExt,
     model::{CallToolRequestParams, CallToolResult},
@@ -180,15 +180,10 @@ pub struct McpEnvironment {
     /// Tries at starting a session.
     #[serde(default = "default_create_attempts")]
     pub create_attempts: u32,
-    /// A stdio server's isolation: `"none"` (the default) or `"bwrap"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Isolation>,
-    /// With `sandbox = "bwrap"`: whether the server gets the host's network (default false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
-    /// A stdio server's resource limits.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
+    /// A stdio server's `sandbox` (`"none"`, the default, or `"bwrap"`), `network` (with
+    /// `sandbox = "bwrap"`; default false) and `limits`.
+    #[serde(flatten)]
+    pub keys: SandboxKeys,
 }
 
 /// What serves an environment's episodes (`kind`).
@@ -231,9 +226,7 @@ impl McpEnvironment {
             timeout: default_timeout(),
             weight: default_weight(),
             create_attempts: default_create_attempts(),
-            sandbox: None,
-            network: None,
-            limits: None,
+            keys: SandboxKeys::default(),
         }
     }
 
@@ -296,8 +289,7 @@ impl McpEnvironment {
                 "must name a tool of the server".to_owned(),
             );
         }
-        let keys = self.sandbox.is_some() || self.network.is_some() || self.limits.is_some();
-        if keys && self.command.is_none() {
+        if self.keys.is_set() && self.command.is_none() {
             return fail(
                 None,
                 "sandbox, network and limits are for a stdio server (command), not a url"
@@ -320,11 +312,7 @@ impl McpEnvironment {
     /// `sandbox = "bwrap"`, then in `base` (a run's files hidden, say); either way as the
     /// `network` and `limits` keys change it.
     pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
-        let start = match self.sandbox {
-            Some(Isolation::Bwrap) => base.clone(),
-            Some(Isolation::None) | None => Sandbox::none(),
-        };
-        start.with_keys(None, self.network, self.limits)
+        self.keys.opt_in(base)
     }
 
     /// The MCP sessions' settings, a stdio server in `sandbox` as the table changes it.
@@ -790,6 +778,7 @@ mod tests {
     use rmcp::model::ContentBlock;
 
     use super::*;
+    use process::{Isolation, Limits};
 
     fn table(value: Value) -> Result<McpEnvironment, String> {
         serde_json::from_value(value).map_err(|e| e.to_string())

@@ -161,6 +161,70 @@ impl Limits {
     }
 }
 
+/// The `sandbox`, `network` and `limits` keys of a settings table that starts programs (a
+/// tool, an agent, an MCP server, a reward program), declared once and flattened into each
+/// (`#[serde(flatten)]`): each key given changes the sandbox a run starts from, each left out
+/// keeps it.
+///
+/// ```toml
+/// sandbox = "bwrap"                 # or "none": with the engine's own permissions
+/// network = false                   # true: the host's network
+/// limits = { memory_mib = 8192 }    # Limits; its unset fields keep their defaults
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct SandboxKeys {
+    /// How the programs are isolated (`"bwrap"` or `"none"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Isolation>,
+    /// Whether the programs get the host's network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// The programs' resource limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+}
+
+impl SandboxKeys {
+    /// The keys, as a table writes them: what a struct that flattens these keys reads besides
+    /// its own (for a list of a table's keys).
+    pub const KEYS: [&'static str; 3] = ["sandbox", "network", "limits"];
+
+    /// Whether any key is given.
+    pub fn is_set(&self) -> bool {
+        self.sandbox.is_some() || self.network.is_some() || self.limits.is_some()
+    }
+
+    /// `base` as the keys change it: each key given replaces its value, each left out keeps
+    /// it (what runs the policy's commands starts sandboxed: tools, agents).
+    pub fn apply(&self, mut base: Sandbox) -> Sandbox {
+        if let Some(isolation) = self.sandbox {
+            base.isolation = isolation;
+        }
+        if let Some(network) = self.network {
+            base.network = network;
+        }
+        if let Some(limits) = self.limits {
+            base.limits = limits;
+        }
+        base
+    }
+
+    /// The sandbox of a program the user wrote (an MCP server, a reward program), which runs
+    /// with the engine's permissions unless `sandbox = "bwrap"`: then in `base` (the run's
+    /// sandbox, its files hidden). `network` and `limits` apply either way.
+    pub fn opt_in(&self, base: &Sandbox) -> Sandbox {
+        let start = match self.sandbox {
+            Some(Isolation::Bwrap) => base.clone(),
+            Some(Isolation::None) | None => Sandbox::none(),
+        };
+        SandboxKeys {
+            sandbox: None,
+            ..*self
+        }
+        .apply(start)
+    }
+}
+
 /// What a program may see and use.
 ///
 /// The default, for everything the policy drives, is bubblewrap with:
@@ -230,26 +294,6 @@ impl Sandbox {
     /// With `limits`.
     pub fn limits(mut self, limits: Limits) -> Sandbox {
         self.limits = limits;
-        self
-    }
-
-    /// This sandbox as a configuration table's `sandbox`, `network` and `limits` keys change
-    /// it: each key given replaces the value, each key left out keeps it.
-    pub fn with_keys(
-        mut self,
-        isolation: Option<Isolation>,
-        network: Option<bool>,
-        limits: Option<Limits>,
-    ) -> Sandbox {
-        if let Some(isolation) = isolation {
-            self.isolation = isolation;
-        }
-        if let Some(network) = network {
-            self.network = network;
-        }
-        if let Some(limits) = limits {
-            self.limits = limits;
-        }
         self
     }
 
@@ -490,5 +534,69 @@ fn check_prlimit() -> Result<(), String> {
             "resource limits need util-linux's `prlimit`, which could not be run ({error}): \
              install util-linux, or set every limit to 0"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(table: serde_json::Value) -> SandboxKeys {
+        serde_json::from_value(table).expect("the keys read")
+    }
+
+    #[test]
+    fn each_key_given_replaces_its_value_and_each_left_out_keeps_the_base_s() {
+        let base = Sandbox::default().hide("/run-files");
+        assert_eq!(SandboxKeys::default().apply(base.clone()), base);
+        let changed = keys(serde_json::json!({"network": true, "limits": {"processes": 8}}))
+            .apply(base.clone());
+        assert_eq!(changed.isolation, Isolation::Bwrap, "kept");
+        assert!(changed.network);
+        assert_eq!(changed.limits.processes, 8);
+        assert_eq!(changed.limits.memory_mib, Limits::default().memory_mib);
+        assert_eq!(
+            changed.hidden(),
+            base.hidden(),
+            "what the base hides stays hidden"
+        );
+        let none = keys(serde_json::json!({"sandbox": "none"})).apply(base);
+        assert_eq!(none.isolation, Isolation::None);
+    }
+
+    #[test]
+    fn a_user_s_own_program_is_sandboxed_only_when_its_table_asks() {
+        let base = Sandbox::default().hide("/run-files");
+        let unasked = SandboxKeys::default().opt_in(&base);
+        assert_eq!(unasked, Sandbox::none());
+        let asked = keys(serde_json::json!({"sandbox": "bwrap", "network": true})).opt_in(&base);
+        assert_eq!(asked.isolation, Isolation::Bwrap);
+        assert!(asked.network);
+        assert_eq!(
+            asked.hidden(),
+            base.hidden(),
+            "the run's sandbox, its files hidden"
+        );
+        let limited = keys(serde_json::json!({"limits": {"memory_mib": 10}})).opt_in(&base);
+        assert_eq!(limited.isolation, Isolation::None);
+        assert_eq!(
+            limited.limits.memory_mib, 10,
+            "limits apply unsandboxed too"
+        );
+    }
+
+    #[test]
+    fn the_keys_listed_are_the_keys_read() {
+        let all = serde_json::json!({"sandbox": "bwrap", "network": false, "limits": {}});
+        let read = keys(all.clone());
+        assert!(read.is_set());
+        let written = serde_json::to_value(read).expect("the keys write");
+        let names: Vec<&str> = written
+            .as_object()
+            .expect("a table")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(names, SandboxKeys::KEYS);
     }
 }

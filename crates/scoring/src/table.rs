@@ -243,15 +243,10 @@ impl RegexSettings {
 pub struct CommandSettings {
     /// The program and its arguments.
     pub program: Vec<String>,
-    /// `"none"` (the default: the user's own program) or `"bwrap"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<process::Isolation>,
-    /// With `sandbox = "bwrap"`: the host's network or not (default false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
-    /// Resource limits.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<process::Limits>,
+    /// The `sandbox` (`"none"`, the default: the user's own program, or `"bwrap"`),
+    /// `network` (with `sandbox = "bwrap"`; default false) and `limits` keys.
+    #[serde(flatten)]
+    pub keys: process::SandboxKeys,
 }
 
 impl CommandSettings {
@@ -261,11 +256,7 @@ impl CommandSettings {
         };
         // The user's own program runs unsandboxed unless the table asks; sandboxed, it
         // starts from the run's sandbox (its files hidden).
-        let start = match self.sandbox {
-            Some(process::Isolation::Bwrap) => at.sandbox.clone(),
-            Some(process::Isolation::None) | None => process::Sandbox::none(),
-        };
-        let sandbox = start.with_keys(None, self.network, self.limits);
+        let sandbox = self.keys.opt_in(at.sandbox);
         sandbox.check()?;
         Ok(builtin::command_in(
             &program_path(at.base, program),
@@ -292,12 +283,23 @@ impl LengthSettings {
     }
 }
 
-plain_kind!(
-    ColumnSettings,
-    RegexSettings,
-    CommandSettings,
-    LengthSettings
-);
+plain_kind!(ColumnSettings, RegexSettings, LengthSettings);
+
+/// `command`'s keys are its own and the sandbox keys it flattens (which serde does not list
+/// for a flattened struct).
+impl Kind for CommandSettings {
+    fn fields() -> Vec<&'static str> {
+        let mut fields = vec!["program"];
+        fields.extend(process::SandboxKeys::KEYS);
+        fields
+    }
+    fn read(map: Map<String, Value>) -> Result<Self, ReadError> {
+        read_struct(map)
+    }
+    fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+        self.build_reward(kind, at)
+    }
+}
 
 /// Where a reward's service is and how to call it: the keys `http`, `judge` and
 /// `reward_model` share, declared once.

@@ -52,6 +52,11 @@ fn a_key_of_another_kind_is_refused_with_the_keys_the_kind_takes() {
         json!({"kind": "length", "max": 10, "column": "answer"}),
         "`column` is not a field of kind \"length\" (it takes max, buffer)",
     );
+    // The sandbox keys are flattened into `command`'s settings, and listed with its own.
+    refused(
+        json!({"kind": "command", "program": ["./score.py"], "url": "http://x"}),
+        "`url` is not a field of kind \"command\" (it takes program, sandbox, network, limits)",
+    );
 }
 
 #[test]

@@ -782,10 +782,35 @@ impl Source {
     }
 
     fn error(&self, error: &toml::de::Error) -> anyhow::Error {
-        let place = error
-            .span()
-            .map_or_else(|| self.path.display().to_string(), |span| self.at(span));
-        anyhow::anyhow!("{place}: {}", error.message().trim_end())
+        let message = error.message().trim_end();
+        let place = error.span().map_or_else(
+            || self.path.display().to_string(),
+            |span| self.at(self.unknown_key(message, span.start).unwrap_or(span)),
+        );
+        anyhow::anyhow!("{place}: {message}")
+    }
+
+    /// Where the key an "unknown field" error names is, in the table that starts at `table`.
+    /// A table with flattened keys (the sandbox keys) reports its unknown keys at the
+    /// table, not at the key: this finds the key's own line.
+    fn unknown_key(&self, message: &str, table: usize) -> Option<Range<usize>> {
+        let key = message.strip_prefix("unknown field `")?.split_once('`')?.0;
+        let mut at = table.min(self.text.len());
+        // The table's header line, then its keys up to the next header.
+        for (i, line) in self.text[at..].split_inclusive('\n').enumerate() {
+            let trimmed = line.trim_start();
+            if i > 0 && trimmed.starts_with('[') {
+                return None;
+            }
+            if let Some(rest) = trimmed.strip_prefix(key)
+                && rest.trim_start().starts_with(['=', '.'])
+            {
+                let start = at + (line.len() - trimmed.len());
+                return Some(start..start + key.len());
+            }
+            at += line.len();
+        }
+        None
     }
 
     /// `FILE:LINE: a.b` for the key at `path` (tables, then the key), if the file has it.

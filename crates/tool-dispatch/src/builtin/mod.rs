@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 
 pub use self::calculator::{ExpressionError, MAX_EXPRESSION_DEPTH, evaluate};
 use crate::tool::{Tool, ToolSpec};
-use process::{Isolation, Limits, Sandbox};
+use process::{Sandbox, SandboxKeys};
 
 /// The kinds of built-in tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -110,15 +110,10 @@ pub struct ToolConfig {
     /// the response body (default 16384 for all three).
     #[serde(default)]
     pub max_output_bytes: Option<usize>,
-    /// `command`, `python`: `"bwrap"` (the default) or `"none"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Isolation>,
-    /// `command`, `python`: whether the program gets the host's network (default false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
-    /// `command`, `python`: resource limits (each unset field keeps its default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
+    /// `command`, `python`: the `sandbox` (`"bwrap"`, the default, or `"none"`), `network`
+    /// (default false) and `limits` keys.
+    #[serde(flatten)]
+    pub keys: SandboxKeys,
 }
 
 /// A [`ToolConfig`] that does not describe a usable tool.
@@ -150,8 +145,7 @@ impl ToolConfig {
     /// The sandbox this table's program runs in: `base` (what the engine hides, for one) as
     /// the table changes it.
     pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
-        base.clone()
-            .with_keys(self.sandbox, self.network, self.limits)
+        self.keys.apply(base.clone())
     }
 
     /// Whether the tool runs a program (and so has a sandbox).
@@ -201,11 +195,11 @@ impl ToolConfig {
             }
         }
         if !self.runs_a_program() {
-            for (field, present) in [
-                ("sandbox", self.sandbox.is_some()),
-                ("network", self.network.is_some()),
-                ("limits", self.limits.is_some()),
-            ] {
+            for (field, present) in SandboxKeys::KEYS.into_iter().zip([
+                self.keys.sandbox.is_some(),
+                self.keys.network.is_some(),
+                self.keys.limits.is_some(),
+            ]) {
                 if present {
                     return Err(self.error(format!(
                         "`{field}` is only for kinds \"command\" and \"python\", not \"{kind}\""
