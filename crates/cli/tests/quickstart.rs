@@ -82,15 +82,10 @@ fn the_quickstart_template_renders_a_tool_round_trip_as_the_simulator_writes_it(
     let tokenizer = ChatTokenizer::from_dir(quickstart()).expect("the quickstart tokenizer loads");
     let calculator = tool_dispatch::builtin::ToolConfig {
         name: "calculator".into(),
-        kind: tool_dispatch::builtin::ToolKind::Calculator,
+        kind: tool_dispatch::builtin::ToolKind::Calculator(Default::default()),
         description: None,
         parameters: None,
-        command: None,
-        url: None,
-        interpreter: None,
         timeout: None,
-        max_output_bytes: None,
-        keys: process::SandboxKeys::default(),
     }
     .build()
     .expect("a calculator");

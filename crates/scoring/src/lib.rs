@@ -107,7 +107,6 @@ mod pool;
 mod reward;
 #[cfg(feature = "scorer")]
 mod scorer;
-mod settings;
 #[cfg(feature = "table")]
 mod table;
 
@@ -116,7 +115,6 @@ pub use crate::scorer::{
     Column, ColumnFailure, ColumnMetrics, FailureKind, GroupMetrics, GroupScores, RewardStats,
     Scorer, ScorerConfig, ScorerError,
 };
-pub use crate::settings::field_names;
 #[cfg(feature = "table")]
 pub use crate::table::{
     BuildContext, ColumnSettings, CommandSettings, HttpSettings, JudgeSettings, LengthSettings,
@@ -132,3 +130,6 @@ pub use crate::{
     group::{Completion, Group},
     reward::{AsyncReward, CallStats, Notes, Reward, RewardError, Scores, SyncReward},
 };
+/// The keys a serde struct reads (async-grpo-settings'): a reward table's kinds, and every
+/// table read by several structs.
+pub use settings::field_names;

@@ -16,7 +16,9 @@ use serde::{
 };
 use serde_json::{Map, Value};
 
-use crate::{Reward, builtin, settings::field_names};
+use settings::{Kinds, SettingError, field_names, read_kind, read_struct, refuse_unknown, take};
+
+use crate::{Reward, builtin};
 
 /// Why a [`RewardTable`] does not describe a reward function.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,28 +101,9 @@ trait Kind: Serialize + Sized {
     /// The keys this kind reads.
     fn fields() -> Vec<&'static str>;
     /// The settings from a table's keys (those of this kind only).
-    fn read(map: Map<String, Value>) -> Result<Self, ReadError>;
+    fn read(map: Map<String, Value>) -> Result<Self, SettingError>;
     /// The reward of kind `kind` (two kinds may share one struct of settings).
     fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError>;
-}
-
-/// A key's value that does not read.
-struct ReadError {
-    /// The key, when serde names one.
-    key: Option<String>,
-    /// What is wrong.
-    problem: String,
-}
-
-/// `T` read from `map`, the error naming the key.
-fn read_struct<T: DeserializeOwned>(map: Map<String, Value>) -> Result<T, ReadError> {
-    serde_path_to_error::deserialize(Value::Object(map)).map_err(|error| {
-        let path = error.path().to_string();
-        ReadError {
-            key: (path != ".").then_some(path),
-            problem: error.inner().to_string(),
-        }
-    })
 }
 
 /// A plain kind: its struct read as it is.
@@ -130,7 +113,7 @@ macro_rules! plain_kind {
             fn fields() -> Vec<&'static str> {
                 field_names::<$settings>().to_vec()
             }
-            fn read(map: Map<String, Value>) -> Result<Self, ReadError> {
+            fn read(map: Map<String, Value>) -> Result<Self, SettingError> {
                 read_struct(map)
             }
             fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
@@ -150,30 +133,29 @@ macro_rules! kinds {
             $($(#[$doc])* #[serde(rename = $name)] $variant($settings),)*
         }
 
-        /// The kinds' names, in order.
-        const KIND_NAMES: &[&str] = &[$($name),*];
+        impl Kinds for RewardKind {
+            const NAMES: &'static [&'static str] = &[$($name),*];
+
+            fn fields_of(kind: &str) -> Option<Vec<&'static str>> {
+                match kind {
+                    $($name => Some(<$settings as Kind>::fields()),)*
+                    _ => None,
+                }
+            }
+
+            fn read_kind(kind: &str, map: Map<String, Value>) -> Result<RewardKind, SettingError> {
+                match kind {
+                    $($name => <$settings as Kind>::read(map).map(RewardKind::$variant),)*
+                    other => Err(SettingError::new(format!("unknown kind '{other}'"))),
+                }
+            }
+        }
 
         impl RewardKind {
             /// The kind's name, as `kind` gives it.
             pub fn name(&self) -> &'static str {
                 match self {
                     $(RewardKind::$variant(_) => $name,)*
-                }
-            }
-
-            /// The keys kind `name` reads, if it is a kind.
-            fn fields_of(name: &str) -> Option<Vec<&'static str>> {
-                match name {
-                    $($name => Some(<$settings as Kind>::fields()),)*
-                    _ => None,
-                }
-            }
-
-            /// Kind `name` read from its keys.
-            fn read(name: &str, map: Map<String, Value>) -> Result<RewardKind, ReadError> {
-                match name {
-                    $($name => <$settings as Kind>::read(map).map(RewardKind::$variant),)*
-                    other => Err(ReadError { key: None, problem: format!("unknown kind '{other}'") }),
                 }
             }
 
@@ -293,7 +275,7 @@ impl Kind for CommandSettings {
         fields.extend(process::SandboxKeys::KEYS);
         fields
     }
-    fn read(map: Map<String, Value>) -> Result<Self, ReadError> {
+    fn read(map: Map<String, Value>) -> Result<Self, SettingError> {
         read_struct(map)
     }
     fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
@@ -384,7 +366,7 @@ impl<S: ServedKind> Kind for Served<S> {
         fields
     }
 
-    fn read(mut map: Map<String, Value>) -> Result<Self, ReadError> {
+    fn read(mut map: Map<String, Value>) -> Result<Self, SettingError> {
         let mut service = Map::new();
         for key in field_names::<ServiceSettings>() {
             if let Some(value) = map.remove(*key) {
@@ -594,64 +576,28 @@ impl RewardTable {
     /// The table's keys read: `name`, `weight`, and `spec` or `kind` with that kind's keys.
     /// A key of no kind, a key of another kind, a key the kind needs and a value of the wrong
     /// type are each refused by name.
-    fn read(mut map: Map<String, Value>) -> Result<RewardTable, String> {
-        let every_key = || -> Vec<&'static str> {
-            let mut keys: Vec<&'static str> = TABLE_KEYS.to_vec();
-            for kind in KIND_NAMES {
-                for key in RewardKind::fields_of(kind).unwrap_or_default() {
-                    if !keys.contains(&key) {
-                        keys.push(key);
-                    }
-                }
-            }
-            keys
-        };
-        if let Some(key) = map.keys().find(|key| !every_key().contains(&key.as_str())) {
-            let expected: Vec<String> = every_key().iter().map(|k| format!("`{k}`")).collect();
-            return Err(format!(
-                "unknown field `{key}`, expected one of {}",
-                expected.join(", ")
-            ));
-        }
+    fn read(mut map: Map<String, Value>) -> Result<RewardTable, SettingError> {
+        refuse_unknown::<RewardKind>(&map, TABLE_KEYS)?;
         let name = take::<String>(&mut map, "name")?;
         let weight = take::<f64>(&mut map, "weight")?;
         let spec = take::<String>(&mut map, "spec")?;
         let kind = take::<String>(&mut map, "kind")?;
         let source = match (spec, kind) {
-            (Some(_), Some(_)) => return Err("give `spec` or `kind`, not both".to_owned()),
+            (Some(_), Some(_)) => return Err(SettingError::new("give `spec` or `kind`, not both")),
             (None, None) => {
-                return Err(
-                    "expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field".to_owned(),
-                );
+                return Err(SettingError::new(
+                    "expected `spec = \"KIND:ARG\"` or `kind = \"...\"` with its field",
+                ));
             }
             (Some(spec), None) => {
                 if let Some(field) = map.keys().next() {
-                    return Err(format!("`{field}` goes with `kind`, not with `spec`"));
+                    return Err(SettingError::new(format!(
+                        "`{field}` goes with `kind`, not with `spec`"
+                    )));
                 }
                 RewardSource::Spec { spec }
             }
-            (None, Some(kind)) => {
-                let Some(fields) = RewardKind::fields_of(&kind) else {
-                    return Err(format!(
-                        "unknown kind '{kind}'; expected {}",
-                        list_or(KIND_NAMES)
-                    ));
-                };
-                if let Some(key) = map.keys().find(|key| !fields.contains(&key.as_str())) {
-                    return Err(format!(
-                        "`{key}` is not a field of kind \"{kind}\" (it takes {})",
-                        fields.join(", ")
-                    ));
-                }
-                let read = RewardKind::read(&kind, map).map_err(|error| {
-                    match (error.key, error.problem.strip_prefix("missing field ")) {
-                        (_, Some(key)) => format!("kind \"{kind}\" needs {key}"),
-                        (Some(key), None) => format!("{key}: {}", error.problem),
-                        (None, None) => error.problem,
-                    }
-                })?;
-                RewardSource::Kind(Box::new(read))
-            }
+            (None, Some(kind)) => RewardSource::Kind(Box::new(read_kind(&kind, map)?)),
         };
         Ok(RewardTable {
             name,
@@ -746,24 +692,5 @@ impl<'de> Deserialize<'de> for RewardTable {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<RewardTable, D::Error> {
         let map = Map::<String, Value>::deserialize(deserializer)?;
         RewardTable::read(map).map_err(D::Error::custom)
-    }
-}
-
-/// `key` of `map`, taken out and read.
-fn take<T: DeserializeOwned>(map: &mut Map<String, Value>, key: &str) -> Result<Option<T>, String> {
-    match map.remove(key) {
-        None => Ok(None),
-        Some(value) => serde_json::from_value(value)
-            .map(Some)
-            .map_err(|e| format!("{key}: {e}")),
-    }
-}
-
-/// `a, b, c or d`.
-fn list_or(names: &[&str]) -> String {
-    match names.split_last() {
-        Some((last, [])) => (*last).to_owned(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
     }
 }

@@ -523,7 +523,9 @@ impl Settings {
             absolute(path, "ca_cert");
         }
         for tool in &mut self.tools {
-            if let Some(program) = tool.command.as_mut().and_then(|argv| argv.first_mut()) {
+            if let ToolKind::Command(command) = &mut tool.kind
+                && let Some(program) = command.command.first_mut()
+            {
                 *program = program_path(base, program);
             }
         }
@@ -685,25 +687,16 @@ fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> 
             .and_then(|s| s.place_in_array("tools", i))
             .unwrap_or_else(|| format!("tools[{i}]"));
         let built = tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-        if tool.runs_a_program() {
-            tool.sandbox_in(&process::Sandbox::default())
+        if let Some(sandbox) = tool.sandbox_in(&process::Sandbox::default()) {
+            sandbox
                 .check()
                 .map_err(|e| anyhow::anyhow!("{place} (tool '{}'): {e}", tool.name))?;
         }
         registry
             .add(built)
             .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
-        let program = match tool.kind {
-            ToolKind::Command => tool.command.as_ref().and_then(|argv| argv.first()).cloned(),
-            ToolKind::Python => Some(
-                tool.interpreter
-                    .clone()
-                    .unwrap_or_else(|| "python3".to_owned()),
-            ),
-            ToolKind::Http | ToolKind::Calculator => None,
-        };
-        if let Some(program) = program {
-            check_program(&program).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        if let Some(program) = tool.program() {
+            check_program(program).map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
         }
     }
     Ok(())
@@ -790,27 +783,38 @@ impl Source {
         anyhow::anyhow!("{place}: {message}")
     }
 
-    /// Where the key an "unknown field" error names is, in the table that starts at `table`.
-    /// A table with flattened keys (the sandbox keys) reports its unknown keys at the
-    /// table, not at the key: this finds the key's own line.
+    /// Where the key an error about an unknown or misplaced key names is ("unknown field
+    /// `K`", "`K` is not a field of kind ..."), for an error toml reports at `table` (where
+    /// the table, or the first of an array of tables, starts). A table read by kind, or with
+    /// flattened keys (the sandbox keys), reports such a key at the table, not at the key:
+    /// this finds the key in the first table from there that has it (the tool the message
+    /// names, when it names one by `tool 'NAME'`).
     fn unknown_key(&self, message: &str, table: usize) -> Option<Range<usize>> {
-        let key = message.strip_prefix("unknown field `")?.split_once('`')?.0;
-        let mut at = table.min(self.text.len());
-        // The table's header line, then its keys up to the next header.
-        for (i, line) in self.text[at..].split_inclusive('\n').enumerate() {
-            let trimmed = line.trim_start();
-            if i > 0 && trimmed.starts_with('[') {
-                return None;
+        let key = match message.split_once("unknown field `") {
+            Some((_, rest)) => rest.split_once('`')?.0,
+            None => {
+                let (before, _) = message.split_once("` is not a field of kind")?;
+                before.rsplit_once('`')?.1
             }
-            if let Some(rest) = trimmed.strip_prefix(key)
-                && rest.trim_start().starts_with(['=', '.'])
-            {
-                let start = at + (line.len() - trimmed.len());
-                return Some(start..start + key.len());
-            }
-            at += line.len();
-        }
-        None
+        };
+        let tool = message
+            .split_once("tool '")
+            .and_then(|(_, rest)| rest.split_once('\''))
+            .map(|(name, _)| name);
+        let document = toml::de::DeTable::parse(&self.text).ok()?;
+        let mut tables = Vec::new();
+        collect_tables(document.get_ref(), &mut tables);
+        tables
+            .into_iter()
+            .filter(|t| t.1 >= table)
+            .filter(|t| {
+                tool.is_none_or(|name| {
+                    t.0.get("name")
+                        .and_then(|v| v.get_ref().as_str())
+                        .is_some_and(|n| n == name)
+                })
+            })
+            .find_map(|(t, _)| t.get_key_value(key).map(|(k, _)| k.span()))
     }
 
     /// `FILE:LINE: a.b` for the key at `path` (tables, then the key), if the file has it.
@@ -836,6 +840,30 @@ impl Source {
         };
         let item = items.get(i)?;
         Some(format!("{}: {name}[{i}]", self.at(item.span())))
+    }
+}
+
+/// Every table under `table` (tables, and the tables of arrays), with where each starts.
+fn collect_tables<'a>(
+    table: &'a toml::de::DeTable<'a>,
+    into: &mut Vec<(&'a toml::de::DeTable<'a>, usize)>,
+) {
+    for (_, value) in table {
+        match value.get_ref() {
+            toml::de::DeValue::Table(inner) => {
+                into.push((inner, value.span().start));
+                collect_tables(inner, into);
+            }
+            toml::de::DeValue::Array(items) => {
+                for item in items {
+                    if let toml::de::DeValue::Table(inner) = item.get_ref() {
+                        into.push((inner, item.span().start));
+                        collect_tables(inner, into);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 

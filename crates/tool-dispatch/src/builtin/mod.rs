@@ -31,37 +31,13 @@ mod program;
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned, de::Error as _};
+use serde_json::{Map, Value, json};
+use settings::{Kinds, SettingError, field_names, read_kind, read_struct, take};
 
 pub use self::calculator::{ExpressionError, MAX_EXPRESSION_DEPTH, evaluate};
 use crate::tool::{Tool, ToolSpec};
 use process::{Sandbox, SandboxKeys};
-
-/// The kinds of built-in tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolKind {
-    /// An external program.
-    Command,
-    /// An HTTP endpoint (feature `http`).
-    Http,
-    /// Python code in a subprocess.
-    Python,
-    /// Arithmetic.
-    Calculator,
-}
-
-impl ToolKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            ToolKind::Command => "command",
-            ToolKind::Http => "http",
-            ToolKind::Python => "python",
-            ToolKind::Calculator => "calculator",
-        }
-    }
-}
 
 /// One tool as a configuration file describes it (a `[[tools]]` table):
 ///
@@ -75,45 +51,188 @@ impl ToolKind {
 /// timeout = "10s"
 /// ```
 ///
-/// Unknown fields are refused. `description` and `parameters` are what the chat template
+/// `name`, `description`, `parameters` and `timeout` are every kind's; the rest is the kind's
+/// own ([`ToolKind`]: one struct per kind, read from its keys only), so a key of another
+/// kind, a key of no kind, a key the kind needs and a value of the wrong type are each refused
+/// by name when the table is read. `description` and `parameters` are what the chat template
 /// renders; `calculator` and `python` have their own defaults.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolConfig {
     /// The name the model calls it by.
     pub name: String,
-    /// What runs it.
-    pub kind: ToolKind,
     /// What it does, for the model.
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// JSON schema of the arguments.
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
-    /// `command`: the program and its arguments.
-    #[serde(default)]
-    pub command: Option<Vec<String>>,
-    /// `http`: the endpoint.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// `python`: the interpreter (default `python3`).
-    #[serde(default)]
-    pub interpreter: Option<String>,
     /// How long a call may take: `500ms`, `10s`, `2m` (default 30 s).
-    #[serde(
-        default,
-        with = "humantime_serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
-    /// `command`, `python`: bytes kept of stdout and of stderr each; `http`: bytes read of
-    /// the response body (default 16384 for all three).
+    /// What runs it, with that kind's settings.
+    #[serde(flatten)]
+    pub kind: ToolKind,
+}
+
+/// The keys every kind of tool reads.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Common {
+    name: String,
     #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Value>,
+    #[serde(default, with = "humantime_serde")]
+    timeout: Option<Duration>,
+}
+
+/// A built-in tool's kind (`kind`), with its own settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolKind {
+    /// An external program, sandboxed.
+    Command(CommandSettings),
+    /// An HTTP endpoint (feature `http`).
+    Http(HttpSettings),
+    /// Python code in a sandboxed subprocess.
+    Python(PythonSettings),
+    /// Arithmetic, in-process.
+    Calculator(CalculatorSettings),
+}
+
+/// `kind = "command"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct CommandSettings {
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// Bytes kept of stdout and of stderr each (default 16384).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<usize>,
-    /// `command`, `python`: the `sandbox` (`"bwrap"`, the default, or `"none"`), `network`
-    /// (default false) and `limits` keys.
+    /// The `sandbox` (`"bwrap"`, the default, or `"none"`), `network` (default false) and
+    /// `limits` keys.
     #[serde(flatten)]
     pub keys: SandboxKeys,
+}
+
+/// `kind = "python"`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub struct PythonSettings {
+    /// The interpreter (default `python3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<String>,
+    /// Bytes kept of stdout and of stderr each (default 16384).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<usize>,
+    /// The `sandbox` (`"bwrap"`, the default, or `"none"`), `network` (default false) and
+    /// `limits` keys.
+    #[serde(flatten)]
+    pub keys: SandboxKeys,
+}
+
+/// `kind = "http"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// The endpoint, `http://` or `https://`.
+    pub url: String,
+    /// Bytes read of the response body (default 16384).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// `kind = "calculator"`: no settings of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalculatorSettings {}
+
+/// The keys of a kind that runs a program: its own and the sandbox keys it flattens (which
+/// serde does not list for a flattened struct).
+fn with_sandbox_keys(own: &[&'static str]) -> Vec<&'static str> {
+    let mut keys = own.to_vec();
+    keys.extend(SandboxKeys::KEYS);
+    keys
+}
+
+/// A program kind's settings: its own keys, then the sandbox keys read apart, so that an error
+/// in one names its key (`limits.memory_mib`), which serde cannot through a flattened struct.
+fn read_program<S: DeserializeOwned>(
+    mut map: Map<String, Value>,
+    keys_of: fn(&mut S) -> &mut SandboxKeys,
+) -> Result<S, SettingError> {
+    let mut sandbox = Map::new();
+    for key in SandboxKeys::KEYS {
+        if let Some(value) = map.remove(key) {
+            sandbox.insert(key.to_owned(), value);
+        }
+    }
+    let mut settings: S = read_struct(map)?;
+    *keys_of(&mut settings) = read_struct(sandbox)?;
+    Ok(settings)
+}
+
+impl Kinds for ToolKind {
+    const NAMES: &'static [&'static str] = &["command", "http", "python", "calculator"];
+
+    fn fields_of(kind: &str) -> Option<Vec<&'static str>> {
+        match kind {
+            "command" => Some(with_sandbox_keys(&["command", "max_output_bytes"])),
+            "python" => Some(with_sandbox_keys(&["interpreter", "max_output_bytes"])),
+            "http" => Some(field_names::<HttpSettings>().to_vec()),
+            "calculator" => Some(Vec::new()),
+            _ => None,
+        }
+    }
+
+    fn read_kind(kind: &str, map: Map<String, Value>) -> Result<ToolKind, SettingError> {
+        match kind {
+            "command" => {
+                read_program(map, |c: &mut CommandSettings| &mut c.keys).map(ToolKind::Command)
+            }
+            "http" => read_struct(map).map(ToolKind::Http),
+            "python" => {
+                read_program(map, |p: &mut PythonSettings| &mut p.keys).map(ToolKind::Python)
+            }
+            "calculator" => read_struct(map).map(ToolKind::Calculator),
+            other => Err(SettingError::new(format!("unknown kind '{other}'"))),
+        }
+    }
+}
+
+impl ToolConfig {
+    /// The keys every kind reads.
+    const COMMON: &'static [&'static str] =
+        &["name", "kind", "description", "parameters", "timeout"];
+
+    /// The table read from its keys: the common ones, then `kind`'s own.
+    pub fn read(mut map: Map<String, Value>) -> Result<ToolConfig, SettingError> {
+        settings::refuse_unknown::<ToolKind>(&map, ToolConfig::COMMON)?;
+        let kind = take::<String>(&mut map, "kind")?
+            .ok_or_else(|| SettingError::new("missing field `kind`"))?;
+        let mut common = Map::new();
+        for key in ToolConfig::COMMON {
+            if let Some(value) = map.remove(*key) {
+                common.insert((*key).to_owned(), value);
+            }
+        }
+        let common: Common = read_struct(common)?;
+        let kind = read_kind(&kind, map)
+            .map_err(|e| SettingError::new(format!("tool '{}': {e}", common.name)))?;
+        Ok(ToolConfig {
+            name: common.name,
+            description: common.description,
+            parameters: common.parameters,
+            timeout: common.timeout,
+            kind,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<ToolConfig, D::Error> {
+        let map = Map::<String, Value>::deserialize(deserializer)?;
+        ToolConfig::read(map).map_err(D::Error::custom)
+    }
 }
 
 /// A [`ToolConfig`] that does not describe a usable tool.
@@ -136,78 +255,53 @@ fn open_parameters() -> Value {
 }
 
 impl ToolConfig {
-    /// Builds the tool: checks that the fields fit the kind, and parses the timeout. A program
-    /// runs in the default [`Sandbox`] as the table changes it.
+    /// Builds the tool: checks what the kind needs, and the timeout. A program runs in the
+    /// default [`Sandbox`] as the table changes it.
     pub fn build(&self) -> Result<Tool, ToolConfigError> {
         self.build_in(&Sandbox::default())
     }
 
-    /// The sandbox this table's program runs in: `base` (what the engine hides, for one) as
-    /// the table changes it.
-    pub fn sandbox_in(&self, base: &Sandbox) -> Sandbox {
-        self.keys.apply(base.clone())
+    /// The sandbox this table's program runs in, if it runs one: `base` (what the engine
+    /// hides, for one) as the table changes it.
+    pub fn sandbox_in(&self, base: &Sandbox) -> Option<Sandbox> {
+        match &self.kind {
+            ToolKind::Command(CommandSettings { keys, .. })
+            | ToolKind::Python(PythonSettings { keys, .. }) => Some(keys.apply(base.clone())),
+            ToolKind::Http(_) | ToolKind::Calculator(_) => None,
+        }
     }
 
-    /// Whether the tool runs a program (and so has a sandbox).
-    pub fn runs_a_program(&self) -> bool {
-        matches!(self.kind, ToolKind::Command | ToolKind::Python)
+    /// The program the tool runs (a command's, or the Python interpreter), if it runs one.
+    pub fn program(&self) -> Option<&str> {
+        match &self.kind {
+            ToolKind::Command(command) => command.command.first().map(String::as_str),
+            ToolKind::Python(python) => Some(python.interpreter.as_deref().unwrap_or("python3")),
+            ToolKind::Http(_) | ToolKind::Calculator(_) => None,
+        }
     }
 
     /// [`ToolConfig::build`] with `base` as the sandbox the table changes.
     pub fn build_in(&self, base: &Sandbox) -> Result<Tool, ToolConfigError> {
-        self.check_fields()?;
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(self.error("timeout must be longer than 0s: no call could finish"));
         }
-        let max_output = self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT);
-        match self.kind {
-            ToolKind::Calculator => Ok(self.calculator_tool(timeout)),
-            ToolKind::Python => Ok(self.python_tool(self.sandbox_in(base), timeout, max_output)),
-            ToolKind::Command => self.command_tool(self.sandbox_in(base), timeout, max_output),
-            ToolKind::Http => {
-                let url = self.http_url()?;
+        match &self.kind {
+            ToolKind::Calculator(_) => Ok(self.calculator_tool(timeout)),
+            ToolKind::Python(python) => Ok(self.python_tool(python, base, timeout)),
+            ToolKind::Command(command) => self.command_tool(command, base, timeout),
+            ToolKind::Http(http) => {
+                let url = self.http_url(http)?;
                 self.http_tool(
                     url,
                     self.description_or("Call a web service"),
                     self.parameters_or(open_parameters()),
                     timeout,
-                    max_output,
+                    http.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
                 )
                 .map_err(|reason| self.error(reason))
             }
         }
-    }
-
-    /// Refuses a field set for a kind it means nothing to (`url` on a `command`, `sandbox` on
-    /// a `calculator`, ...).
-    fn check_fields(&self) -> Result<(), ToolConfigError> {
-        let kind = self.kind.as_str();
-        for (field, present, for_kind) in [
-            ("command", self.command.is_some(), "command"),
-            ("url", self.url.is_some(), "http"),
-            ("interpreter", self.interpreter.is_some(), "python"),
-        ] {
-            if present && kind != for_kind {
-                return Err(self.error(format!(
-                    "`{field}` is only for kind \"{for_kind}\", not \"{kind}\""
-                )));
-            }
-        }
-        if !self.runs_a_program() {
-            for (field, present) in SandboxKeys::KEYS.into_iter().zip([
-                self.keys.sandbox.is_some(),
-                self.keys.network.is_some(),
-                self.keys.limits.is_some(),
-            ]) {
-                if present {
-                    return Err(self.error(format!(
-                        "`{field}` is only for kinds \"command\" and \"python\", not \"{kind}\""
-                    )));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// `calculator`: evaluated in-process, on the dispatcher's thread pool.
@@ -223,16 +317,17 @@ impl ToolConfig {
         .timeout(timeout)
     }
 
-    /// `python`: the code runs in the interpreter (default `python3`) in `sandbox`.
-    fn python_tool(&self, sandbox: Sandbox, timeout: Duration, max_output: usize) -> Tool {
+    /// `python`: the code runs in the interpreter (default `python3`) in `base` as the table
+    /// changes it.
+    fn python_tool(&self, settings: &PythonSettings, base: &Sandbox, timeout: Duration) -> Tool {
         let python = program::PythonTool {
-            interpreter: self
+            interpreter: settings
                 .interpreter
                 .clone()
                 .unwrap_or_else(|| "python3".to_owned()),
-            sandbox,
+            sandbox: settings.keys.apply(base.clone()),
             timeout,
-            max_output,
+            max_output: settings.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
         };
         Tool::new_async(
             ToolSpec::new(
@@ -245,14 +340,14 @@ impl ToolConfig {
         .timeout(timeout + PROGRAM_MARGIN)
     }
 
-    /// `command`: the program runs in `sandbox`; the table must name it.
+    /// `command`: the program runs in `base` as the table changes it; the table must name it.
     fn command_tool(
         &self,
-        sandbox: Sandbox,
+        settings: &CommandSettings,
+        base: &Sandbox,
         timeout: Duration,
-        max_output: usize,
     ) -> Result<Tool, ToolConfigError> {
-        let argv = self.command.clone().unwrap_or_default();
+        let argv = settings.command.clone();
         if argv.first().is_none_or(|program| program.trim().is_empty()) {
             return Err(
                 self.error("kind \"command\" needs `command = [\"program\", \"arg\", ...]`")
@@ -260,9 +355,9 @@ impl ToolConfig {
         }
         let command = program::CommandTool {
             argv,
-            sandbox,
+            sandbox: settings.keys.apply(base.clone()),
             timeout,
-            max_output,
+            max_output: settings.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
         };
         Ok(Tool::new_async(
             ToolSpec::new(&self.name, self.description_or("Run a command"))
@@ -272,16 +367,13 @@ impl ToolConfig {
         .timeout(timeout + PROGRAM_MARGIN))
     }
 
-    /// `http`: the table's `url`, which must be there and be an http or https one.
-    fn http_url(&self) -> Result<String, ToolConfigError> {
-        let url = self
-            .url
-            .clone()
-            .ok_or_else(|| self.error("kind \"http\" needs `url = \"http://...\"`"))?;
+    /// `http`: the table's `url`, which must be an http or https one.
+    fn http_url(&self, settings: &HttpSettings) -> Result<String, ToolConfigError> {
+        let url = &settings.url;
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(self.error(format!("url '{url}' must start with http:// or https://")));
         }
-        Ok(url)
+        Ok(url.clone())
     }
 
     #[cfg(feature = "http")]
@@ -342,23 +434,43 @@ mod tests {
         serde_json::from_value(toml_like).expect("a tool table")
     }
 
+    fn refused(toml_like: Value) -> String {
+        match serde_json::from_value::<ToolConfig>(toml_like) {
+            Ok(config) => panic!("read: {config:?}"),
+            Err(error) => error.to_string(),
+        }
+    }
+
     #[test]
     fn a_config_says_which_tool_and_which_field_is_wrong() {
-        let no_command = config(json!({"name": "lookup", "kind": "command"}))
+        assert_eq!(
+            refused(json!({"name": "lookup", "kind": "command"})),
+            "tool 'lookup': kind \"command\" needs `command`"
+        );
+        let empty = config(json!({"name": "lookup", "kind": "command", "command": []}))
             .build()
             .err()
             .map(|e| e.to_string());
         assert_eq!(
-            no_command.as_deref(),
+            empty.as_deref(),
             Some("tool 'lookup': kind \"command\" needs `command = [\"program\", \"arg\", ...]`")
         );
-        let misplaced = config(json!({"name": "calc", "kind": "calculator", "url": "http://x"}))
-            .build()
-            .err()
-            .map(|e| e.to_string());
         assert_eq!(
-            misplaced.as_deref(),
-            Some("tool 'calc': `url` is only for kind \"http\", not \"calculator\"")
+            refused(json!({"name": "calc", "kind": "calculator", "url": "http://x"})),
+            "tool 'calc': `url` is not a field of kind \"calculator\" (it takes no key of its own)"
+        );
+        assert_eq!(
+            refused(json!({"name": "c", "kind": "http", "url": "http://x", "network": true})),
+            "tool 'c': `network` is not a field of kind \"http\" (it takes url, max_output_bytes)"
+        );
+        assert_eq!(
+            refused(json!({"name": "c", "kind": "shell"})),
+            "tool 'c': kind: unknown kind 'shell'; expected command, http, python or calculator"
+        );
+        assert_eq!(
+            refused(json!({"name": "py", "kind": "python", "limits": {"memory_mb": 1}})),
+            "tool 'py': limits.memory_mb: unknown field `memory_mb`, expected one of `memory_mib`, \
+             `cpu_seconds`, `processes`, `file_size_mib`, `open_files`"
         );
         let timeout = serde_json::from_value::<ToolConfig>(
             json!({"name": "calc", "kind": "calculator", "timeout": "soon"}),
@@ -375,6 +487,59 @@ mod tests {
             json!({"name": "calc", "kind": "calculator", "colour": "red"}),
         );
         assert!(unknown.is_err_and(|e| e.to_string().starts_with("unknown field `colour`")));
+    }
+
+    #[test]
+    fn each_kind_reads_the_keys_it_lists_and_writes_them_back() {
+        for (kind, table) in [
+            (
+                "command",
+                json!({"command": ["./a"], "max_output_bytes": 1, "sandbox": "none", "network": true, "limits": {"processes": 2}}),
+            ),
+            (
+                "python",
+                json!({"interpreter": "python3.11", "max_output_bytes": 1, "sandbox": "bwrap", "network": false, "limits": {"processes": 2}}),
+            ),
+            ("http", json!({"url": "http://x", "max_output_bytes": 1})),
+            ("calculator", json!({})),
+        ] {
+            let mut full = json!({"name": "t", "kind": kind, "description": "d", "timeout": "1s"});
+            for (key, value) in table.as_object().expect("a table") {
+                full[key] = value.clone();
+            }
+            let read = config(full.clone());
+            let written = serde_json::to_value(&read).expect("written");
+            let keys = |table: &Value| {
+                let mut keys: Vec<String> = table
+                    .as_object()
+                    .expect("a table")
+                    .keys()
+                    .cloned()
+                    .collect();
+                keys.sort_unstable();
+                keys
+            };
+            assert_eq!(
+                keys(&written),
+                keys(&full),
+                "{kind}: every key written back"
+            );
+            assert_eq!(
+                config(written),
+                read,
+                "{kind}: what is written reads the same"
+            );
+            let mut listed = ToolKind::fields_of(kind).expect("a kind");
+            listed.sort_unstable();
+            let mut given: Vec<&str> = table
+                .as_object()
+                .expect("a table")
+                .keys()
+                .map(String::as_str)
+                .collect();
+            given.sort_unstable();
+            assert_eq!(listed, given, "{kind}: the keys listed are the keys read");
+        }
     }
 
     #[test]
