@@ -33,9 +33,10 @@ impl Defaults for SimSettings {
 pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let mut settings = SimSettings::default();
     args.settings.lay_over(&mut settings)?;
-    settings
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.setting.replace('_', "-")))?;
+    settings.validate().map_err(|e| {
+        let flag = e.key.as_deref().unwrap_or_default().replace('_', "-");
+        anyhow::anyhow!("--{flag}: {}", e.problem)
+    })?;
     let total = settings.error_503 + settings.drop_connection + settings.slow + settings.malformed;
     if total > 1.0 {
         bail!("the fault fractions add up to {total}, more than 1");

@@ -44,7 +44,7 @@ use tokio::{
     net::{TcpListener, TcpStream, UnixListener, UnixStream},
 };
 
-use crate::{ConfigError, proxy::Proxy};
+use crate::{SettingError, proxy::Proxy};
 
 /// How to run the agent program, and the `[agent]` table of a settings file that says so:
 /// every key below but the run-time fields ([`workdir_root`](ProgramConfig::workdir_root),
@@ -231,10 +231,9 @@ impl ProgramConfig {
     /// Checks the values: every command line has a program, the timeouts are longer than
     /// zero, the weight is a finite number. Whether the programs exist and the sandbox can be
     /// had here is the caller's to check.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let empty = |key: String| {
-            ConfigError::new(Some(key), "empty; expected the program and its arguments")
-        };
+    pub fn validate(&self) -> Result<(), SettingError> {
+        let empty =
+            |key: String| SettingError::at(key, "empty; expected the program and its arguments");
         if self.command.is_empty() {
             return Err(empty("command".to_owned()));
         }
@@ -247,14 +246,13 @@ impl ProgramConfig {
             return Err(empty("verify".to_owned()));
         }
         if self.timeout.is_zero() || self.command_timeout.is_zero() {
-            return Err(ConfigError::new(
-                None,
+            return Err(SettingError::new(
                 "timeout and command_timeout must be longer than zero",
             ));
         }
         if !self.weight.is_finite() {
-            return Err(ConfigError::new(
-                Some("weight".to_owned()),
+            return Err(SettingError::at(
+                "weight",
                 format!("expected a finite number, got {}", self.weight),
             ));
         }
@@ -907,7 +905,7 @@ mod tests {
             table(value)
                 .expect("a table")
                 .validate()
-                .map_err(|e| e.at("agent"))
+                .map_err(|e| e.within("agent").to_string())
                 .err()
         };
         assert_eq!(problem(json!({"command": ["a"], "verify": ["v"]})), None);
@@ -930,7 +928,7 @@ mod tests {
         let mut config = ProgramConfig::new(argv(&["a"]));
         config.weight = f64::NAN;
         assert_eq!(
-            config.validate().map_err(|e| e.at("agent")),
+            config.validate().map_err(|e| e.within("agent").to_string()),
             Err("agent.weight: expected a finite number, got NaN".to_owned())
         );
     }

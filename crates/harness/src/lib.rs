@@ -27,7 +27,7 @@
 //!
 //! The settings of an agent (`agent::ProgramConfig`, a settings file's `[agent]`) and of an
 //! MCP environment (`mcp::McpEnvironment`, its `[environment]`) are serde tables declared
-//! here, with their defaults; each checks its own values (`validate`, a [`ConfigError`]
+//! here, with their defaults; each checks its own values (`validate`, a [`SettingError`]
 //! naming the key).
 //!
 //! # Features
@@ -121,44 +121,8 @@ pub use crate::{
 
 /// A value of a settings table (`agent::ProgramConfig`, `mcp::McpEnvironment`) that cannot
 /// work: the key it is under (none: the table as a whole, two keys that exclude each other,
-/// say) and what is wrong, a phrase that follows the key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The key (`timeout`, `setup[1]`), or none for the table as a whole.
-    pub key: Option<String>,
-    /// What is wrong.
-    pub problem: String,
-}
-
-impl ConfigError {
-    /// `problem` under `key`.
-    pub fn new(key: Option<String>, problem: impl Into<String>) -> ConfigError {
-        ConfigError {
-            key,
-            problem: problem.into(),
-        }
-    }
-
-    /// The error said at `table`, where the table is (`agent`, `FILE:LINE: agent`):
-    /// `TABLE.KEY: PROBLEM`, or `TABLE: PROBLEM` for the table as a whole.
-    pub fn at(&self, table: &str) -> String {
-        match &self.key {
-            Some(key) => format!("{table}.{key}: {}", self.problem),
-            None => format!("{table}: {}", self.problem),
-        }
-    }
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.key {
-            Some(key) => write!(f, "{key}: {}", self.problem),
-            None => f.write_str(&self.problem),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// say) and what is wrong (async-grpo-settings' one setting error).
+pub use settings::SettingError;
 
 /// Locks `mutex`, going on when a panicking holder poisoned it: every value guarded in this
 /// crate is left consistent between statements.

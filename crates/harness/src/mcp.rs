@@ -41,7 +41,7 @@ use tokio::io::AsyncReadExt;
 use tool_dispatch::{ToolDispatcher, ToolSpec};
 
 use crate::{
-    ConfigError, Harness, HarnessConfig,
+    Harness, HarnessConfig, SettingError,
     environment::DEFAULT_TIMEOUT,
     lock,
     session::{Session, SessionError, SessionFactory, Task, ToolOutput, Verification, step_reward},
@@ -235,9 +235,12 @@ impl McpEnvironment {
     /// create attempt, a verify tool named, and `sandbox`, `network` and `limits` only for a
     /// stdio server. Whether the program exists and the sandbox can be had here is the
     /// caller's to check.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SettingError> {
         let fail = |key: Option<&str>, problem: String| {
-            Err(ConfigError::new(key.map(str::to_owned), problem))
+            Err(SettingError {
+                key: key.map(str::to_owned),
+                problem,
+            })
         };
         match (&self.command, &self.url) {
             (Some(_), Some(_)) => {
@@ -840,7 +843,7 @@ mod tests {
             table(value)
                 .expect("a table")
                 .validate()
-                .map_err(|e| e.at("environment"))
+                .map_err(|e| e.within("environment").to_string())
                 .err()
         };
         let cases = [

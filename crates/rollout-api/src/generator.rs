@@ -2,7 +2,7 @@
 
 use std::{fmt, future::Future};
 
-use crate::ConfigError;
+use crate::SettingError;
 use rollout_core::RolloutId;
 
 /// Sampling settings shared by every request of a run (settings file keys and, with the
@@ -50,10 +50,10 @@ impl Default for Sampling {
 
 impl Sampling {
     /// Checks that a server would accept these values, saying which one it would not.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SettingError> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "temperature",
                 format!("must be a number >= 0, got {t}"),
             ));
@@ -61,7 +61,7 @@ impl Sampling {
         if let Some(p) = self.top_p
             && !(p > 0.0 && p <= 1.0)
         {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "top_p",
                 format!("must be in (0, 1], got {p}"),
             ));
@@ -69,7 +69,7 @@ impl Sampling {
         if let Some(p) = self.min_p
             && !(0.0..=1.0).contains(&p)
         {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "min_p",
                 format!("must be in [0, 1], got {p}"),
             ));
@@ -77,7 +77,7 @@ impl Sampling {
         if let Some(k) = self.top_k
             && (k == 0 || k < -1)
         {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "top_k",
                 format!("must be -1 (all tokens) or at least 1, got {k}"),
             ));

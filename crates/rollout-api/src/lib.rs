@@ -23,7 +23,6 @@ mod agent;
 mod episode;
 mod generator;
 mod row;
-mod setting;
 
 pub use crate::{
     agent::{
@@ -35,5 +34,8 @@ pub use crate::{
         Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats, Sampling,
     },
     row::{DatasetError, DatasetRow},
-    setting::ConfigError,
 };
+
+/// A setting that cannot work, with its key: what every settings table of the engine is
+/// refused with (async-grpo-settings').
+pub use settings::SettingError;

@@ -5,7 +5,7 @@ use std::{fmt, time::Duration};
 use rollout_core::ReconcilerConfig;
 use scoring::AdvantageConfig;
 
-use crate::{ConfigError, Sampling};
+use crate::{Sampling, SettingError};
 
 /// How a rollout builds the prompt of each turn after the first.
 #[derive(
@@ -212,7 +212,7 @@ impl Default for RolloutConfig {
 
 impl RolloutConfig {
     /// Checks that the settings can run, saying which one cannot.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SettingError> {
         let at_least_one = [
             ("num_generations", self.num_generations),
             ("max_inflight", self.max_inflight),
@@ -222,11 +222,11 @@ impl RolloutConfig {
         ];
         for (setting, value) in at_least_one {
             if value == 0 {
-                return Err(ConfigError::new(setting, "must be at least 1"));
+                return Err(SettingError::at(setting, "must be at least 1"));
             }
         }
         if self.min_group_size > self.num_generations {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "min_group_size",
                 format!(
                     "({}) is more than num_generations ({}): no group could ever be kept",
@@ -235,10 +235,10 @@ impl RolloutConfig {
             ));
         }
         if self.groups_per_version == Some(0) {
-            return Err(ConfigError::new("groups_per_version", "must be at least 1"));
+            return Err(SettingError::at("groups_per_version", "must be at least 1"));
         }
         if self.groups_per_version.is_some() && self.max_staleness.is_none() {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "groups_per_version",
                 "needs max_staleness: it bounds admission by how stale a group may get",
             ));
@@ -249,13 +249,13 @@ impl RolloutConfig {
             ("heartbeat", self.heartbeat),
         ] {
             if value.is_zero() {
-                return Err(ConfigError::new(setting, "must be longer than 0s"));
+                return Err(SettingError::at(setting, "must be longer than 0s"));
             }
         }
         if let Some(rate) = self.max_failure_rate
             && !(0.0..=1.0).contains(&rate)
         {
-            return Err(ConfigError::new(
+            return Err(SettingError::at(
                 "max_failure_rate",
                 format!("must be a fraction between 0 and 1, got {rate}"),
             ));
@@ -263,7 +263,7 @@ impl RolloutConfig {
         self.sampling.validate()?;
         self.advantages
             .validate()
-            .map_err(|e| ConfigError::new("advantages", e.to_string()))
+            .map_err(|e| SettingError::at("advantages", e.to_string()))
     }
 }
 

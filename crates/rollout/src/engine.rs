@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 use crate::{
-    ConfigError, Generator, Health, Metrics, RolloutFailure, ScoredGroup, Stats, config::PauseMode,
-    lock, shared::Shared,
+    Generator, Health, Metrics, RolloutFailure, ScoredGroup, SettingError, Stats,
+    config::PauseMode, lock, shared::Shared,
 };
 
 /// The loop could not start.
@@ -23,7 +23,7 @@ use crate::{
 pub enum EngineError {
     /// A setting cannot work.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] SettingError),
     /// The chat template could not be found or compiled.
     #[error(transparent)]
     Render(#[from] RenderError),

@@ -160,9 +160,7 @@ impl Settings {
                 scoring::PRESETS.join(", ")
             )
         })?;
-        engine
-            .validate()
-            .map_err(|e| format!("{}: {}", e.setting, e.problem))?;
+        engine.validate().map_err(|e| e.to_string())?;
         Ok(Settings { engine, bridge })
     }
 }

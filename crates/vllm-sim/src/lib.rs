@@ -77,7 +77,7 @@
 mod server;
 mod settings;
 
-pub use settings::{InvalidSimSettings, SimSettings};
+pub use settings::SimSettings;
 
 use std::{
     net::SocketAddr,

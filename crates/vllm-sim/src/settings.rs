@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use settings::SettingError;
 
 use crate::{Faults, SimConfig};
 
@@ -102,19 +103,10 @@ impl Default for SimSettings {
     }
 }
 
-/// A [`SimSettings`] value that cannot work.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{setting} must be a fraction between 0 and 1, got {value}")]
-pub struct InvalidSimSettings {
-    /// The setting's name (its key and, in kebab case, its flag).
-    pub setting: &'static str,
-    /// Its value.
-    pub value: f64,
-}
-
 impl SimSettings {
-    /// Checks that every fraction is one.
-    pub fn validate(&self) -> Result<(), InvalidSimSettings> {
+    /// Checks that every fraction is one, naming the setting (its key and, in kebab case, its
+    /// flag) that is not.
+    pub fn validate(&self) -> Result<(), SettingError> {
         for (setting, value) in [
             ("correct_rate", self.correct_rate),
             ("error_503", self.error_503),
@@ -123,7 +115,10 @@ impl SimSettings {
             ("malformed", self.malformed),
         ] {
             if !(0.0..=1.0).contains(&value) {
-                return Err(InvalidSimSettings { setting, value });
+                return Err(SettingError::at(
+                    setting,
+                    format!("must be a fraction between 0 and 1, got {value}"),
+                ));
             }
         }
         Ok(())

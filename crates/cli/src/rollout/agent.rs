@@ -28,7 +28,7 @@ use scoring::Reward;
 pub(crate) fn check(config: &mut ProgramConfig, base: &Path, place: &str) -> anyhow::Result<()> {
     config
         .validate()
-        .map_err(|e| anyhow::anyhow!("{}", e.at(place)))?;
+        .map_err(|e| anyhow::anyhow!("{}", e.within(place)))?;
     for (key, argv) in config.command_lines_mut() {
         super::programs::resolve_command(base, argv, &format!("{place}.{key}"))?;
     }

@@ -37,7 +37,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use files::Shard;
 use harness::{agent::ProgramConfig, mcp::McpEnvironment};
-use rollout::{ConfigError, RolloutConfig, Sampling, field_names};
+use rollout::{RolloutConfig, Sampling, SettingError, field_names};
 use rollout_core::ReconcilerConfig;
 use scoring::{AdvantageConfig, Credit, Reward, RewardTable};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -595,12 +595,15 @@ impl Places<'_> {
     }
 
     /// A refused engine setting, said with where its value came from.
-    fn problem(&self, error: &ConfigError) -> String {
-        let place = self.of(error.setting);
-        if place == error.setting {
+    fn problem(&self, error: &SettingError) -> String {
+        let Some(key) = error.key.as_deref() else {
+            return error.problem.clone();
+        };
+        let place = self.of(key);
+        if place == key {
             error.to_string()
         } else {
-            format!("{place}: {error}")
+            format!("{place}: {}", error.problem)
         }
     }
 }
@@ -705,11 +708,12 @@ fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> 
 /// The simulator's fractions are fractions.
 fn check_simulator(simulator: &SimSettings, places: &Places<'_>) -> anyhow::Result<()> {
     simulator.validate().map_err(|e| {
+        let key = e.key.as_deref().unwrap_or_default();
         let place = places
             .source
-            .and_then(|s| s.place(&["simulator", e.setting]))
-            .unwrap_or_else(|| format!("simulator.{}", e.setting));
-        anyhow::anyhow!("{place}: {e}")
+            .and_then(|s| s.place(&["simulator", key]))
+            .unwrap_or_else(|| format!("simulator.{key}"));
+        anyhow::anyhow!("{place}: {}", e.problem)
     })
 }
 

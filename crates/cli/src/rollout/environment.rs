@@ -27,7 +27,7 @@ pub(crate) fn check(
 ) -> anyhow::Result<()> {
     environment
         .validate()
-        .map_err(|e| anyhow::anyhow!("{}", e.at(place)))?;
+        .map_err(|e| anyhow::anyhow!("{}", e.within(place)))?;
     if let Some(argv) = &mut environment.command {
         super::programs::resolve_command(base, argv, &format!("{place}.command"))?;
     }

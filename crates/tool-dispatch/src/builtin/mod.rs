@@ -235,14 +235,6 @@ impl<'de> Deserialize<'de> for ToolConfig {
     }
 }
 
-/// A [`ToolConfig`] that does not describe a usable tool.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tool '{name}': {reason}")]
-pub struct ToolConfigError {
-    name: String,
-    reason: String,
-}
-
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_OUTPUT: usize = 16 * 1024;
 /// How much longer the dispatcher waits for a program than the tool's own timeout, so that a
@@ -257,7 +249,7 @@ fn open_parameters() -> Value {
 impl ToolConfig {
     /// Builds the tool: checks what the kind needs, and the timeout. A program runs in the
     /// default [`Sandbox`] as the table changes it.
-    pub fn build(&self) -> Result<Tool, ToolConfigError> {
+    pub fn build(&self) -> Result<Tool, SettingError> {
         self.build_in(&Sandbox::default())
     }
 
@@ -281,7 +273,7 @@ impl ToolConfig {
     }
 
     /// [`ToolConfig::build`] with `base` as the sandbox the table changes.
-    pub fn build_in(&self, base: &Sandbox) -> Result<Tool, ToolConfigError> {
+    pub fn build_in(&self, base: &Sandbox) -> Result<Tool, SettingError> {
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(self.error("timeout must be longer than 0s: no call could finish"));
@@ -346,7 +338,7 @@ impl ToolConfig {
         settings: &CommandSettings,
         base: &Sandbox,
         timeout: Duration,
-    ) -> Result<Tool, ToolConfigError> {
+    ) -> Result<Tool, SettingError> {
         let argv = settings.command.clone();
         if argv.first().is_none_or(|program| program.trim().is_empty()) {
             return Err(
@@ -368,7 +360,7 @@ impl ToolConfig {
     }
 
     /// `http`: the table's `url`, which must be an http or https one.
-    fn http_url(&self, settings: &HttpSettings) -> Result<String, ToolConfigError> {
+    fn http_url(&self, settings: &HttpSettings) -> Result<String, SettingError> {
         let url = &settings.url;
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(self.error(format!("url '{url}' must start with http:// or https://")));
@@ -417,12 +409,9 @@ impl ToolConfig {
         self.parameters.clone().unwrap_or(default)
     }
 
-    /// This table's error, saying why.
-    fn error(&self, reason: impl Into<String>) -> ToolConfigError {
-        ToolConfigError {
-            name: self.name.clone(),
-            reason: reason.into(),
-        }
+    /// The tool cannot be built: `reason`, said of this tool.
+    fn error(&self, reason: impl std::fmt::Display) -> SettingError {
+        SettingError::new(format!("tool '{}': {reason}", self.name))
     }
 }
 
