@@ -77,7 +77,10 @@ use crate::{SettingError, proxy::Proxy};
 pub struct ProgramConfig {
     /// The agent's command line; `{prompt}` (the task's text), `{workdir}` and `{task_json}`
     /// (the dataset row as JSON, answer columns included: keep it out of the agent's own
-    /// command) are replaced in each argument, in one pass.
+    /// command) are replaced in each argument, in one pass. Required: a table without one is
+    /// refused by `validate` (read as empty, so that a misspelt key is named first, which
+    /// serde does not do for a table with flattened keys).
+    #[serde(default)]
     pub command: Vec<String>,
     /// More environment variables for the agent, setup and verify (the proxy's URL and key
     /// are added).
@@ -946,6 +949,17 @@ mod tests {
         config.setup.pop();
         let keys: Vec<String> = config.command_lines_mut().map(|(key, _)| key).collect();
         assert_eq!(keys, ["command", "setup", "verify"]);
+    }
+
+    #[test]
+    fn a_misspelt_command_is_named_and_a_missing_one_refused_by_validate() {
+        let misspelt = table(json!({"comand": ["a"]})).expect_err("refused");
+        assert!(misspelt.starts_with("unknown field `comand`"), "{misspelt}");
+        let missing = table(json!({"timeout": "5s"})).expect("read");
+        assert_eq!(
+            missing.validate().map_err(|e| e.to_string()),
+            Err("command: empty; expected the program and its arguments".to_owned())
+        );
     }
 
     #[test]
