@@ -119,7 +119,7 @@ pub use crate::scorer::{
 pub use crate::table::{
     BuildContext, ColumnSettings, CommandSettings, HttpSettings, JudgeSettings, LengthSettings,
     RegexSettings, RewardKind, RewardModelSettings, RewardSource, RewardTable, Served,
-    ServiceSettings, TableError,
+    ServiceSettings,
 };
 pub use crate::{
     advantage::{
@@ -130,6 +130,6 @@ pub use crate::{
     group::{Completion, Group},
     reward::{AsyncReward, CallStats, Notes, Reward, RewardError, Scores, SyncReward},
 };
-/// The keys a serde struct reads (async-grpo-settings'): a reward table's kinds, and every
-/// table read by several structs.
-pub use settings::field_names;
+/// The keys a serde struct reads, and the error of a setting that cannot work (a reward
+/// table's): async-grpo-settings', for every settings table of the engine.
+pub use settings::{SettingError, field_names};

@@ -20,14 +20,9 @@ use settings::{Kinds, SettingError, field_names, read_kind, read_struct, refuse_
 
 use crate::{Reward, builtin};
 
-/// Why a [`RewardTable`] does not describe a reward function.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TableError(String);
-
 macro_rules! error {
     ($($words:tt)*) => {
-        TableError(format!($($words)*))
+        SettingError::new(format!($($words)*))
     };
 }
 
@@ -39,9 +34,9 @@ macro_rules! bail {
 
 macro_rules! from_error {
     ($($error:ty),*) => {
-        $(impl From<$error> for TableError {
-            fn from(error: $error) -> TableError {
-                TableError(error.to_string())
+        $(impl From<$error> for SettingError {
+            fn from(error: $error) -> SettingError {
+                SettingError::new(error.to_string())
             }
         })*
     };
@@ -51,8 +46,7 @@ from_error!(
     builtin::SpecError,
     builtin::LengthPenaltyError,
     builtin::ServiceError,
-    builtin::JudgeError,
-    process::Error
+    builtin::JudgeError
 );
 
 /// A reward function described by its settings, as a config file's `[[rewards]]` table or a
@@ -103,7 +97,7 @@ trait Kind: Serialize + Sized {
     /// The settings from a table's keys (those of this kind only).
     fn read(map: Map<String, Value>) -> Result<Self, SettingError>;
     /// The reward of kind `kind` (two kinds may share one struct of settings).
-    fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError>;
+    fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, SettingError>;
 }
 
 /// A plain kind: its struct read as it is.
@@ -116,7 +110,7 @@ macro_rules! plain_kind {
             fn read(map: Map<String, Value>) -> Result<Self, SettingError> {
                 read_struct(map)
             }
-            fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+            fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, SettingError> {
                 <$settings>::build_reward(self, kind, at)
             }
         })*
@@ -160,7 +154,7 @@ macro_rules! kinds {
             }
 
             /// The reward.
-            fn build(&self, at: BuildContext<'_>) -> Result<Reward, TableError> {
+            fn build(&self, at: BuildContext<'_>) -> Result<Reward, SettingError> {
                 match self {
                     $(RewardKind::$variant(settings) => settings.build($name, at),)*
                 }
@@ -197,7 +191,7 @@ pub struct ColumnSettings {
 }
 
 impl ColumnSettings {
-    fn build_reward(&self, kind: &str, _: BuildContext<'_>) -> Result<Reward, TableError> {
+    fn build_reward(&self, kind: &str, _: BuildContext<'_>) -> Result<Reward, SettingError> {
         Ok(match kind {
             "exact" => builtin::exact(&self.column),
             _ => builtin::numeric(&self.column),
@@ -214,7 +208,7 @@ pub struct RegexSettings {
 }
 
 impl RegexSettings {
-    fn build_reward(&self, _: &str, _: BuildContext<'_>) -> Result<Reward, TableError> {
+    fn build_reward(&self, _: &str, _: BuildContext<'_>) -> Result<Reward, SettingError> {
         Ok(builtin::regex(&self.pattern)?)
     }
 }
@@ -232,14 +226,14 @@ pub struct CommandSettings {
 }
 
 impl CommandSettings {
-    fn build_reward(&self, _: &str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+    fn build_reward(&self, _: &str, at: BuildContext<'_>) -> Result<Reward, SettingError> {
         let Some((program, args)) = self.program.split_first() else {
             bail!("`program` needs at least the program: [\"./score.py\", ...]");
         };
         // The user's own program runs unsandboxed unless the table asks; sandboxed, it
         // starts from the run's sandbox (its files hidden).
         let sandbox = self.keys.opt_in(at.sandbox);
-        sandbox.check()?;
+        sandbox.check().map_err(|e| error!("{e}"))?;
         Ok(builtin::command_in(
             &program_path(at.base, program),
             args.iter().cloned(),
@@ -260,7 +254,7 @@ pub struct LengthSettings {
 }
 
 impl LengthSettings {
-    fn build_reward(&self, _: &str, _: BuildContext<'_>) -> Result<Reward, TableError> {
+    fn build_reward(&self, _: &str, _: BuildContext<'_>) -> Result<Reward, SettingError> {
         Ok(builtin::length(self.max, self.buffer)?)
     }
 }
@@ -278,7 +272,7 @@ impl Kind for CommandSettings {
     fn read(map: Map<String, Value>) -> Result<Self, SettingError> {
         read_struct(map)
     }
-    fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+    fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, SettingError> {
         self.build_reward(kind, at)
     }
 }
@@ -305,7 +299,7 @@ pub struct ServiceSettings {
 impl ServiceSettings {
     /// The service's configuration. Reads the key `api_key_env` names, and hides that
     /// variable from every program the run starts.
-    fn config(&self, roots: Option<&[u8]>) -> Result<builtin::ServiceConfig, TableError> {
+    fn config(&self, roots: Option<&[u8]>) -> Result<builtin::ServiceConfig, SettingError> {
         if self.concurrency == Some(0) {
             bail!("`concurrency` must be at least 1");
         }
@@ -356,7 +350,7 @@ trait ServedKind: DeserializeOwned + Serialize {
         &self,
         service: builtin::ServiceConfig,
         at: BuildContext<'_>,
-    ) -> Result<Reward, TableError>;
+    ) -> Result<Reward, SettingError>;
 }
 
 impl<S: ServedKind> Kind for Served<S> {
@@ -379,7 +373,7 @@ impl<S: ServedKind> Kind for Served<S> {
         })
     }
 
-    fn build(&self, _: &'static str, at: BuildContext<'_>) -> Result<Reward, TableError> {
+    fn build(&self, _: &'static str, at: BuildContext<'_>) -> Result<Reward, SettingError> {
         let service = self.service.config(at.roots)?;
         self.settings.build_served(service, at)
     }
@@ -395,7 +389,7 @@ impl ServedKind for HttpSettings {
         &self,
         service: builtin::ServiceConfig,
         _: BuildContext<'_>,
-    ) -> Result<Reward, TableError> {
+    ) -> Result<Reward, SettingError> {
         Ok(builtin::http(service)?)
     }
 }
@@ -446,14 +440,14 @@ impl ServedKind for JudgeSettings {
         &self,
         service: builtin::ServiceConfig,
         _: BuildContext<'_>,
-    ) -> Result<Reward, TableError> {
+    ) -> Result<Reward, SettingError> {
         Ok(builtin::judge(service, self.judge()?)?)
     }
 }
 
 impl JudgeSettings {
     /// What the judge asks and how it reads the answer.
-    fn judge(&self) -> Result<builtin::JudgeConfig, TableError> {
+    fn judge(&self) -> Result<builtin::JudgeConfig, SettingError> {
         let mode = match self.mode.as_deref() {
             None | Some("each") => builtin::JudgeMode::Each,
             Some("group") => builtin::JudgeMode::Group,
@@ -541,7 +535,7 @@ impl ServedKind for RewardModelSettings {
         &self,
         service: builtin::ServiceConfig,
         _: BuildContext<'_>,
-    ) -> Result<Reward, TableError> {
+    ) -> Result<Reward, SettingError> {
         let config = builtin::RewardModelConfig::new(&self.model)
             .activation(self.activation.unwrap_or(false))
             .class_index(self.class_index.unwrap_or(0));
@@ -616,7 +610,7 @@ impl RewardTable {
         base: &Path,
         sandbox: &process::Sandbox,
         roots: Option<&[u8]>,
-    ) -> Result<Reward, TableError> {
+    ) -> Result<Reward, SettingError> {
         let at = BuildContext {
             base,
             sandbox,
