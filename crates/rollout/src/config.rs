@@ -60,10 +60,11 @@ impl std::str::FromStr for PromptMode {
     }
 }
 
-/// What [`Engine::pause`](crate::Engine::pause) does with the rollouts in flight (vLLM's own pause modes).
+/// What [`Engine::pause`](crate::Engine::pause) does with the rollouts in flight (named as
+/// vLLM's own pause modes; vllm-client's `PauseMode` is the server's).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum PauseMode {
+pub enum InFlight {
     /// They run to their end.
     #[default]
     Wait,

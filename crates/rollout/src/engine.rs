@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 use crate::{
-    Generator, Health, Metrics, RolloutFailure, ScoredGroup, SettingError, Stats,
-    config::PauseMode, lock, shared::Shared,
+    Generator, Health, Metrics, RolloutFailure, ScoredGroup, SettingError, Stats, config::InFlight,
+    lock, shared::Shared,
 };
 
 /// The loop could not start.
@@ -155,13 +155,13 @@ impl<G: Generator> Engine<G> {
     }
 
     /// Pauses admission: no group is admitted and no admitted group starts until
-    /// [`Engine::resume`]. With [`PauseMode::Wait`] the rollouts in flight run to their end;
-    /// with [`PauseMode::Abort`] they are cancelled (their groups dropped, counted as
+    /// [`Engine::resume`]. With [`InFlight::Wait`] the rollouts in flight run to their end;
+    /// with [`InFlight::Abort`] they are cancelled (their groups dropped, counted as
     /// cancelled). Returns once no rollout is in flight. Pausing a paused loop is harmless.
-    pub async fn pause(&self, mode: PauseMode) {
+    pub async fn pause(&self, mode: InFlight) {
         let shared = &self.shared;
         shared.control.paused.send_replace(true);
-        if mode == PauseMode::Abort {
+        if mode == InFlight::Abort {
             let mut abort = lock(&shared.control.abort);
             abort.cancel();
             *abort = CancellationToken::new();

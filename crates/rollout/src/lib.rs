@@ -24,8 +24,8 @@
 //!   With `groups_per_version` too, admission holds a group the trainer could not take
 //!   within the bound (AReaL's rule; see [`RolloutConfig::groups_per_version`]).
 //! - **Pause**: [`Engine::pause`] holds admission until [`Engine::resume`], letting the
-//!   rollouts in flight finish ([`PauseMode::Wait`]) or cancelling them
-//!   ([`PauseMode::Abort`]).
+//!   rollouts in flight finish ([`InFlight::Wait`]) or cancelling them
+//!   ([`InFlight::Abort`]).
 //! - **Health and metrics**: a heartbeat task, independent of rollouts, tools and rewards,
 //!   measures how late the runtime wakes it ([`Engine::health`]); [`Engine::metrics`] is
 //!   everything counted, the one source of every report ([`Metrics`]).
@@ -63,7 +63,7 @@ pub use rollout_api::*;
 
 pub use crate::{
     builder::EngineBuilder,
-    config::{PauseMode, PromptMode, RolloutConfig},
+    config::{InFlight, PromptMode, RolloutConfig},
     engine::{DrainReport, Engine, EngineError, Groups},
     group::ScoredGroup,
     health::{Health, LatencySnapshot, Stats},

@@ -69,7 +69,7 @@ pub(crate) struct Control {
     pub(crate) cancel: CancellationToken,
     /// Whether admission is paused ([`Engine::pause`](crate::Engine::pause)).
     pub(crate) paused: watch::Sender<bool>,
-    /// Cancelled by a pause in [`PauseMode::Abort`](crate::PauseMode::Abort) (then
+    /// Cancelled by a pause in [`InFlight::Abort`](crate::InFlight::Abort) (then
     /// replaced): every rollout attempt watches the token current when it started.
     pub(crate) abort: Mutex<CancellationToken>,
     /// The model version; rollouts waiting on staleness subscribe to it.

@@ -16,8 +16,8 @@ use std::{
 
 use async_grpo_rollout::{
     Agent, AgentError, AgentOutcome, AgentRun, DatasetError, DatasetRow, Engine, FailureCause,
-    Finish, GenerateError, GenerateRequest, Generation, Generator, Groups, PauseMode,
-    RolloutConfig, SampleRefused, Sampled, ScoredGroup,
+    Finish, GenerateError, GenerateRequest, Generation, Generator, Groups, InFlight, RolloutConfig,
+    SampleRefused, Sampled, ScoredGroup,
 };
 use futures::future::BoxFuture;
 use rollout_core::{ChatTemplate, ChatTokenizer, Message, RenderOptions};
@@ -1121,7 +1121,7 @@ async fn a_pause_returns_once_the_rollouts_in_flight_end_and_admits_nothing_unti
     let engine = Arc::new(engine);
     let pause = tokio::spawn({
         let engine = Arc::clone(&engine);
-        async move { engine.pause(PauseMode::Wait).await }
+        async move { engine.pause(InFlight::Wait).await }
     });
     wait_until(PATIENCE, "the pause to hold admission", || {
         engine.health().paused

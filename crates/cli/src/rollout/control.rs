@@ -56,7 +56,7 @@ use prometheus_client::{
     metrics::counter::ConstCounter,
     registry::Registry,
 };
-use rollout::{Engine, Health, PauseMode};
+use rollout::{Engine, Health, InFlight};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::Ordering;
@@ -454,7 +454,7 @@ async fn model_version(State(control): State<Control>, Json(body): Json<Version>
 #[derive(Deserialize)]
 struct PauseQuery {
     #[serde(default)]
-    mode: PauseMode,
+    mode: InFlight,
 }
 
 async fn pause(State(control): State<Control>, Query(query): Query<PauseQuery>) -> Response {
