@@ -269,8 +269,12 @@ impl Kind for CommandSettings {
         fields.extend(process::SandboxKeys::KEYS);
         fields
     }
-    fn read(map: Map<String, Value>) -> Result<Self, SettingError> {
-        read_struct(map)
+    /// The sandbox keys read apart, so that an error in one names its key.
+    fn read(mut map: Map<String, Value>) -> Result<Self, SettingError> {
+        let keys = settings::split(&mut map, &process::SandboxKeys::KEYS);
+        let mut command: CommandSettings = read_struct(map)?;
+        command.keys = read_struct(keys)?;
+        Ok(command)
     }
     fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, SettingError> {
         self.build_reward(kind, at)
@@ -361,12 +365,7 @@ impl<S: ServedKind> Kind for Served<S> {
     }
 
     fn read(mut map: Map<String, Value>) -> Result<Self, SettingError> {
-        let mut service = Map::new();
-        for key in field_names::<ServiceSettings>() {
-            if let Some(value) = map.remove(*key) {
-                service.insert((*key).to_owned(), value);
-            }
-        }
+        let service = settings::split(&mut map, field_names::<ServiceSettings>());
         Ok(Served {
             service: read_struct(service)?,
             settings: read_struct(map)?,

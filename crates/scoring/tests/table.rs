@@ -107,6 +107,11 @@ fn a_value_of_the_wrong_type_names_its_key() {
         json!({"spec": "numeric:answer", "weight": "heavy"}),
         "weight: invalid type",
     );
+    // A sandbox key of a program's table names its key, though the keys are flattened.
+    refused(
+        json!({"kind": "command", "program": ["./score.py"], "limits": {"memory_mb": 1}}),
+        "limits.memory_mb: unknown field `memory_mb`",
+    );
 }
 
 #[test]

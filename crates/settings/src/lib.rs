@@ -121,6 +121,19 @@ pub fn take<T: DeserializeOwned>(
     }
 }
 
+/// The entries of `keys` taken out of `map`, as a table of their own: the part of a table that
+/// a struct declared once reads (the sandbox keys, a service's keys), read apart so that its
+/// errors name their key, which serde cannot through a flattened struct.
+pub fn split(map: &mut Map<String, Value>, keys: &[&str]) -> Map<String, Value> {
+    let mut part = Map::new();
+    for key in keys {
+        if let Some(value) = map.remove(*key) {
+            part.insert((*key).to_owned(), value);
+        }
+    }
+    part
+}
+
 /// Settings chosen by a `kind` key: one struct per kind, each read from its own keys.
 pub trait Kinds: Sized {
     /// The kinds' names, in order.

@@ -160,12 +160,7 @@ fn read_program<S: DeserializeOwned>(
     mut map: Map<String, Value>,
     keys_of: fn(&mut S) -> &mut SandboxKeys,
 ) -> Result<S, SettingError> {
-    let mut sandbox = Map::new();
-    for key in SandboxKeys::KEYS {
-        if let Some(value) = map.remove(key) {
-            sandbox.insert(key.to_owned(), value);
-        }
-    }
+    let sandbox = settings::split(&mut map, &SandboxKeys::KEYS);
     let mut settings: S = read_struct(map)?;
     *keys_of(&mut settings) = read_struct(sandbox)?;
     Ok(settings)
@@ -209,13 +204,7 @@ impl ToolConfig {
         settings::refuse_unknown::<ToolKind>(&map, ToolConfig::COMMON)?;
         let kind = take::<String>(&mut map, "kind")?
             .ok_or_else(|| SettingError::new("missing field `kind`"))?;
-        let mut common = Map::new();
-        for key in ToolConfig::COMMON {
-            if let Some(value) = map.remove(*key) {
-                common.insert((*key).to_owned(), value);
-            }
-        }
-        let common: Common = read_struct(common)?;
+        let common: Common = read_struct(settings::split(&mut map, ToolConfig::COMMON))?;
         let kind = read_kind(&kind, map)
             .map_err(|e| SettingError::new(format!("tool '{}': {e}", common.name)))?;
         Ok(ToolConfig {
