@@ -16,7 +16,9 @@ use serde::{
 };
 use serde_json::{Map, Value};
 
-use settings::{Kinds, SettingError, field_names, read_kind, read_struct, refuse_unknown, take};
+use settings::{
+    Kinds, SettingError, field_names, read_kind, read_struct, read_with_part, refuse_unknown, take,
+};
 
 use crate::{Reward, builtin};
 
@@ -265,16 +267,15 @@ plain_kind!(ColumnSettings, RegexSettings, LengthSettings);
 /// for a flattened struct).
 impl Kind for CommandSettings {
     fn fields() -> Vec<&'static str> {
-        let mut fields = vec!["program"];
-        fields.extend(process::SandboxKeys::KEYS);
-        fields
+        [&["program"][..], &process::SandboxKeys::KEYS].concat()
     }
     /// The sandbox keys read apart, so that an error in one names its key.
-    fn read(mut map: Map<String, Value>) -> Result<Self, SettingError> {
-        let keys = settings::split(&mut map, &process::SandboxKeys::KEYS);
-        let mut command: CommandSettings = read_struct(map)?;
-        command.keys = read_struct(keys)?;
-        Ok(command)
+    fn read(map: Map<String, Value>) -> Result<Self, SettingError> {
+        read_with_part(
+            map,
+            &process::SandboxKeys::KEYS,
+            |c: &mut CommandSettings| &mut c.keys,
+        )
     }
     fn build(&self, kind: &'static str, at: BuildContext<'_>) -> Result<Reward, SettingError> {
         self.build_reward(kind, at)

@@ -134,6 +134,20 @@ pub fn split(map: &mut Map<String, Value>, keys: &[&str]) -> Map<String, Value> 
     part
 }
 
+/// `S` read from `map`, the keys `part` names read apart as `P` into the field `field` gives:
+/// what a struct flattens (the sandbox keys), so that an error in one of those keys names it
+/// (`limits.memory_mib`), which serde cannot through a flattened struct.
+pub fn read_with_part<S: DeserializeOwned, P: DeserializeOwned>(
+    mut map: Map<String, Value>,
+    part: &[&str],
+    field: fn(&mut S) -> &mut P,
+) -> Result<S, SettingError> {
+    let part = split(&mut map, part);
+    let mut settings: S = read_struct(map)?;
+    *field(&mut settings) = read_struct(part)?;
+    Ok(settings)
+}
+
 /// Settings chosen by a `kind` key: one struct per kind, each read from its own keys.
 pub trait Kinds: Sized {
     /// The kinds' names, in order.
@@ -173,7 +187,7 @@ pub fn read_kind<K: Kinds>(kind: &str, map: Map<String, Value>) -> Result<K, Set
 }
 
 /// Every key some kind of `K` reads, after `common` (the keys every kind shares), each once.
-pub fn every_key<K: Kinds>(common: &[&'static str]) -> Vec<&'static str> {
+fn every_key<K: Kinds>(common: &[&'static str]) -> Vec<&'static str> {
     let mut keys = common.to_vec();
     for kind in K::NAMES {
         for key in K::fields_of(kind).unwrap_or_default() {
@@ -204,7 +218,7 @@ pub fn refuse_unknown<K: Kinds>(
 }
 
 /// `a, b, c or d`.
-pub fn list_or(names: &[&str]) -> String {
+fn list_or(names: &[&str]) -> String {
     match names.split_last() {
         Some((last, [])) => (*last).to_owned(),
         Some((last, rest)) => format!("{} or {last}", rest.join(", ")),

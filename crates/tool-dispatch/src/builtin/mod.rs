@@ -31,9 +31,9 @@ mod program;
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned, de::Error as _};
+use serde::{Deserialize, Deserializer, Serialize, de::Error as _};
 use serde_json::{Map, Value, json};
-use settings::{Kinds, SettingError, field_names, read_kind, read_struct, take};
+use settings::{Kinds, SettingError, field_names, read_kind, read_struct, read_with_part, take};
 
 pub use self::calculator::{ExpressionError, MAX_EXPRESSION_DEPTH, evaluate};
 use crate::tool::{Tool, ToolSpec};
@@ -146,33 +146,17 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct CalculatorSettings {}
 
-/// The keys of a kind that runs a program: its own and the sandbox keys it flattens (which
-/// serde does not list for a flattened struct).
-fn with_sandbox_keys(own: &[&'static str]) -> Vec<&'static str> {
-    let mut keys = own.to_vec();
-    keys.extend(SandboxKeys::KEYS);
-    keys
-}
-
-/// A program kind's settings: its own keys, then the sandbox keys read apart, so that an error
-/// in one names its key (`limits.memory_mib`), which serde cannot through a flattened struct.
-fn read_program<S: DeserializeOwned>(
-    mut map: Map<String, Value>,
-    keys_of: fn(&mut S) -> &mut SandboxKeys,
-) -> Result<S, SettingError> {
-    let sandbox = settings::split(&mut map, &SandboxKeys::KEYS);
-    let mut settings: S = read_struct(map)?;
-    *keys_of(&mut settings) = read_struct(sandbox)?;
-    Ok(settings)
-}
-
 impl Kinds for ToolKind {
     const NAMES: &'static [&'static str] = &["command", "http", "python", "calculator"];
 
     fn fields_of(kind: &str) -> Option<Vec<&'static str>> {
         match kind {
-            "command" => Some(with_sandbox_keys(&["command", "max_output_bytes"])),
-            "python" => Some(with_sandbox_keys(&["interpreter", "max_output_bytes"])),
+            // A program kind's own keys and the sandbox keys it flattens (which serde does not
+            // list for a flattened struct), those read apart.
+            "command" => Some([&["command", "max_output_bytes"][..], &SandboxKeys::KEYS].concat()),
+            "python" => {
+                Some([&["interpreter", "max_output_bytes"][..], &SandboxKeys::KEYS].concat())
+            }
             "http" => Some(field_names::<HttpSettings>().to_vec()),
             "calculator" => Some(Vec::new()),
             _ => None,
@@ -181,13 +165,15 @@ impl Kinds for ToolKind {
 
     fn read_kind(kind: &str, map: Map<String, Value>) -> Result<ToolKind, SettingError> {
         match kind {
-            "command" => {
-                read_program(map, |c: &mut CommandSettings| &mut c.keys).map(ToolKind::Command)
-            }
+            "command" => read_with_part(map, &SandboxKeys::KEYS, |c: &mut CommandSettings| {
+                &mut c.keys
+            })
+            .map(ToolKind::Command),
             "http" => read_struct(map).map(ToolKind::Http),
-            "python" => {
-                read_program(map, |p: &mut PythonSettings| &mut p.keys).map(ToolKind::Python)
-            }
+            "python" => read_with_part(map, &SandboxKeys::KEYS, |p: &mut PythonSettings| {
+                &mut p.keys
+            })
+            .map(ToolKind::Python),
             "calculator" => read_struct(map).map(ToolKind::Calculator),
             other => Err(SettingError::new(format!("unknown kind '{other}'"))),
         }
