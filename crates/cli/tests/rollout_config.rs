@@ -565,6 +565,42 @@ fn an_unknown_key_in_agent_or_environment_is_named_with_the_file_and_its_line() 
 }
 
 #[test]
+fn a_key_of_another_kind_in_a_later_tool_is_named_at_its_own_line() {
+    let dir = workspace("misplaced-tool-key");
+    // The first tool has a `url` of its own: the line must be the second tool's.
+    let config = r#"
+dataset = "data/rows.jsonl"
+tokenizer = "data/tok"
+
+[[rewards]]
+spec = "numeric:answer"
+
+[[tools]]
+name = "lookup"
+kind = "http"
+url = "http://127.0.0.1:9/lookup"
+
+[[tools]]
+name = "calc"
+kind = "calculator"
+url = "http://127.0.0.1:9/calc"
+"#;
+    std::fs::write(dir.join("run.toml"), config).expect("write");
+    let stderr = rollout(&dir, &["--config", "run.toml"]);
+    let line = config
+        .lines()
+        .position(|l| l.contains("/calc"))
+        .expect("the line")
+        + 1;
+    let place = format!("{}:{line}:", dir.join("run.toml").display());
+    assert!(stderr.contains(&place), "{place} in {stderr}");
+    assert!(
+        stderr.contains("tool 'calc': `url` is not a field of kind \"calculator\""),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn an_agent_s_setup_is_one_command_or_a_list_and_check_prints_it_as_given() {
     let dir = workspace("agent-setup");
     for script in ["agent.sh", "verify.sh", "setup.sh"] {
