@@ -17,8 +17,8 @@ use std::{
 };
 
 use arrow_array::{
-    Array, ArrayRef, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array,
-    types::{Float32Type, Float64Type, UInt8Type, UInt32Type},
+    Array, ArrayRef, BinaryArray, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array,
+    types::{Float32Type, Float64Type, UInt8Type, UInt32Type, UInt64Type},
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use parquet::{
@@ -127,6 +127,17 @@ fn schema() -> SchemaRef {
         Field::new("step_rewards", list(DataType::Float64), true),
         // Null with episode credit; else JSON, `[{"start", "end", "advantage"}, ...]`.
         Field::new("advantage_spans", DataType::Utf8, true),
+        // JSON, `[{"start", "end", "version"}, ...]`: the version of each sampled token. Null
+        // in files written before the column existed.
+        Field::new("token_versions", DataType::Utf8, true),
+        // With routing replay (else null): the expert ids of every token, per layer, as
+        // `routed_experts_shape` `[tokens, layers, top_k]` little-endian ids of
+        // `routed_experts_dtype` (`uint8` or `uint16`) in token order; the tokens the server
+        // reported no routing for as JSON `[[start, end], ...]` (their ids are zeros).
+        Field::new("routed_experts", DataType::Binary, true),
+        Field::new("routed_experts_shape", list(DataType::UInt64), true),
+        Field::new("routed_experts_dtype", DataType::Utf8, true),
+        Field::new("routed_experts_missing", DataType::Utf8, true),
     ]))
 }
 
@@ -214,6 +225,33 @@ fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
         )),
         json_or_null(|s| {
             (!s.advantage_spans.is_empty()).then(|| serde_json::to_string(&s.advantage_spans))
+        })?,
+        json_or_null(|s| Some(serde_json::to_string(&s.token_versions)))?,
+        Arc::new(
+            samples
+                .iter()
+                .map(|s| s.routed_experts.as_ref().map(|r| r.data.as_slice()))
+                .collect::<BinaryArray>(),
+        ),
+        Arc::new(ListArray::from_iter_primitive::<UInt64Type, _, _>(
+            samples.iter().map(|s| {
+                s.routed_experts.as_ref().map(|r| {
+                    [r.tokens(), r.layers, r.top_k]
+                        .into_iter()
+                        .map(|n| Some(n as u64))
+                })
+            }),
+        )),
+        json_or_null(|s| {
+            s.routed_experts.as_ref().map(|r| {
+                serde_json::to_value(r.dtype).map(|v| v.as_str().unwrap_or_default().to_owned())
+            })
+        })?,
+        json_or_null(|s| {
+            s.routed_experts.as_ref().map(|r| {
+                let spans: Vec<[usize; 2]> = r.missing.iter().map(|m| [m.start, m.end]).collect();
+                serde_json::to_string(&spans)
+            })
         })?,
     ];
     Ok(RecordBatch::try_new(schema(), columns)?)
@@ -321,6 +359,8 @@ mod tests {
             reward: Some(1.0),
             rewards: Map::new(),
             model_version: 0,
+            token_versions: Vec::new(),
+            routed_experts: None,
             metrics: rollout_core::SampleMetrics::new(),
             environment,
             reward_notes: Map::new(),
@@ -334,7 +374,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("parquet-environment-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temp dir");
         // An output of the first schema: every column up to `metrics`, none of those added
-        // since (`environment`, `reward_notes`, `step_rewards`, `advantage_spans`).
+        // since (`environment`, `reward_notes`, `step_rewards`, `advantage_spans`,
+        // `token_versions`).
         let old = dir.join("old.parquet");
         let full = batch(&[sample(0, Map::new())]).expect("a batch");
         let metrics = full.schema().index_of("metrics").expect("a metrics column");
@@ -358,6 +399,18 @@ mod tests {
             end: 2,
             advantage: -0.5,
         }];
+        new.token_versions = vec![rollout_core::VersionSpan {
+            start: 1,
+            end: 2,
+            version: 3,
+        }];
+        new.routed_experts = Some(rollout_core::RowRouting {
+            layers: 2,
+            top_k: 1,
+            dtype: rollout_core::ExpertDtype::Uint8,
+            data: vec![4, 5, 6, 7, 0, 0],
+            missing: vec![2..3],
+        });
         let journal = dir.join("out.partial.jsonl");
         let line = serde_json::to_string(&new).expect("JSON");
         std::fs::write(&journal, format!("{line}\n")).expect("the journal");
@@ -368,6 +421,7 @@ mod tests {
             .and_then(|builder| builder.build())
             .expect("readable");
         let (mut environment, mut spans, mut steps) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut versions, mut routing) = (Vec::new(), Vec::new());
         for batch in reader {
             let batch = batch.expect("a batch");
             let text = |name: &str| {
@@ -378,6 +432,27 @@ mod tests {
             };
             environment.extend(text("environment").iter().map(|t| t.map(str::to_owned)));
             spans.extend(text("advantage_spans").iter().map(|t| t.map(str::to_owned)));
+            versions.extend(text("token_versions").iter().map(|t| t.map(str::to_owned)));
+            let experts = batch
+                .column_by_name("routed_experts")
+                .and_then(|c| c.as_any().downcast_ref::<BinaryArray>().cloned())
+                .expect("a binary column");
+            let shapes = batch
+                .column_by_name("routed_experts_shape")
+                .and_then(|c| c.as_any().downcast_ref::<ListArray>().cloned())
+                .expect("a list column");
+            for i in 0..experts.len() {
+                routing.push((!experts.is_null(i)).then(|| {
+                    let shape = shapes.value(i);
+                    let shape = shape.as_any().downcast_ref::<UInt64Array>().expect("u64s");
+                    (
+                        experts.value(i).to_vec(),
+                        shape.values().to_vec(),
+                        text("routed_experts_dtype").value(i).to_owned(),
+                        text("routed_experts_missing").value(i).to_owned(),
+                    )
+                }));
+            }
             let lists = batch
                 .column_by_name("step_rewards")
                 .and_then(|c| c.as_any().downcast_ref::<ListArray>().cloned())
@@ -404,6 +479,25 @@ mod tests {
             [
                 None,
                 Some(r#"[{"start":1,"end":2,"advantage":-0.5}]"#.to_owned())
+            ]
+        );
+        assert_eq!(
+            versions,
+            [
+                None,
+                Some(r#"[{"start":1,"end":2,"version":3}]"#.to_owned())
+            ]
+        );
+        assert_eq!(
+            routing,
+            [
+                None,
+                Some((
+                    vec![4, 5, 6, 7, 0, 0],
+                    vec![3, 2, 1],
+                    "uint8".to_owned(),
+                    "[[2,3]]".to_owned()
+                ))
             ]
         );
         std::fs::remove_dir_all(&dir).expect("cleaned up");

@@ -94,6 +94,7 @@ mod message;
 pub mod parse;
 mod reconcile;
 pub mod render;
+mod routing;
 mod sample;
 mod turn;
 
@@ -108,6 +109,7 @@ pub use crate::{
         ChatTemplate, ChatTokenizer, IncrementalRender, NoExactDelta, RenderError, RenderOptions,
         RenderState, Rendered,
     },
-    sample::{AdvantageSpan, SampleMetrics, TrainingSample},
+    routing::{ExpertDtype, RoutedExperts, RowRouting},
+    sample::{AdvantageSpan, SampleMetrics, TrainingSample, VersionSpan},
     turn::TurnRecord,
 };

@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::TurnRecord;
+use crate::{RowRouting, TurnRecord, VersionSpan};
 
 /// Identifies the rollout (one conversation) a training row comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -57,10 +57,16 @@ pub struct TrainingRow {
     pub completion_mask: Vec<u8>,
     /// The sampling log-prob of each sampled token, `0.0` everywhere else.
     pub old_log_probs: Vec<f32>,
-    /// The oldest model version any of the row's turns was sampled under.
+    /// The oldest model version among the row's sampled tokens (the version of its first
+    /// turn when it holds none).
     pub model_version: u64,
+    /// The model version of each sampled token, as spans of `input_ids` in order: every
+    /// sampled token is in exactly one span; context tokens are in none.
+    pub token_versions: Vec<VersionSpan>,
     /// How many turns the row holds.
     pub turns: usize,
+    /// With routing replay, the experts routed for every token of `input_ids`.
+    pub routed_experts: Option<RowRouting>,
     /// Where each answer's sampled ids are in `input_ids`, in order: one span per answer the
     /// row holds. The continuation of an answer (a turn whose prompt is exactly the held
     /// tokens, as after an abort) extends its answer's span; a realigned answer's span ends
@@ -142,6 +148,14 @@ pub enum ReconcileError {
         /// Index of the turn in the conversation.
         turn: usize,
     },
+    /// The routing a server reported does not fit the turn's tokens or the row's layout.
+    #[error("turn {turn}: routed experts: {problem}")]
+    Routing {
+        /// Index of the turn in the conversation.
+        turn: usize,
+        /// What does not fit.
+        problem: String,
+    },
     /// A log-prob is NaN (the server clamps -inf to a finite value; NaN is a bug upstream).
     #[error("turn {turn}: logprob of sampled token {index} is NaN")]
     NanLogprob {
@@ -204,36 +218,60 @@ impl Reconciler {
         self.tally
     }
 
+    /// How a turn with this prompt would relate to the held tokens, and how many of them it
+    /// shares.
+    fn classify(&self, prompt_ids: &[u32]) -> (Transition, usize) {
+        let Some(open) = self.current.as_ref() else {
+            return (Transition::Start, 0);
+        };
+        let held = &open.row.input_ids;
+        let common = common_prefix(held, prompt_ids);
+        let drift_tokens = held.len() - common;
+        let transition = if drift_tokens == 0 {
+            Transition::Clean
+        } else if common >= open.last_answer_start
+            && drift_tokens < self.config.fork_threshold_tokens
+        {
+            Transition::Realign { drift_tokens }
+        } else {
+            Transition::Fork { drift_tokens }
+        };
+        (transition, common)
+    }
+
+    /// With routing replay, the first position of a request with this prompt whose routing
+    /// the row would lack: ask the server for the routing from there on
+    /// (`routed_experts_prompt_start`), so that each token's is reported once.
+    pub fn routing_wanted_from(&self, prompt_ids: &[u32]) -> usize {
+        let have = |open: &Open| open.row.routed_experts.as_ref().map_or(0, |r| r.tokens());
+        match (self.classify(prompt_ids), self.current.as_ref()) {
+            ((Transition::Clean, _), Some(open)) => have(open),
+            ((Transition::Realign { .. }, common), Some(open)) => have(open).min(common),
+            _ => 0,
+        }
+    }
+
     /// Adds the next turn of the conversation. On error nothing is changed.
     pub fn push(&mut self, turn: &TurnRecord) -> Result<Transition, ReconcileError> {
         self.validate(turn)?;
+        let (transition, common) = self.classify(&turn.prompt_ids);
+        self.check_routing(turn, transition, common)?;
         self.turns += 1;
-        let transition = match self.current.as_mut() {
-            None => {
+        match (transition, self.current.as_mut()) {
+            (Transition::Start, _) | (_, None) => {
                 self.current = Some(Open::start(self.rollout_id, turn));
-                Transition::Start
             }
-            Some(open) => {
-                let held = &open.row.input_ids;
-                let common = common_prefix(held, &turn.prompt_ids);
-                let drift_tokens = held.len() - common;
-                if drift_tokens == 0 {
-                    open.extend_context(&turn.prompt_ids[common..]);
-                    self.tally.clean += 1;
-                    Transition::Clean
-                } else if common >= open.last_answer_start
-                    && drift_tokens < self.config.fork_threshold_tokens
-                {
-                    open.truncate(common);
-                    open.extend_context(&turn.prompt_ids[common..]);
-                    self.tally.realign += 1;
-                    Transition::Realign { drift_tokens }
-                } else {
-                    self.tally.fork += 1;
-                    Transition::Fork { drift_tokens }
-                }
+            (Transition::Clean, Some(open)) => {
+                open.extend_context(&turn.prompt_ids[common..]);
+                self.tally.clean += 1;
             }
-        };
+            (Transition::Realign { .. }, Some(open)) => {
+                open.truncate(common);
+                open.extend_context(&turn.prompt_ids[common..]);
+                self.tally.realign += 1;
+            }
+            (Transition::Fork { .. }, Some(_)) => self.tally.fork += 1,
+        }
         match transition {
             Transition::Fork { drift_tokens } => {
                 self.tally.drift_tokens += drift_tokens as u64;
@@ -248,7 +286,78 @@ impl Reconciler {
             }
             Transition::Start | Transition::Clean => self.append_sampled(turn),
         }
+        if let Some(open) = self.current.as_mut() {
+            open.take_routing(turn);
+        }
         Ok(transition)
+    }
+
+    /// Refuses routing that does not cover the turn's positions from where it starts to the
+    /// last but one (the server never runs the model on the last id it samples), or whose
+    /// layout differs from the row's.
+    fn check_routing(
+        &self,
+        turn: &TurnRecord,
+        transition: Transition,
+        common: usize,
+    ) -> Result<(), ReconcileError> {
+        let Some(reported) = &turn.routed_experts else {
+            return Ok(());
+        };
+        let problem = |problem: String| ReconcileError::Routing {
+            turn: self.turns,
+            problem,
+        };
+        let positions = turn.prompt_ids.len() + turn.sampled_ids.len();
+        let expected = (positions - 1).saturating_sub(reported.start);
+        if reported.tokens != expected {
+            return Err(problem(format!(
+                "the server reported {} positions from position {}, but the turn's {positions} \
+                 tokens need {expected} (every token from there on but the last sampled)",
+                reported.tokens, reported.start
+            )));
+        }
+        let bytes = reported.tokens * reported.stride();
+        if reported.data.len() != bytes {
+            return Err(problem(format!(
+                "{} bytes of ids for shape [{}, {}, {}] of {:?}, which needs {bytes}",
+                reported.data.len(),
+                reported.tokens,
+                reported.layers,
+                reported.top_k,
+                reported.dtype
+            )));
+        }
+        let continued = matches!(transition, Transition::Clean | Transition::Realign { .. });
+        if let (true, Some(open)) = (continued, self.current.as_ref())
+            && let Some(routing) = &open.row.routed_experts
+        {
+            if !routing.fits(reported) {
+                return Err(problem(format!(
+                    "[{} layers, top {}, {:?}] after earlier turns of [{} layers, top {}, {:?}]",
+                    reported.layers,
+                    reported.top_k,
+                    reported.dtype,
+                    routing.layers,
+                    routing.top_k,
+                    routing.dtype
+                )));
+            }
+            let have = routing.tokens().min(common);
+            if reported.start > have {
+                return Err(problem(format!(
+                    "reported from position {}, but the row has the routing of {have} tokens \
+                     only: positions in between would be lost",
+                    reported.start
+                )));
+            }
+        } else if reported.start != 0 {
+            return Err(problem(format!(
+                "the row starts with this turn but the routing from position {}",
+                reported.start
+            )));
+        }
+        Ok(())
     }
 
     /// Closes the open row and returns every row with the tally. Each row's vectors are cut
@@ -260,6 +369,13 @@ impl Reconciler {
             row.input_ids.shrink_to_fit();
             row.completion_mask.shrink_to_fit();
             row.old_log_probs.shrink_to_fit();
+            if let Some(oldest) = row.token_versions.iter().map(|s| s.version).min() {
+                row.model_version = oldest;
+            }
+            if let Some(routing) = &mut row.routed_experts {
+                routing.pad_to(row.input_ids.len());
+                routing.data.shrink_to_fit();
+            }
         }
         Reconciled {
             rows: self.rows,
@@ -314,6 +430,8 @@ impl Open {
                 completion_mask: Vec::new(),
                 old_log_probs: Vec::new(),
                 model_version: turn.model_version,
+                token_versions: Vec::new(),
+                routed_experts: None,
                 turns: 0,
                 turn_spans: Vec::new(),
             },
@@ -338,6 +456,32 @@ impl Open {
         if let Some(last) = row.turn_spans.last_mut() {
             last.end = last.end.min(len);
         }
+        if let Some(routing) = &mut row.routed_experts {
+            routing.truncate(len);
+        }
+        // Overwritten tokens are context now: no version of theirs is kept.
+        row.token_versions.retain(|span| span.start < len);
+        if let Some(last) = row.token_versions.last_mut() {
+            last.end = last.end.min(len);
+        }
+    }
+
+    /// Takes the turn's routing of the tokens the row has none for (after the turn's ids
+    /// were appended: the row is the turn's prompt then its sampled ids).
+    fn take_routing(&mut self, turn: &TurnRecord) {
+        let Some(reported) = &turn.routed_experts else {
+            return;
+        };
+        let routing = self
+            .row
+            .routed_experts
+            .get_or_insert_with(|| RowRouting::like(reported));
+        // The positions between what the row has and where the report starts were checked
+        // to be none; those before it are kept as first reported.
+        let have = routing.tokens();
+        if reported.start + reported.tokens > have {
+            routing.extend_from(reported, have.max(reported.start));
+        }
     }
 
     fn append_sampled(&mut self, turn: &TurnRecord) {
@@ -360,7 +504,17 @@ impl Open {
                 .extend(mask.iter().map(|&trained| u8::from(trained))),
             None => row.completion_mask.resize(row.input_ids.len(), 1),
         }
-        row.model_version = row.model_version.min(turn.model_version);
+        match row.token_versions.last_mut() {
+            Some(last) if last.end == start && last.version == turn.model_version => {
+                last.end = end;
+            }
+            _ if end > start => row.token_versions.push(VersionSpan {
+                start,
+                end,
+                version: turn.model_version,
+            }),
+            _ => {}
+        }
         row.turns += 1;
     }
 }

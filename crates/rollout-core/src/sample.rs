@@ -5,7 +5,7 @@ use std::{borrow::Cow, fmt, ops::Index};
 use serde::{Deserialize, Serialize, de, ser::SerializeMap};
 use serde_json::{Map, Value};
 
-use crate::{Message, reconcile::RolloutId};
+use crate::{Message, RowRouting, reconcile::RolloutId};
 
 /// One training row with everything a trainer needs to learn from it. A forked conversation
 /// gives several samples with the same `rollout_id`.
@@ -36,10 +36,18 @@ pub struct TrainingSample {
     pub reward: Option<f64>,
     /// Per reward function, by name: its score, or `null` when it could not score.
     pub rewards: Map<String, Value>,
-    /// The model version its group's first turn was sampled under (the oldest of the
-    /// group's turns); the span of the sample's own turns is in `metrics`
-    /// (`model_version_min`, `model_version_max`).
+    /// The oldest model version among the row's sampled tokens (its first turn's when it
+    /// holds none): what a trainer's staleness check reads, conservative for every token.
     pub model_version: u64,
+    /// The model version of each sampled token, as spans of `input_ids` in order
+    /// (`[{"start", "end", "version"}]`): every sampled token is in exactly one span, context
+    /// tokens in none. Empty in files written before per-token versions.
+    #[serde(default)]
+    pub token_versions: Vec<VersionSpan>,
+    /// With routing replay: for every token of `input_ids`, per layer, the experts the
+    /// server's router chose (see [`RowRouting`] for its JSON form). Absent without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<RowRouting>,
     /// Per-sample numbers (turns, tool calls, drift, ...).
     pub metrics: SampleMetrics,
     /// What the rollout's environment said that is not a number (absent when it said
@@ -63,6 +71,17 @@ pub struct TrainingSample {
     /// where `advantage` is every trained token's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub advantage_spans: Vec<AdvantageSpan>,
+}
+
+/// The model version that sampled the tokens `input_ids[start..end]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSpan {
+    /// The first token.
+    pub start: usize,
+    /// One past the last token.
+    pub end: usize,
+    /// The version of the weights that sampled them.
+    pub version: u64,
 }
 
 /// The advantage of the tokens `input_ids[start..end]` (one assistant turn's).

@@ -1,5 +1,7 @@
 //! What one generation call produced: the exact prompt sent and what the server sampled.
 
+use crate::RoutedExperts;
+
 /// One model call of a conversation, as the server saw it and answered.
 ///
 /// Training rows are built from these ids, never from re-tokenized text: `prompt_ids` are
@@ -18,6 +20,9 @@ pub struct TurnRecord {
     pub mask: Option<Vec<bool>>,
     /// The model version the ids were sampled under.
     pub model_version: u64,
+    /// With routing replay, the experts the server's router chose for the positions it
+    /// reported of `prompt_ids` then `sampled_ids`.
+    pub routed_experts: Option<RoutedExperts>,
 }
 
 impl TurnRecord {
@@ -34,7 +39,15 @@ impl TurnRecord {
             logprobs,
             mask: None,
             model_version,
+            routed_experts: None,
         }
+    }
+
+    /// Sets the routing the server reported.
+    #[must_use]
+    pub fn with_routed_experts(mut self, routed: Option<RoutedExperts>) -> Self {
+        self.routed_experts = routed;
+        self
     }
 
     /// Sets the per-token mask (`true` = trained on).

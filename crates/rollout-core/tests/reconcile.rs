@@ -1,8 +1,8 @@
 //! The reconciler: each classification, threshold edges, masks, log-prob alignment, errors.
 
 use async_grpo_rollout_core::{
-    ReconcileError, Reconciler, ReconcilerConfig, RolloutId, Tally, TrainingRow, Transition,
-    TurnRecord, reconcile,
+    ExpertDtype, ReconcileError, Reconciler, ReconcilerConfig, RolloutId, RoutedExperts, Tally,
+    TrainingRow, Transition, TurnRecord, VersionSpan, reconcile,
 };
 use proptest::prelude::*;
 
@@ -250,6 +250,66 @@ fn a_row_carries_the_oldest_model_version_of_its_turns() {
     assert_eq!(row.turns, 2);
 }
 
+fn versioned(prompt: &[u32], sampled: &[u32], version: u64) -> TurnRecord {
+    let mut record = turn(prompt, sampled);
+    record.model_version = version;
+    record
+}
+
+fn span(start: usize, end: usize, version: u64) -> VersionSpan {
+    VersionSpan {
+        start,
+        end,
+        version,
+    }
+}
+
+#[test]
+fn each_sampled_token_keeps_the_version_that_sampled_it() {
+    let mut reconciler = Reconciler::new(ID, config(4));
+    for record in [
+        // An answer sampled under 1, aborted after [3, 4]; continued under 2 with [5] (the
+        // prompt is exactly the held tokens), then continued again under 2 with [6].
+        versioned(&[1, 2], &[3, 4], 1),
+        versioned(&[1, 2, 3, 4], &[5], 2),
+        versioned(&[1, 2, 3, 4, 5], &[6], 2),
+        // A tool result [9], then the next answer under 2.
+        versioned(&[1, 2, 3, 4, 5, 6, 9], &[7, 8], 2),
+    ] {
+        reconciler.push(&record).expect("valid turns");
+    }
+    let (row, _) = one_row(reconciler);
+    assert_eq!(
+        row.token_versions,
+        [span(2, 4, 1), span(4, 6, 2), span(7, 9, 2)]
+    );
+    assert_eq!(row.model_version, 1, "the oldest among its tokens");
+}
+
+#[test]
+fn a_realigned_token_loses_its_version_and_the_row_its_oldest_when_none_is_left() {
+    let mut reconciler = Reconciler::new(ID, config(4));
+    reconciler
+        .push(&versioned(&[1], &[2, 3], 1))
+        .expect("valid turns");
+    // The answer re-rendered from [2, 3] to [2, 4]: 3 is overwritten as context.
+    reconciler
+        .push(&versioned(&[1, 2, 4, 5], &[6], 2))
+        .expect("valid turns");
+    let (row, _) = one_row(reconciler);
+    assert_eq!(row.token_versions, [span(1, 2, 1), span(4, 5, 2)]);
+
+    // Every token of version 1 overwritten: the row's oldest version is 2.
+    let mut reconciler = Reconciler::new(ID, config(4));
+    reconciler.push(&versioned(&[1], &[2], 1)).expect("valid");
+    reconciler
+        .push(&versioned(&[1, 7, 5], &[6], 2))
+        .expect("valid turns");
+    let (row, _) = one_row(reconciler);
+    assert_eq!(row.token_versions, [span(3, 4, 2)]);
+    assert_eq!(row.model_version, 2);
+}
+
 #[test]
 fn a_turn_with_nothing_sampled_adds_only_context() {
     let turns = [turn(&[1], &[10]), turn(&[1, 10, 2], &[])];
@@ -362,6 +422,18 @@ proptest! {
             prop_assert_eq!(row.input_ids.len(), row.completion_mask.len());
             prop_assert_eq!(row.input_ids.len(), row.old_log_probs.len());
         }
+        // Every sampled token (mask 1 here: no turn has a mask) is in exactly one version
+        // span, and nothing else is.
+        for row in &reconciled.rows {
+            let mut covered = vec![0u8; row.input_ids.len()];
+            for span in &row.token_versions {
+                prop_assert!(span.start < span.end && span.end <= row.input_ids.len());
+                for c in &mut covered[span.start..span.end] {
+                    *c += 1;
+                }
+            }
+            prop_assert_eq!(&covered, &row.completion_mask);
+        }
         // The last row ends with the last turn's prompt and sampled ids.
         let (last_prompt, last_sampled) = &steps[steps.len() - 1];
         let last = &reconciled.rows[reconciled.rows.len() - 1];
@@ -411,4 +483,111 @@ fn a_forked_row_holds_the_spans_of_its_own_answers() {
         .map(|row| row.turn_spans.iter().map(|s| (s.start, s.end)).collect())
         .collect();
     assert_eq!(spans, [[(1, 3)], [(3, 4)]]);
+}
+
+/// Routing as a server of 2 layers, top 1, reports it for the positions `start..` of a turn
+/// of `positions` tokens: the expert of position `p` at layer `l` is `seed + 10 p + l`.
+fn routed(start: usize, positions: usize, seed: u8) -> RoutedExperts {
+    let tokens = positions - 1 - start;
+    RoutedExperts {
+        start,
+        tokens,
+        layers: 2,
+        top_k: 1,
+        dtype: ExpertDtype::Uint8,
+        data: (start..positions - 1)
+            .flat_map(|p| [seed + 10 * p as u8, seed + 10 * p as u8 + 1])
+            .collect(),
+    }
+}
+
+fn experts_of(row: &TrainingRow) -> Vec<Option<u16>> {
+    let routing = row.routed_experts.as_ref().expect("routing");
+    (0..row.input_ids.len())
+        .map(|t| routing.experts(t, 1).map(|e| e[0]))
+        .collect()
+}
+
+#[test]
+fn each_token_keeps_the_routing_first_reported_and_the_last_token_is_missing() {
+    let mut reconciler = Reconciler::new(ID, config(4));
+    let first = turn(&[1, 2], &[3, 4]);
+    assert_eq!(reconciler.routing_wanted_from(&first.prompt_ids), 0);
+    reconciler
+        .push(&first.clone().with_routed_experts(Some(routed(0, 4, 0))))
+        .expect("valid");
+    // The next prompt extends the held tokens: only the last sampled token lacks routing.
+    let second = turn(&[1, 2, 3, 4, 5], &[6]);
+    assert_eq!(reconciler.routing_wanted_from(&second.prompt_ids), 3);
+    // A server that ignores the start and reports from 0 (other values, seed 100): the
+    // tokens reported before are kept as first reported.
+    reconciler
+        .push(&second.with_routed_experts(Some(routed(0, 6, 100))))
+        .expect("valid");
+    let (row, _) = one_row(reconciler);
+    assert_eq!(
+        experts_of(&row),
+        [Some(1), Some(11), Some(21), Some(131), Some(141), None]
+    );
+    assert_eq!(
+        row.routed_experts.as_ref().map(|r| r.missing.clone()),
+        Some(vec![5..6])
+    );
+}
+
+#[test]
+fn a_realign_or_a_fork_asks_for_the_routing_of_what_it_rewrites() {
+    let mut reconciler = Reconciler::new(ID, config(4));
+    reconciler
+        .push(&turn(&[1], &[2, 3]).with_routed_experts(Some(routed(0, 3, 0))))
+        .expect("valid");
+    // [1, 2, 4, 5]: the answer's 3 re-rendered as 4, realigned at 2 tokens.
+    assert_eq!(reconciler.routing_wanted_from(&[1, 2, 4, 5]), 2);
+    // History rewritten before the last answer: a new row, from 0.
+    assert_eq!(reconciler.routing_wanted_from(&[9, 9, 9]), 0);
+    let error = reconciler
+        .push(&turn(&[1, 2, 4, 5], &[6]).with_routed_experts(Some(routed(3, 5, 0))))
+        .expect_err("position 2 would be lost");
+    assert!(error.to_string().contains("would be lost"), "{error}");
+    reconciler
+        .push(&turn(&[1, 2, 4, 5], &[6]).with_routed_experts(Some(routed(2, 5, 50))))
+        .expect("valid");
+    let (row, _) = one_row(reconciler);
+    assert_eq!(
+        experts_of(&row),
+        [Some(1), Some(11), Some(71), Some(81), None]
+    );
+}
+
+#[test]
+fn routing_that_does_not_fit_the_turn_or_the_row_is_refused_and_changes_nothing() {
+    let mut reconciler = Reconciler::new(ID, config(4));
+    let mut short = routed(0, 4, 0);
+    short.tokens -= 1;
+    short.data.truncate(short.data.len() - 2);
+    let error = reconciler
+        .push(&turn(&[1, 2], &[3, 4]).with_routed_experts(Some(short)))
+        .expect_err("one position short");
+    assert_eq!(
+        error.to_string(),
+        "turn 0: routed experts: the server reported 2 positions from position 0, but the \
+         turn's 4 tokens need 3 (every token from there on but the last sampled)"
+    );
+    assert!(reconciler.held().is_empty(), "nothing was applied");
+    reconciler
+        .push(&turn(&[1, 2], &[3, 4]).with_routed_experts(Some(routed(0, 4, 0))))
+        .expect("valid");
+    let mut wider = routed(3, 6, 0);
+    wider.dtype = ExpertDtype::Uint16;
+    wider.data = wider.data.iter().flat_map(|&b| [b, 0]).collect();
+    let error = reconciler
+        .push(&turn(&[1, 2, 3, 4, 5], &[6]).with_routed_experts(Some(wider)))
+        .expect_err("another layout");
+    assert!(error.to_string().contains("after earlier turns"), "{error}");
+    let mut bad_bytes = routed(3, 6, 0);
+    bad_bytes.data.pop();
+    let error = reconciler
+        .push(&turn(&[1, 2, 3, 4, 5], &[6]).with_routed_experts(Some(bad_bytes)))
+        .expect_err("a byte short");
+    assert!(error.to_string().contains("which needs 4"), "{error}");
 }

@@ -152,8 +152,6 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         .iter()
         .map(|done| sample_metrics(done, append))
         .collect();
-    // Versions only grow, so the group's oldest turn is its first.
-    let group_version = finished.iter().map(|d| d.versions.0).min().unwrap_or(0);
     let steps: Vec<Vec<Option<f64>>> = finished.iter().map(Finished::turn_step_rewards).collect();
     let (scores, advantages, per_turn) = score(shared, group, &mut finished, &steps).await;
     if advantages.dropped {
@@ -233,7 +231,9 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
                 advantage: advantages.advantages[index],
                 reward: scores.rewards[index],
                 rewards,
-                model_version: group_version,
+                model_version: row.model_version,
+                token_versions: row.token_versions,
+                routed_experts: row.routed_experts,
                 metrics,
                 environment,
                 reward_notes,

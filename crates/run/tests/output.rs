@@ -20,6 +20,8 @@ fn sample(group_id: u64, rollout: u64) -> TrainingSample {
         reward: Some(1.0),
         rewards: Map::new(),
         model_version: 0,
+        token_versions: Vec::new(),
+        routed_experts: None,
         metrics: SampleMetrics::new(),
         environment: Map::new(),
         reward_notes: Map::new(),

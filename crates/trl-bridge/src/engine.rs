@@ -27,7 +27,7 @@ use std::{
 use async_grpo_run::{DatasetSource, Destination, RunSpec, Running, Servers, SpecError, ToolPool};
 use files::{data::Plan, output::Output};
 use harness::{Harness, HarnessConfig};
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayMethods};
 use process::Sandbox;
 use pyo3::{
     exceptions::{PyOSError, PyRuntimeError, PyValueError},
@@ -35,7 +35,7 @@ use pyo3::{
     types::{PyDict, PyList},
 };
 use rollout::{DrainReport, Engine, ScoredGroup};
-use rollout_core::TrainingSample;
+use rollout_core::{ExpertDtype, TrainingSample};
 use scoring::{Reward, ScorerConfig};
 use serde_json::Value;
 use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
@@ -827,6 +827,38 @@ fn sample_to_python<'py>(py: Python<'py>, sample: &TrainingSample) -> PyResult<B
     dict.set_item("reward", sample.reward)?;
     dict.set_item("rewards", json_text(&sample.rewards)?)?;
     dict.set_item("model_version", sample.model_version)?;
+    // One `[start, end, version]` row per span, as JSON Lines' `token_versions` objects.
+    let spans: Vec<i64> = sample
+        .token_versions
+        .iter()
+        .flat_map(|s| [s.start as i64, s.end as i64, s.version as i64])
+        .collect();
+    let spans = PyArray1::from_vec(py, spans).reshape([sample.token_versions.len(), 3])?;
+    dict.set_item("token_versions", spans)?;
+    if let Some(routing) = &sample.routed_experts {
+        let shape = [routing.tokens(), routing.layers, routing.top_k];
+        let experts = match routing.dtype {
+            ExpertDtype::Uint8 => PyArray1::from_slice(py, &routing.data)
+                .reshape(shape)?
+                .into_any(),
+            ExpertDtype::Uint16 => {
+                let ids: Vec<u16> = routing
+                    .data
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                PyArray1::from_vec(py, ids).reshape(shape)?.into_any()
+            }
+        };
+        dict.set_item("routed_experts", experts)?;
+        let missing: Vec<i64> = routing
+            .missing
+            .iter()
+            .flat_map(|m| [m.start as i64, m.end as i64])
+            .collect();
+        let missing = PyArray1::from_vec(py, missing).reshape([routing.missing.len(), 2])?;
+        dict.set_item("routed_experts_missing", missing)?;
+    }
     dict.set_item("group_id", sample.group_id)?;
     dict.set_item("rollout_id", sample.rollout_id.0)?;
     let metrics = PyDict::new(py);

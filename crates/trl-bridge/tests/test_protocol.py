@@ -28,6 +28,8 @@ TRL_FIELDS = [
     "metrics",
     "enqueued_at",
 ]
+# What the worker's samples carry besides TRL's fields, for off-policy trainers.
+PER_TOKEN_FIELDS = ["token_versions", "routed_experts", "routed_experts_missing"]
 
 
 def calculator(expression: str) -> str:
@@ -42,13 +44,14 @@ def calculator(expression: str) -> str:
 
 
 def test_the_worker_has_the_shape_of_trl_s_rollout_worker_protocol(simulator, make_worker) -> None:
+    """TRL's protocol and sample, and the per-token fields besides."""
     sim = simulator()
     worker = make_worker(sim)
     assert isinstance(worker.rollout_buffer, queue.Queue)
     assert isinstance(worker.metrics_queue, queue.Queue)
     for method, arity in (("start", 0), ("stop", 0), ("update_model_version", 1), ("check_health", 1)):
         assert len(inspect.signature(getattr(worker, method)).parameters) == arity, method
-    assert [f.name for f in dataclasses.fields(async_grpo.RolloutSample)] == TRL_FIELDS
+    assert [f.name for f in dataclasses.fields(async_grpo.RolloutSample)] == TRL_FIELDS + PER_TOKEN_FIELDS
     worker.start()
     [sample] = take(worker, 1)
     assert isinstance(sample, async_grpo.RolloutSample)
@@ -57,6 +60,16 @@ def test_the_worker_has_the_shape_of_trl_s_rollout_worker_protocol(simulator, ma
     assert sample.old_log_probs.dtype == np.float32 and sample.old_log_probs.shape == sample.input_ids.shape
     assert isinstance(sample.advantage, float) and isinstance(sample.model_version, int)
     assert isinstance(sample.group_id, int) and isinstance(sample.enqueued_at, float)
+    # One [start, end, version] row per span, covering exactly the sampled tokens.
+    spans = sample.token_versions
+    assert spans.dtype == np.int64 and spans.ndim == 2 and spans.shape[1] == 3 and len(spans) >= 1
+    covered = np.zeros_like(sample.input_ids)
+    for start, end, version in spans:
+        covered[start:end] += 1
+        assert version <= worker.model_version
+    assert (covered == sample.completion_mask).all()
+    assert sample.model_version == spans[:, 2].min()
+    assert sample.routed_experts is None and sample.routed_experts_missing is None
     assert sample.prompt == [{"role": "user", "content": sample.prompt[0]["content"]}]
     assert sample.completion[-1]["role"] == "assistant"
     assert all(isinstance(value, float) for value in sample.metrics.values())

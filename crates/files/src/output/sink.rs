@@ -125,6 +125,8 @@ mod tests {
                 .cloned()
                 .unwrap_or_default(),
             model_version: 3,
+            token_versions: Vec::new(),
+            routed_experts: None,
             metrics: rollout_core::SampleMetrics::new(),
             environment: Map::new(),
             reward_notes: Map::new(),

@@ -9,6 +9,10 @@ Where TRL keeps it, first match wins:
 2. TRL 1.16: ``trl.experimental.async_grpo.async_rollout_worker.RolloutSample``.
 3. Neither: ``_RolloutSample`` below.
 
+The class exported is a subclass of that one with what off-policy trainers read besides
+(``token_versions``, ``routed_experts``, ``routed_experts_missing``; ``None`` where a field
+does not apply), so TRL's trainer consumes it as its own.
+
 Importing ``trl.experimental`` makes TRL warn (``TRLExperimentalWarning``, unless
 ``TRL_EXPERIMENTAL_SILENCE`` is set); the lookup ignores that one warning inside
 ``warnings.catch_warnings()``, so importing ``async_grpo`` prints nothing of TRL's and the
@@ -89,4 +93,24 @@ def _trl_sample() -> type | None:
         return _stable_trl_sample() or _experimental_trl_sample()
 
 
-RolloutSample: type = _trl_sample() or _RolloutSample
+def _with_offpolicy_fields(base: type) -> type:
+    """``base`` with the per-token fields of off-policy training added, each ``None`` unless set."""
+
+    @dataclass(slots=True)
+    class RolloutSample(base):  # type: ignore[valid-type, misc]
+        """One training row: TRL's fields, then per token the version of the weights that
+        sampled it (``token_versions``: one ``[start, end, version]`` row per span of
+        ``input_ids``, sampled tokens only) and, with routing replay, the experts the router
+        chose (``routed_experts``: shape ``(len(input_ids), layers, top_k)``, uint8 or uint16;
+        ``routed_experts_missing``: ``[start, end]`` rows of tokens the server reported no
+        routing for, zeros in ``routed_experts``)."""
+
+        token_versions: np.ndarray | None = None
+        routed_experts: np.ndarray | None = None
+        routed_experts_missing: np.ndarray | None = None
+
+    RolloutSample.__module__ = __name__
+    return RolloutSample
+
+
+RolloutSample: type = _with_offpolicy_fields(_trl_sample() or _RolloutSample)

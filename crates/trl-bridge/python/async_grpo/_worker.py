@@ -615,6 +615,9 @@ class RolloutWorker:
                 model_version=int(raw["model_version"]),
                 group_id=int(raw["group_id"]),
                 metrics=metrics,
+                token_versions=raw["token_versions"],
+                routed_experts=raw.get("routed_experts"),
+                routed_experts_missing=raw.get("routed_experts_missing"),
             )
             whole = self._put(sample) and whole
         values: dict[str, MetricValue] = {key: (num, den) for key, (num, den) in rates.items()}

@@ -1,5 +1,5 @@
-"""Importing ``async_grpo`` prints none of TRL's experimental notice, and its ``RolloutSample`` is
-TRL's own: the one of the ``AsyncGRPOTrainer`` that ``trl`` exports (TRL's stable API), else TRL
+"""Importing ``async_grpo`` prints none of TRL's experimental notice, and its ``RolloutSample``
+extends TRL's own (with the per-token fields of off-policy training): the one of the ``AsyncGRPOTrainer`` that ``trl`` exports (TRL's stable API), else TRL
 1.16's in ``trl.experimental.async_grpo``, else the package's own dataclass.
 
 Every import runs in a fresh interpreter (``sys.executable -c``) without
@@ -22,7 +22,7 @@ import pytest
 NOTICE = "You are importing from 'trl.experimental'"
 IMPORTED = "--- async_grpo imported ---"
 
-# Imports async_grpo, then reports on stdout: its RolloutSample's module, whether
+# Imports async_grpo, then reports on stdout: the module of the class its RolloutSample extends, whether
 # trl.experimental was imported, whether the caller still sees TRL's notice (no filter against
 # it left behind) and has no TRL_EXPERIMENTAL_SILENCE. A marker on stderr separates what the
 # import printed from what follows.
@@ -30,7 +30,7 @@ IMPORT_ASYNC_GRPO = f"""
 import os, sys, warnings
 import async_grpo
 print({IMPORTED!r}, file=sys.stderr, flush=True)
-print(async_grpo.RolloutSample.__module__)
+print(async_grpo.RolloutSample.__bases__[0].__module__)
 print("trl.experimental" in sys.modules)
 from trl.import_utils import TRLExperimentalWarning
 with warnings.catch_warnings(record=True) as shown:
@@ -75,7 +75,7 @@ def test_importing_async_grpo_prints_no_experimental_notice_and_gives_trl_1_16_s
     same = fresh_python(
         "import async_grpo\n"
         "from trl.experimental.async_grpo.async_rollout_worker import RolloutSample\n"
-        "print(async_grpo.RolloutSample is RolloutSample)"
+        "print(async_grpo.RolloutSample.__bases__ == (RolloutSample,))"
     )
     assert same.stdout.split()[-1:] == ["True"]
 
