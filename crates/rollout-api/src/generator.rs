@@ -3,7 +3,7 @@
 use std::{fmt, future::Future};
 
 use crate::SettingError;
-use rollout_core::RolloutId;
+use rollout_core::{RolloutId, RoutedExperts};
 
 /// Sampling settings shared by every request of a run (settings file keys and, with the
 /// `clap` feature, flags of the same names).
@@ -101,6 +101,9 @@ pub struct GenerateRequest<'a> {
     pub sampling: &'a Sampling,
     /// This request's seed, when the run has one.
     pub seed: Option<u64>,
+    /// Routing replay: report the experts routed for the positions from this one of the
+    /// prompt on (`None`: no routing asked).
+    pub routed_experts_from: Option<usize>,
 }
 
 /// Why sampling stopped.
@@ -123,6 +126,21 @@ pub struct Generation {
     pub logprobs: Vec<f32>,
     /// Why sampling stopped.
     pub finish: Finish,
+    /// The experts routed for the positions asked for (`routed_experts_from` on), when the
+    /// server reported them.
+    pub routed_experts: Option<RoutedExperts>,
+}
+
+impl Generation {
+    /// A generation without routing.
+    pub fn new(token_ids: Vec<u32>, logprobs: Vec<f32>, finish: Finish) -> Generation {
+        Generation {
+            token_ids,
+            logprobs,
+            finish,
+            routed_experts: None,
+        }
+    }
 }
 
 /// A turn that could not be sampled, after whatever retries the generator does itself.
@@ -196,6 +214,14 @@ pub trait Generator: Send + Sync + 'static {
         None
     }
 
+    /// Ends the requests in flight early, each answering at once with what it sampled so far
+    /// ([`Finish::Abort`]), so that the loop can continue them under new weights; the server
+    /// then serves requests again. `Ok(false)` when this generator cannot (its requests run
+    /// to their end instead), which is the default.
+    fn interrupt(&self) -> impl Future<Output = Result<bool, GenerateError>> + Send {
+        std::future::ready(Ok(false))
+    }
+
     /// A rollout has ended: forget whatever was kept for it.
     fn release(&self, rollout: RolloutId) {
         let _ = rollout;
@@ -242,10 +268,10 @@ impl GeneratorStats {
 
 #[cfg(feature = "vllm-client")]
 mod vllm {
-    use vllm_client::{Client, FinishReason, GenerateParams, SamplingParams};
+    use vllm_client::{Client, FinishReason, GenerateParams, PauseMode, SamplingParams};
 
     use super::{Finish, GenerateError, GenerateRequest, Generation, Generator, GeneratorStats};
-    use rollout_core::RolloutId;
+    use rollout_core::{ExpertDtype, RolloutId, RoutedExperts};
 
     fn sticky_key(rollout: RolloutId) -> String {
         format!("rollout-{}", rollout.0)
@@ -270,6 +296,7 @@ mod vllm {
                 },
                 structured_outputs: None,
                 sticky_key: Some(sticky_key(request.rollout)),
+                routed_experts_from: request.routed_experts_from,
             };
             let completion = Client::generate(self, request.prompt_ids, &params)
                 .await
@@ -288,11 +315,40 @@ mod vllm {
                 FinishReason::Abort => Finish::Abort,
                 _ => Finish::Stop,
             };
+            let routed_experts = completion.routed_experts.map(|routed| {
+                let [tokens, layers, top_k] = routed.shape;
+                RoutedExperts {
+                    start: request.routed_experts_from.unwrap_or(0),
+                    tokens,
+                    layers,
+                    top_k,
+                    dtype: if routed.width == 2 {
+                        ExpertDtype::Uint16
+                    } else {
+                        ExpertDtype::Uint8
+                    },
+                    data: routed.data,
+                }
+            });
             Ok(Generation {
                 logprobs: completion.logprobs.iter().map(|&l| l as f32).collect(),
                 token_ids: completion.token_ids,
                 finish,
+                routed_experts,
             })
+        }
+
+        /// `POST /pause?mode=abort` then `/resume` on every server: the requests in flight
+        /// answer at once with `finish_reason: "abort"` and their partial ids (needs the
+        /// server's `VLLM_SERVER_DEV_MODE=1`).
+        async fn interrupt(&self) -> Result<bool, GenerateError> {
+            let paused = Client::pause(self, PauseMode::Abort).await;
+            // Resumed whatever the pause did: a server left paused would hold every request.
+            let resumed = Client::resume(self).await;
+            paused
+                .and(resumed)
+                .map(|()| true)
+                .map_err(|e| GenerateError::new(e.to_string()))
         }
 
         fn max_model_len(&self) -> Option<u32> {

@@ -291,6 +291,7 @@ impl Generator for SleepingGenerator {
             } else {
                 Finish::Length
             },
+            routed_experts: None,
         })
     }
 

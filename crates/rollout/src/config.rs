@@ -70,6 +70,85 @@ pub enum InFlight {
     Wait,
     /// They are cancelled; their groups are dropped (counted as cancelled).
     Abort,
+    /// Their requests are interrupted, keeping the tokens sampled so far (with their
+    /// logprobs and version), and no request is sent until the resume; each answer then
+    /// continues from its prompt and those tokens under the version current at the resume.
+    Continue,
+}
+
+impl InFlight {
+    /// `wait`, `abort` or `continue`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InFlight::Wait => "wait",
+            InFlight::Abort => "abort",
+            InFlight::Continue => "continue",
+        }
+    }
+}
+
+impl fmt::Display for InFlight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for InFlight {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "wait" => Ok(InFlight::Wait),
+            "abort" => Ok(InFlight::Abort),
+            "continue" => Ok(InFlight::Continue),
+            other => Err(format!(
+                "unknown in-flight mode '{other}'; expected wait (rollouts run to their end), abort (cancelled) or continue (interrupted, continued after the resume)"
+            )),
+        }
+    }
+}
+
+/// What happens to a training row holding a token sampled more than `max_token_staleness`
+/// versions before the version current when its group is complete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StaleTokens {
+    /// Those tokens are kept as context: `completion_mask` 0 (a row left with no trained
+    /// token is dropped).
+    #[default]
+    Mask,
+    /// The row is dropped.
+    Drop,
+}
+
+impl StaleTokens {
+    /// `mask` or `drop`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleTokens::Mask => "mask",
+            StaleTokens::Drop => "drop",
+        }
+    }
+}
+
+impl fmt::Display for StaleTokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for StaleTokens {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "mask" => Ok(StaleTokens::Mask),
+            "drop" => Ok(StaleTokens::Drop),
+            other => Err(format!(
+                "unknown stale-token rule '{other}'; expected mask (the tokens trained on no more) or drop (the row dropped)"
+            )),
+        }
+    }
 }
 
 /// How the loop runs.
@@ -135,6 +214,25 @@ pub struct RolloutConfig {
     #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub groups_per_version: Option<u64>,
+    /// Bound each sampled token's staleness: a token sampled more than N versions before the
+    /// version current when its group is complete is masked, or its row dropped (see
+    /// stale_tokens); both are counted (default: no bound)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_token_staleness: Option<u64>,
+    /// With max_token_staleness: mask the stale tokens (completion_mask 0) or drop their row
+    #[cfg_attr(feature = "clap", arg(long, value_name = "RULE"))]
+    pub stale_tokens: StaleTokens,
+    /// What a pause for a weight update does to the rollouts in flight: wait (they run to
+    /// their end under the old weights), abort (cancelled, their groups dropped) or continue
+    /// (their requests interrupted with the tokens so far kept, continued after the resume
+    /// under the new version); the control endpoint's /pause without ?mode= uses it
+    #[cfg_attr(feature = "clap", arg(long, value_name = "MODE"))]
+    pub in_flight: InFlight,
+    /// Routing replay: ask the server for the experts its router chose for every token
+    /// (vLLM started with --enable-return-routed-experts) and write them on each row
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub routed_experts: bool,
     /// Stop the run (drain, exit 1) once more than this fraction of the rollouts that ended
     /// failed, judged from 16 rollouts on and at the end; failures because no server could
     /// be reached do not count (see --server-wait)
@@ -198,6 +296,10 @@ impl Default for RolloutConfig {
             max_groups: None,
             max_staleness: None,
             groups_per_version: None,
+            max_token_staleness: None,
+            stale_tokens: StaleTokens::Mask,
+            in_flight: InFlight::Wait,
+            routed_experts: false,
             max_failure_rate: Some(0.5),
             server_wait: Duration::from_secs(600),
             sampling: Sampling::default(),

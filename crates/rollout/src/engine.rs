@@ -17,6 +17,10 @@ use crate::{
     lock, shared::Shared,
 };
 
+/// How long a pause in [`InFlight::Continue`] waits for the interrupted requests to answer
+/// before it interrupts again (one that reached the server after the interrupt runs on).
+const INTERRUPT_AGAIN: Duration = Duration::from_secs(2);
+
 /// The loop could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -157,14 +161,24 @@ impl<G: Generator> Engine<G> {
     /// Pauses admission: no group is admitted and no admitted group starts until
     /// [`Engine::resume`]. With [`InFlight::Wait`] the rollouts in flight run to their end;
     /// with [`InFlight::Abort`] they are cancelled (their groups dropped, counted as
-    /// cancelled). Returns once no rollout is in flight. Pausing a paused loop is harmless.
+    /// cancelled); either way it returns once no rollout is in flight. With
+    /// [`InFlight::Continue`] the rollouts stay, their requests are interrupted (the
+    /// generator's [`Generator::interrupt`]: each answers with the tokens it has) and none
+    /// is sent until the resume; it returns once no request is on the wire, which is when
+    /// the weights may change: set the new version, then resume. Pausing a paused loop is
+    /// harmless.
     pub async fn pause(&self, mode: InFlight) {
         let shared = &self.shared;
+        let _one_at_a_time = shared.control.pausing.lock().await;
         shared.control.paused.send_replace(true);
-        if mode == InFlight::Abort {
-            let mut abort = lock(&shared.control.abort);
-            abort.cancel();
-            *abort = CancellationToken::new();
+        match mode {
+            InFlight::Abort => {
+                let mut abort = lock(&shared.control.abort);
+                abort.cancel();
+                *abort = CancellationToken::new();
+            }
+            InFlight::Continue => return self.hold_requests().await,
+            InFlight::Wait => {}
         }
         loop {
             let mut freed = std::pin::pin!(shared.control.slot_freed.notified());
@@ -177,8 +191,49 @@ impl<G: Generator> Engine<G> {
         }
     }
 
-    /// Resumes admission after [`Engine::pause`].
+    /// Holds every generation request from now on, and interrupts those on the wire until
+    /// none is: the write half of `requests`, queued before the interrupt so that an answer
+    /// continued after it waits behind, kept until [`Engine::resume`].
+    async fn hold_requests(&self) {
+        let control = &self.shared.control;
+        if lock(&control.held).is_some() {
+            return;
+        }
+        let mut write = std::pin::pin!(Arc::clone(&control.requests).write_owned());
+        // Polled once here, the write is queued: readers that come after wait behind it.
+        let ready = tokio::select! {
+            biased;
+            guard = write.as_mut() => Some(guard),
+            () = std::future::ready(()) => None,
+        };
+        let guard = match ready {
+            Some(guard) => guard,
+            None => loop {
+                match self.shared.wiring.generator.interrupt().await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(
+                        "the generator cannot interrupt requests: the pause waits for them to end"
+                    ),
+                    Err(error) => tracing::warn!(
+                        %error,
+                        "could not interrupt the requests in flight (vLLM needs VLLM_SERVER_DEV_MODE=1 for /pause); the pause waits for them to end"
+                    ),
+                }
+                // A request that reached the server after the interrupt runs on: interrupt
+                // again until none is left.
+                match tokio::time::timeout(INTERRUPT_AGAIN, write.as_mut()).await {
+                    Ok(guard) => break guard,
+                    Err(_) => continue,
+                }
+            },
+        };
+        *lock(&control.held) = Some(guard);
+    }
+
+    /// Resumes admission after [`Engine::pause`], and the requests a pause in
+    /// [`InFlight::Continue`] held: they are sent under the version current now.
     pub fn resume(&self) {
+        drop(lock(&self.shared.control.held).take());
         self.shared.control.paused.send_replace(false);
     }
 

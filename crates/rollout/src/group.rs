@@ -15,14 +15,14 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
 use crate::{
-    Generator, PromptMode,
+    Generator, PromptMode, StaleTokens,
     health::Counters,
     lock,
     outcome::{FailureCause, Finished, RolloutFailure, Stop},
     shared::Shared,
 };
 use rollout_core::{
-    AdvantageSpan, Message, RenderError, RenderState, SampleMetrics, TrainingSample,
+    AdvantageSpan, Message, RenderError, RenderState, SampleMetrics, TrainingRow, TrainingSample,
 };
 
 use crate::DatasetRow;
@@ -195,12 +195,21 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         let copies = copies(described, done.rows.len());
         let given_steps = steps.iter().any(Option::is_some);
         let mut first_turn = 0;
-        for (row, (prompt, completion, rewards, metrics, environment, reward_notes)) in
+        for (mut row, (prompt, completion, rewards, metrics, environment, reward_notes)) in
             done.rows.into_iter().zip(copies)
         {
             // The row's turns are the rollout's from `first_turn` on, one per span.
             let turns = first_turn..first_turn + row.turn_spans.len();
             first_turn = turns.end;
+            if !fresh_enough(shared, &mut row) {
+                continue;
+            }
+            if let Some(routing) = &row.routed_experts {
+                Counters::add(
+                    &counters.routing_missing_tokens,
+                    routing.missing_tokens() as u64,
+                );
+            }
             let step_rewards = if given_steps {
                 steps[turns.clone()].to_vec()
             } else {
@@ -254,6 +263,36 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         failures,
         metrics: scores.metrics.to_map(),
     });
+}
+
+/// Applies `max_token_staleness` to a row about to be sent: its tokens sampled more than that
+/// many versions before the current one are masked (`stale_tokens = "mask"`; a row left with
+/// no trained token is dropped), or the row is dropped (`"drop"`). Whether it is kept.
+fn fresh_enough<G>(shared: &Shared<G>, row: &mut TrainingRow) -> bool {
+    let Some(bound) = shared.config.max_token_staleness else {
+        return true;
+    };
+    let current = shared.control.model_version();
+    let stale = |version: u64| current.saturating_sub(version) > bound;
+    if !row.token_versions.iter().any(|span| stale(span.version)) {
+        return true;
+    }
+    let counters = &shared.tallies.counters;
+    if shared.config.stale_tokens == StaleTokens::Mask {
+        let mut masked = 0;
+        for span in row.token_versions.iter().filter(|span| stale(span.version)) {
+            for mask in &mut row.completion_mask[span.start..span.end] {
+                masked += u64::from(*mask);
+                *mask = 0;
+            }
+        }
+        Counters::add(&counters.tokens_offpolicy_masked, masked);
+        if row.trained_tokens() > 0 {
+            return true;
+        }
+    }
+    Counters::add(&counters.rows_offpolicy_dropped, 1);
+    false
 }
 
 /// `value` `n` times: `n - 1` copies, then `value` itself.

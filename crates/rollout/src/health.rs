@@ -87,6 +87,18 @@ counters! {
         bad_rows,
         /// Rollouts a pause in `abort` mode cancelled (also in `rollouts_cancelled`).
         rollouts_aborted,
+        /// Answers the server ended early (a pause in `continue` mode, or the server's own
+        /// `/pause?mode=abort`) that were continued from the tokens they had.
+        answers_continued,
+        /// Training rows dropped for holding a token sampled more than
+        /// `max_token_staleness` versions before the version current when its group was
+        /// complete (`stale_tokens = "drop"`).
+        rows_offpolicy_dropped,
+        /// Tokens kept as context (mask 0) for the same reason (`stale_tokens = "mask"`).
+        tokens_offpolicy_masked,
+        /// Tokens of the rows written whose routed experts the server did not report (with
+        /// `routed_experts`: each row's last token, and any the server left out).
+        routing_missing_tokens,
     }
 }
 

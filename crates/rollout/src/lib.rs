@@ -63,7 +63,7 @@ pub use rollout_api::*;
 
 pub use crate::{
     builder::EngineBuilder,
-    config::{InFlight, PromptMode, RolloutConfig},
+    config::{InFlight, PromptMode, RolloutConfig, StaleTokens},
     engine::{DrainReport, Engine, EngineError, Groups},
     group::ScoredGroup,
     health::{Health, LatencySnapshot, Stats},

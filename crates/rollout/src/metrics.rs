@@ -355,6 +355,29 @@ mod prometheus {
                     stats.bad_rows,
                 ),
                 (
+                    "async_grpo_answers_continued",
+                    "Answers the server ended early (a pause in continue mode) continued from \
+                     the tokens they had.",
+                    stats.answers_continued,
+                ),
+                (
+                    "async_grpo_rows_offpolicy_dropped",
+                    "Training rows dropped for a token more than max_token_staleness versions \
+                     old.",
+                    stats.rows_offpolicy_dropped,
+                ),
+                (
+                    "async_grpo_tokens_offpolicy_masked",
+                    "Sampled tokens more than max_token_staleness versions old, masked out of \
+                     training.",
+                    stats.tokens_offpolicy_masked,
+                ),
+                (
+                    "async_grpo_routing_missing_tokens",
+                    "Tokens of rows written whose routed experts the server did not report.",
+                    stats.routing_missing_tokens,
+                ),
+                (
                     "async_grpo_server_retries",
                     "Server requests retried by the client.",
                     self.generator.retries,

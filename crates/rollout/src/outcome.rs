@@ -135,11 +135,14 @@ pub enum FailureCause {
     Agent,
     /// Its loop-owning agent ended without calling the model: nothing to train on.
     EmptyTrace,
+    /// With routing replay, the server's routed experts were missing or did not fit the
+    /// tokens.
+    Routing,
 }
 
 impl FailureCause {
     /// Every cause, in declaration order.
-    pub const ALL: [FailureCause; 13] = [
+    pub const ALL: [FailureCause; 14] = [
         FailureCause::Generation,
         FailureCause::Unavailable,
         FailureCause::PromptTooLong,
@@ -153,6 +156,7 @@ impl FailureCause {
         FailureCause::Environment,
         FailureCause::Agent,
         FailureCause::EmptyTrace,
+        FailureCause::Routing,
     ];
 
     /// The cause's place in [`FailureCause::ALL`] (a match, so that a new cause cannot be
@@ -172,6 +176,7 @@ impl FailureCause {
             FailureCause::Environment => 10,
             FailureCause::Agent => 11,
             FailureCause::EmptyTrace => 12,
+            FailureCause::Routing => 13,
         }
     }
 
@@ -191,6 +196,7 @@ impl FailureCause {
             FailureCause::Environment => "environment",
             FailureCause::Agent => "agent",
             FailureCause::EmptyTrace => "empty_trace",
+            FailureCause::Routing => "routing",
         }
     }
 

@@ -10,7 +10,7 @@ use rollout_core::{
     ChatTokenizer, Message, NoExactDelta, RenderError, RenderOptions, RenderState, ToolCallParser,
 };
 use scoring::Scorer;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, OwnedRwLockWriteGuard, RwLock, Semaphore, watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tool_dispatch::ToolDispatcher;
 
@@ -74,6 +74,14 @@ pub(crate) struct Control {
     pub(crate) abort: Mutex<CancellationToken>,
     /// The model version; rollouts waiting on staleness subscribe to it.
     pub(crate) versions: watch::Sender<u64>,
+    /// Every generation request holds it for reading from before its version is read until
+    /// its answer is back; a pause in [`InFlight::Continue`](crate::InFlight::Continue)
+    /// holds it for writing until the resume (`held`): no request is on the wire while the
+    /// weights change, so each request's tokens are one version's.
+    pub(crate) requests: Arc<RwLock<()>>,
+    pub(crate) held: Mutex<Option<OwnedRwLockWriteGuard<()>>>,
+    /// One pause at a time.
+    pub(crate) pausing: tokio::sync::Mutex<()>,
     pub(crate) admission: CancellationToken,
     pub(crate) admission_closed: AtomicBool,
     pub(crate) stop_heartbeat: CancellationToken,
@@ -119,6 +127,9 @@ impl Control {
             paused: watch::Sender::new(false),
             abort: Mutex::new(CancellationToken::new()),
             versions: watch::Sender::new(0),
+            requests: Arc::new(RwLock::new(())),
+            held: Mutex::new(None),
+            pausing: tokio::sync::Mutex::new(()),
             admission: CancellationToken::new(),
             admission_closed: AtomicBool::new(false),
             stop_heartbeat: CancellationToken::new(),

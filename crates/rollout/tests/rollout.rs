@@ -45,7 +45,7 @@ const BLOCK_CALL: &str = "<tool_call>\n{\"name\": \"block\", \"arguments\": {}}\
 /// A bound on every wait, so that a broken loop fails instead of hanging the suite.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn chat_tokenizer() -> ChatTokenizer {
+pub(crate) fn chat_tokenizer() -> ChatTokenizer {
     static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(vllm_sim::training_tokenizer);
     let template =
         ChatTemplate::new("chatml-tools", CHATML_WITH_TOOLS).expect("the template compiles");
@@ -310,12 +310,13 @@ impl Generator for ScriptedGenerator {
             token_ids: logged.sampled,
             logprobs: logged.logprobs,
             finish,
+            routed_experts: None,
         })
     }
 }
 
 /// The number at the end of the answer: "The answer is 6" scores 6.
-fn scorer() -> Scorer {
+pub(crate) fn scorer() -> Scorer {
     let answer = Reward::new_sync("answer", |group: &Group| {
         Ok(group
             .completions
@@ -866,11 +867,104 @@ async fn turns_record_the_model_version_they_were_sampled_under() {
     for sample in &out[0].samples {
         assert_eq!(
             sample.model_version, 0,
-            "a sample carries its first version"
+            "a sample carries the oldest version among its tokens"
         );
         assert_eq!(metric(sample, "model_version_min"), 0.0);
         assert_eq!(metric(sample, "model_version_max"), 3.0);
+        // The first answer's tokens under 0, the second's under 3, each span exactly an
+        // answer's sampled tokens.
+        let versions: Vec<u64> = sample.token_versions.iter().map(|s| s.version).collect();
+        assert_eq!(versions, [0, 3], "{:?}", sample.token_versions);
+        for span in &sample.token_versions {
+            assert!(
+                sample.completion_mask[span.start..span.end]
+                    .iter()
+                    .all(|&m| m == 1)
+            );
+        }
+        let sampled: usize = sample.token_versions.iter().map(|s| s.end - s.start).sum();
+        assert_eq!(
+            sampled,
+            sample.completion_mask.iter().filter(|&&m| m == 1).count()
+        );
     }
+}
+
+/// Two turns per rollout, the first under version 0 and the second under 3 (the version
+/// moved while the tool held the rollouts), run with `max_token_staleness` and `rule`:
+/// the samples and the end's counters.
+async fn run_with_token_bound(
+    bound: u64,
+    rule: async_grpo_rollout::StaleTokens,
+) -> (Vec<ScoredGroup>, async_grpo_rollout::Stats) {
+    let tokenizer = chat_tokenizer();
+    let generator = ScriptedGenerator::answering(&tokenizer, &[WAIT_CALL]);
+    let gate = Gate::new();
+    let mut config = config(2);
+    config.max_token_staleness = Some(bound);
+    config.stale_tokens = rule;
+    let (engine, mut groups) = start(
+        &generator,
+        Some(tools(2, Some(gate.clone()), None)),
+        config,
+        rows(1),
+    );
+    wait_until(PATIENCE, "both first turns", || {
+        engine.health().stats.turns == 2
+    })
+    .await;
+    engine.set_model_version(3).expect("versions grow");
+    gate.open();
+    let out = collect(&mut groups).await;
+    let report = engine.shutdown(Duration::from_secs(10)).await;
+    (out, report.stats)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_past_the_per_token_bound_are_masked_or_their_row_dropped_and_counted() {
+    use async_grpo_rollout::StaleTokens;
+    // Three versions behind is within a bound of 3: nothing changes.
+    let (out, stats) = run_with_token_bound(3, StaleTokens::Mask).await;
+    assert_eq!(out[0].samples.len(), 2);
+    assert_eq!(stats.tokens_offpolicy_masked, 0);
+    let trained =
+        |s: &rollout_core::TrainingSample| s.completion_mask.iter().filter(|&&m| m == 1).count();
+    let whole: Vec<usize> = out[0].samples.iter().map(trained).collect();
+
+    // A bound of 2: the first answer's tokens (version 0) are masked, the second's kept.
+    let (out, stats) = run_with_token_bound(2, StaleTokens::Mask).await;
+    let mut masked = 0;
+    for (sample, whole) in out[0].samples.iter().zip(&whole) {
+        let [old, new] = sample.token_versions[..] else {
+            panic!("two spans: {:?}", sample.token_versions);
+        };
+        assert!(
+            sample.completion_mask[old.start..old.end]
+                .iter()
+                .all(|&m| m == 0)
+        );
+        assert!(
+            sample.completion_mask[new.start..new.end]
+                .iter()
+                .all(|&m| m == 1)
+        );
+        assert_eq!(trained(sample), new.end - new.start);
+        masked += whole - trained(sample);
+        // The logprobs stay: the tokens are context now, as the trainer saw them sampled.
+        assert!(
+            sample.old_log_probs[old.start..old.end]
+                .iter()
+                .all(|&l| l != 0.0)
+        );
+    }
+    assert_eq!(stats.tokens_offpolicy_masked, masked as u64);
+    assert_eq!(stats.rows_offpolicy_dropped, 0);
+
+    // The same bound, dropping: no row is left, and both are counted.
+    let (out, stats) = run_with_token_bound(2, StaleTokens::Drop).await;
+    assert!(out.iter().all(|g| g.samples.is_empty()), "{out:?}");
+    assert_eq!(stats.rows_offpolicy_dropped, 2);
+    assert_eq!(stats.tokens_offpolicy_masked, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ use crate::{
     error::Error,
     http::{Http, Settings},
     retry::RetryPolicy,
+    routing::RoutedExperts,
     types::{
         ChatRequest, ChatResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
         DetokenizeResponse, FinishReason, ModelCard, ModelList, PauseMode, Prompt, SamplingParams,
@@ -128,6 +129,9 @@ pub struct GenerateParams {
     /// Keeps every request with this key on the same server while it is healthy (a rollout's
     /// turns then reuse its prefix cache).
     pub sticky_key: Option<String>,
+    /// Routing replay: ask for the routed experts of the positions from this one of the
+    /// prompt on (the server must run with `--enable-return-routed-experts`).
+    pub routed_experts_from: Option<usize>,
 }
 
 /// One sampled turn: the ids the server sampled and their logprobs, which a trainer learns
@@ -148,6 +152,10 @@ pub struct GenerateOutput {
     pub text: String,
     /// The seed the request carried.
     pub seed: u64,
+    /// The routed experts the server reported, when they were asked for and it did
+    /// (`None` from a server without `--enable-return-routed-experts`, and for a request
+    /// aborted before the model ran).
+    pub routed_experts: Option<RoutedExperts>,
 }
 
 /// Counters of the client.
@@ -631,6 +639,15 @@ impl Client {
                     format!("the logprob of sampled token {i} is null"),
                 ))
             })?;
+        let routed_experts = match (&params.routed_experts_from, &choice.routed_experts) {
+            (Some(_), Some(text)) => Some(RoutedExperts::from_base64_npy(text).map_err(|e| {
+                self.failed(Error::invalid(
+                    ENDPOINT,
+                    format!("`choices[0].routed_experts`: {e}"),
+                ))
+            })?),
+            _ => None,
+        };
         Ok(GenerateOutput {
             token_ids,
             logprobs,
@@ -639,6 +656,7 @@ impl Client {
             prompt_token_ids: choice.prompt_token_ids,
             text: choice.text,
             seed,
+            routed_experts,
         })
     }
 
@@ -1036,6 +1054,8 @@ struct TurnChoice {
     finish_reason: Option<FinishReason>,
     #[serde(default)]
     stop_reason: Option<serde_json::Value>,
+    #[serde(default)]
+    routed_experts: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1067,6 +1087,7 @@ fn generate_request(
         add_special_tokens: Some(false),
         echo: None,
         structured_outputs: params.structured_outputs.clone(),
+        routed_experts_prompt_start: params.routed_experts_from,
     }
 }
 

@@ -42,11 +42,13 @@ mod client;
 mod error;
 mod http;
 mod retry;
+mod routing;
 pub mod types;
 
 pub use crate::{
     client::{Client, ClientConfig, ClientStats, GenerateOutput, GenerateParams},
     error::Error,
     retry::RetryPolicy,
+    routing::RoutedExperts,
     types::{FinishReason, PauseMode, SamplingParams, StructuredOutputs},
 };

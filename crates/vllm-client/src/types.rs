@@ -109,6 +109,10 @@ pub struct CompletionRequest {
     /// Constrained decoding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub structured_outputs: Option<StructuredOutputs>,
+    /// With a server started with `--enable-return-routed-experts`: report the routed
+    /// experts of the positions from this one of the prompt on (vLLM 0.32's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed_experts_prompt_start: Option<usize>,
 }
 
 /// Why generation stopped.
@@ -165,6 +169,10 @@ pub struct CompletionChoice {
     /// The stop string or token id that ended generation, if one did.
     #[serde(default)]
     pub stop_reason: Option<Value>,
+    /// With `--enable-return-routed-experts`: base64 of a `.npy` array of the routed experts
+    /// ([`RoutedExperts::from_base64_npy`](crate::RoutedExperts::from_base64_npy)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<String>,
 }
 
 /// Token counts.

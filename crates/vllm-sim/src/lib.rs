@@ -169,6 +169,27 @@ pub struct SimConfig {
     /// Keep every completion answered, for [`Simulator::transcript`] (tests compare what a
     /// client made of the answers with what was sampled).
     pub record: bool,
+    /// Play a mixture-of-experts model served with `--enable-return-routed-experts`: every
+    /// completion choice carries `routed_experts` as vLLM 0.32 writes it (see
+    /// [`SimRouting`]).
+    pub routed_experts: Option<SimRouting>,
+}
+
+/// The router of a simulated mixture-of-experts model. A completion's `routed_experts` is
+/// base64 of the `.npy` bytes of an array of shape `(positions, layers, top_k)`, `uint8`
+/// when `experts <= 256` else `uint16`, for the positions from the request's
+/// `routed_experts_prompt_start` (default 0) to the last but one of prompt + sampled ids, as
+/// vLLM 0.32 reports them. A position's experts depend on its token, its place and the
+/// weights' version ([`Simulator::set_weights`]), so re-sending a row's ids reports the same
+/// routing under the same weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimRouting {
+    /// MoE layers.
+    pub layers: usize,
+    /// Experts per token and layer.
+    pub top_k: usize,
+    /// Experts per layer.
+    pub experts: usize,
 }
 
 impl SimConfig {
@@ -199,6 +220,7 @@ impl SimConfig {
             faults: Faults::default(),
             fault_seed: 0,
             record: false,
+            routed_experts: None,
         };
         settings.apply_to(&mut config);
         config
@@ -256,6 +278,11 @@ pub struct Exchange {
     pub logprobs: Vec<f64>,
     /// `stop`, `length` or `abort`.
     pub finish_reason: &'static str,
+    /// The version of the weights that sampled the ids ([`Simulator::set_weights`]).
+    pub weights: u64,
+    /// Whether the weights changed while the request ran (its ids are then not all of
+    /// `weights`, as with vLLM's `/pause?mode=keep` around a weight update).
+    pub weights_changed: bool,
 }
 
 /// What the simulator has seen.
@@ -404,6 +431,14 @@ impl Simulator {
     /// The counters so far.
     pub fn counters(&self) -> SimCounters {
         self.state.counters.snapshot()
+    }
+
+    /// Loads weights of `version`: from now on answers, their logprobs and their routing are
+    /// those of these weights (version 0, the start's, answers as the simulator always did).
+    /// What a trainer's weight update does to a real server; `POST /sim/weights
+    /// {"version": N}` does the same over HTTP.
+    pub fn set_weights(&self, version: u64) {
+        self.state.weights.store(version, Ordering::Release);
     }
 
     /// Every completion answered so far, in order (empty unless `record` was set).

@@ -49,6 +49,8 @@ pub(crate) struct State {
     token_texts: Vec<String>,
     /// Completions answered, when the config says to record them.
     pub(super) transcript: Mutex<Vec<super::Exchange>>,
+    /// The version of the weights loaded ([`Simulator::set_weights`](super::Simulator::set_weights)).
+    pub(super) weights: AtomicU64,
 }
 
 impl std::fmt::Debug for State {
@@ -88,6 +90,7 @@ impl State {
             transcript: Mutex::new(Vec::new()),
             pause: pause_channel().0,
             sequence: AtomicU64::new(0),
+            weights: AtomicU64::new(0),
         }
     }
 
@@ -390,6 +393,7 @@ pub(super) fn router(state: Arc<State>) -> Router {
         .route("/start_weight_update", post(acknowledge))
         .route("/update_weights", post(acknowledge))
         .route("/finish_weight_update", post(acknowledge))
+        .route("/sim/weights", post(set_weights))
         .with_state(state)
 }
 
@@ -438,8 +442,37 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
         Ok(max_tokens) => max_tokens as usize,
         Err(response) => return *response,
     };
-    let seed = request.sampling.seed.unwrap_or(sequence);
+    if let Some(start) = request.routed_experts_prompt_start
+        && start > prompt.len()
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "routed_experts_prompt_start must be between 0 and the prompt length ({}), \
+                 inclusive. (parameter=routed_experts_prompt_start, value={start})",
+                prompt.len()
+            ),
+            "BadRequestError",
+            Some("routed_experts_prompt_start"),
+        );
+    }
+    let weights = state.weights.load(Ordering::Acquire);
+    // Other weights answer otherwise: the request's seed drawn anew for each version.
+    let seed = match request.sampling.seed.unwrap_or(sequence) {
+        seed if weights == 0 => seed,
+        seed => mix(seed ^ mix(weights ^ WEIGHTS_DRAW)),
+    };
     let (ids, finish) = sample(state, &prompt, max_tokens, seed).await;
+    let weights_changed = state.weights.load(Ordering::Acquire) != weights;
+    let routed_experts = state.config.routed_experts.map(|router| {
+        routed_experts(
+            router,
+            &prompt,
+            &ids,
+            request.routed_experts_prompt_start.unwrap_or(0),
+            weights,
+        )
+    });
     let as_ids = request.return_tokens_as_token_ids == Some(true);
     // Typed and borrowed: the simulator must cost little next to the client it measures.
     let tokens: Vec<std::borrow::Cow<'_, str>> =
@@ -457,6 +490,8 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
                 .map(|(i, id)| State::logprob(seed, i, *id))
                 .collect(),
             finish_reason: finish,
+            weights,
+            weights_changed,
         });
     }
     let with_ids = request.return_token_ids;
@@ -473,6 +508,7 @@ async fn complete(state: &State, sequence: u64, body: &[u8]) -> Response {
             stop_reason: None,
             token_ids: with_ids.then_some(&ids),
             prompt_token_ids: with_ids.then_some(&prompt),
+            routed_experts,
         }],
         usage: SimUsage {
             prompt_tokens: prompt.len(),
@@ -530,6 +566,68 @@ async fn sample(
     (ids, finish)
 }
 
+/// What a draw of other weights mixes into a request's seed.
+const WEIGHTS_DRAW: u64 = 0x5745_4947_4854_5321;
+
+/// vLLM's `routed_experts` of a choice: base64 of the `.npy` bytes of the experts `router`
+/// chose at each position from `start` to the last but one of `prompt` then `ids`.
+fn routed_experts(
+    router: super::SimRouting,
+    prompt: &[u32],
+    ids: &[u32],
+    start: usize,
+    weights: u64,
+) -> String {
+    use base64::Engine as _;
+    let positions = (prompt.len() + ids.len()).saturating_sub(1);
+    let rows = positions.saturating_sub(start);
+    let wide = router.experts > 256;
+    let mut data =
+        Vec::with_capacity(rows * router.layers * router.top_k * (1 + usize::from(wide)));
+    for (position, &token) in prompt
+        .iter()
+        .chain(ids)
+        .enumerate()
+        .take(positions)
+        .skip(start)
+    {
+        for layer in 0..router.layers {
+            let mut chosen: Vec<usize> = Vec::with_capacity(router.top_k);
+            let mut draw =
+                mix(u64::from(token) ^ mix(position as u64 ^ mix(layer as u64 ^ mix(weights))));
+            while chosen.len() < router.top_k.min(router.experts) {
+                let expert = (draw % router.experts as u64) as usize;
+                if !chosen.contains(&expert) {
+                    chosen.push(expert);
+                }
+                draw = mix(draw);
+            }
+            for expert in chosen {
+                if wide {
+                    data.extend_from_slice(&(expert as u16).to_le_bytes());
+                } else {
+                    data.push(expert as u8);
+                }
+            }
+        }
+    }
+    let dict = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': ({rows}, {}, {}), }}",
+        if wide { "<u2" } else { "|u1" },
+        router.layers,
+        router.top_k
+    );
+    // numpy pads the header with spaces and a newline to a multiple of 64 bytes.
+    let padded = (10 + dict.len() + 1).div_ceil(64) * 64 - 10;
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(padded as u16).to_le_bytes());
+    bytes.extend_from_slice(dict.as_bytes());
+    bytes.resize(10 + padded - 1, b' ');
+    bytes.push(b'\n');
+    bytes.extend_from_slice(&data);
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
 /// The logprobs of sampled `ids` spelled as `tokens`: each one's logprob (drawn from `seed`)
 /// and where its text starts in the completion.
 fn completion_logprobs<'a>(
@@ -580,6 +678,8 @@ struct SimChoice<'a> {
     token_ids: Option<&'a Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_token_ids: Option<&'a Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    routed_experts: Option<String>,
 }
 
 #[derive(serde::Serialize)]
@@ -1025,6 +1125,18 @@ async fn classify(Extract(state): Shared, body: Bytes) -> Response {
         "data": [{ "index": 0, "label": "LABEL_0", "probs": [score], "num_classes": 1 }],
     }))
     .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct Weights {
+    version: u64,
+}
+
+/// `POST /sim/weights {"version": N}`: the simulator's own weight update.
+async fn set_weights(Extract(state): Shared, Json(body): Json<Weights>) -> Json<Value> {
+    state.count();
+    state.weights.store(body.version, Ordering::Release);
+    Json(json!({ "version": body.version }))
 }
 
 async fn acknowledge(Extract(state): Shared) -> Json<Value> {

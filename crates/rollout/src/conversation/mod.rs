@@ -16,7 +16,7 @@ use std::{panic::AssertUnwindSafe, sync::Arc};
 use futures::FutureExt;
 
 use crate::{
-    EpisodeRequest, Finish, GenerateRequest, Generator,
+    EpisodeRequest, Finish, GenerateRequest, Generation, Generator,
     group::GroupState,
     health::Counters,
     lock,
@@ -24,7 +24,7 @@ use crate::{
     shared::Shared,
     slot::{EpisodeSlot, Lease},
 };
-use rollout_core::{Reconciler, RenderError, RolloutId, TurnRecord};
+use rollout_core::{ReconcileError, Reconciler, RenderError, RolloutId, TurnRecord};
 
 /// Runs a rollout with its retries, its deadline and cancellation.
 pub(crate) async fn run<G: Generator>(
@@ -297,8 +297,16 @@ async fn sample_answer<G: Generator>(
     let mut answer: Vec<u32> = Vec::new();
     let mut segment = 0;
     loop {
+        // Held while a pause in continue mode lasts, and read before the version: a request
+        // sent after a weight update carries the new version, and none is on the wire while
+        // the weights change.
+        let on_wire = shared.control.requests.read().await;
         let version = shared.control.model_version();
         group.sampled_under(version);
+        let routed_experts_from = shared
+            .config
+            .routed_experts
+            .then(|| reconciler.routing_wanted_from(&prompt_ids));
         let request = GenerateRequest {
             rollout: rollout_id,
             turn,
@@ -308,6 +316,7 @@ async fn sample_answer<G: Generator>(
             seed: sampling
                 .seed
                 .map(|seed| request_seed(seed, rollout_id, finished.attempts, turn, segment)),
+            routed_experts_from,
         };
         Counters::add(
             &shared.tallies.counters.prompt_tokens,
@@ -315,6 +324,7 @@ async fn sample_answer<G: Generator>(
         );
         let sent = std::time::Instant::now();
         let generation = shared.wiring.generator.generate(request).await;
+        drop(on_wire);
         shared.tallies.generation_latency.record(sent.elapsed());
         let generation = generation.map_err(|e| {
             let cause = if e.is_prompt_too_long() {
@@ -335,15 +345,23 @@ async fn sample_answer<G: Generator>(
         finished.versions.0 = finished.versions.0.min(version);
         finished.versions.1 = finished.versions.1.max(version);
         let finish = generation.finish;
+        if let Some(from) = routed_experts_from {
+            check_routing_reported(shared, &generation, prompt_ids.len(), from)?;
+        }
         let record = TurnRecord::new(
             prompt_ids,
             generation.token_ids,
             generation.logprobs,
             version,
-        );
-        reconciler
-            .push(&record)
-            .map_err(|e| (FailureCause::Reconcile, e.to_string()))?;
+        )
+        .with_routed_experts(generation.routed_experts);
+        reconciler.push(&record).map_err(|e| {
+            let cause = match e {
+                ReconcileError::Routing { .. } => FailureCause::Routing,
+                _ => FailureCause::Reconcile,
+            };
+            (cause, e.to_string())
+        })?;
         let TurnRecord {
             prompt_ids: sent,
             sampled_ids,
@@ -358,7 +376,32 @@ async fn sample_answer<G: Generator>(
             finished.sampled.extend_from_slice(&answer);
             return Ok((prompt_ids, answer, finish));
         }
+        Counters::add(&shared.tallies.counters.answers_continued, 1);
     }
+}
+
+/// With routing replay, stops the run at the first answer that should carry routed experts
+/// and does not: the server was not started to report them. An answer the server ended
+/// before running the model has none to report.
+fn check_routing_reported<G>(
+    shared: &Shared<G>,
+    generation: &Generation,
+    prompt_len: usize,
+    from: usize,
+) -> Result<(), Failure> {
+    let positions = prompt_len + generation.token_ids.len();
+    if generation.routed_experts.is_some()
+        || positions.saturating_sub(1) <= from
+        || generation.finish == Finish::Abort
+    {
+        return Ok(());
+    }
+    let reason = "routed_experts is on but the server reported no routed experts: start vLLM \
+                  with --enable-return-routed-experts (it needs VLLM_USE_V2_MODEL_RUNNER=1 \
+                  and prefix caching), or turn routed_experts off"
+        .to_owned();
+    shared.control.stop_run(reason.clone());
+    Err((FailureCause::Routing, reason))
 }
 
 #[cfg(test)]
