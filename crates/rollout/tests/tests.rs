@@ -6,6 +6,8 @@
 //! through vllm-client's generator (feature `vllm-client`).
 
 #[cfg(feature = "vllm-client")]
+mod offpolicy;
+#[cfg(feature = "vllm-client")]
 mod prompt_modes;
 mod rollout;
 
