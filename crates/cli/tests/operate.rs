@@ -558,6 +558,59 @@ fn a_pause_that_aborts_cancels_the_rollouts_in_flight_and_a_resume_finishes_the_
 }
 
 #[test]
+fn a_pause_that_continues_keeps_the_rollouts_and_each_token_s_version_across_the_update() {
+    let case = Case::new("control-pause-continue");
+    case.write_dataset(4);
+    // The run's in_flight is what a /pause without a mode does; an answer takes 140 ms.
+    let config = settings("max_inflight = 8\nin_flight = \"continue\"", "0ms");
+    case.write_config(&format!("{config}per_token = \"20ms\"\n"));
+    let mut run = Running::start(&case, &["--listen", "127.0.0.1:0"]);
+    let endpoint = Endpoint::running(run.address(), None);
+    endpoint.until("rollouts in flight", |h| h["in_flight"].as_u64() > Some(4));
+    // Part-way through the first answers (a tool call of about 22 tokens).
+    std::thread::sleep(Duration::from_millis(150));
+    let (status, body) = endpoint.post("/pause", None);
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let paused: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        paused["in_flight"].as_u64() > Some(0),
+        "the rollouts stay in flight: {body}"
+    );
+    // The answers on the wire were interrupted with their tokens, and wait to go on.
+    let health = endpoint.health();
+    assert!(counter(&health, "answers_continued") > 0, "{health}");
+    let (status, _) = endpoint.post("/model_version", Some(serde_json::json!({"version": 1})));
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = endpoint.post("/resume", None);
+    assert_eq!(status, StatusCode::OK);
+    let (code, stderr) = run.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("answers continued across a pause"),
+        "{stderr}"
+    );
+    let rows = case.rows();
+    assert_eq!(rows.len(), 16, "no rollout was dropped");
+    let mut across = 0;
+    for row in &rows {
+        let mut covered = vec![0u8; row.input_ids.len()];
+        for span in &row.token_versions {
+            covered[span.start..span.end]
+                .iter_mut()
+                .for_each(|c| *c += 1);
+        }
+        assert_eq!(
+            covered, row.completion_mask,
+            "spans cover the sampled tokens"
+        );
+        let versions: BTreeSet<u64> = row.token_versions.iter().map(|s| s.version).collect();
+        across += usize::from(versions.len() == 2);
+        assert_eq!(row.model_version, *versions.first().expect("a version"));
+    }
+    assert!(across > 0, "no row holds tokens of both versions: {stderr}\n{:?}", rows.iter().map(|r| &r.token_versions).collect::<Vec<_>>());
+}
+
+#[test]
 fn admission_holds_a_group_that_would_outrun_the_staleness_bound_until_the_version_moves() {
     let case = Case::new("control-staleness");
     case.write_dataset(6);

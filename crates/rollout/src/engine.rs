@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tool_dispatch::{ShutdownReport, ToolDispatcher};
 
 use crate::{
-    Generator, Health, Metrics, RolloutFailure, ScoredGroup, SettingError, Stats, config::InFlight,
-    lock, shared::Shared,
+    Generator, Health, Metrics, RolloutConfig, RolloutFailure, ScoredGroup, SettingError, Stats,
+    config::InFlight, lock, shared::Shared,
 };
 
 /// How long a pause in [`InFlight::Continue`] waits for the interrupted requests to answer
@@ -115,6 +115,11 @@ impl<G: Generator> Engine<G> {
             newer
         });
         refused.map_or(Ok(()), Err)
+    }
+
+    /// The settings the loop runs with.
+    pub fn config(&self) -> &RolloutConfig {
+        &self.shared.config
     }
 
     /// The model version turns are sampled under now.

@@ -456,6 +456,26 @@ impl NativeEngine {
         }
     }
 
+    /// Pauses the loop for a weight update ([`Engine::pause`]): `mode` is `wait`, `abort` or
+    /// `continue`; returns once the weights may change (no rollout in flight, or with
+    /// `continue` no request on the wire). Whether the loop was running to pause.
+    fn pause(&self, py: Python<'_>, mode: &str) -> PyResult<bool> {
+        let mode: rollout::InFlight = mode.parse().map_err(PyValueError::new_err)?;
+        let (Some(handle), Some(engine)) = (self.handle.get(), self.state.engine()) else {
+            return Ok(false);
+        };
+        py.detach(|| handle.block_on(engine.pause(mode)));
+        Ok(true)
+    }
+
+    /// Resumes the loop after [`NativeEngine::pause`]: the requests held are sent under the
+    /// version current now.
+    fn resume(&self) {
+        if let Some(engine) = self.state.engine() {
+            engine.resume();
+        }
+    }
+
     /// Why the engine failed or stopped early, if it did.
     fn error(&self) -> Option<String> {
         lock(&self.state.error).clone()

@@ -9,8 +9,11 @@
 //! - `POST /model_version` `{"version": N}`: versions only grow; a lower one is a 409.
 //!   Without a token, a version more than [`MAX_VERSION_STEP`] above the current one is a
 //!   422 (with one, any version goes).
-//! - `POST /pause?mode=wait|abort` and `POST /resume`: stop and restart admission; `wait`
-//!   lets the rollouts in flight finish, `abort` cancels them; the pause answers once none
+//! - `POST /pause?mode=wait|abort|continue` and `POST /resume`: stop and restart admission
+//!   (`mode` defaults to the run's `in_flight`); `wait` lets the rollouts in flight finish,
+//!   `abort` cancels them, `continue` interrupts their requests and holds them until the
+//!   resume (set the new `/model_version` first); the pause answers once none (with
+//!   `continue`: once no request is on the wire)
 //!   is in flight.
 //!
 //! The model being trained is untrusted, and the programs it drives run on this machine, so
@@ -453,15 +456,16 @@ async fn model_version(State(control): State<Control>, Json(body): Json<Version>
 
 #[derive(Deserialize)]
 struct PauseQuery {
-    #[serde(default)]
-    mode: InFlight,
+    /// The run's `in_flight` when not given.
+    mode: Option<InFlight>,
 }
 
 async fn pause(State(control): State<Control>, Query(query): Query<PauseQuery>) -> Response {
     let Some(watched) = control.run.get() else {
         return starting();
     };
-    watched.engine.pause(query.mode).await;
+    let mode = query.mode.unwrap_or(watched.engine.config().in_flight);
+    watched.engine.pause(mode).await;
     let health = watched.engine.health();
     Json(json!({"paused": true, "in_flight": health.in_flight, "queued": health.queued}))
         .into_response()

@@ -517,6 +517,17 @@ fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: 
             stats.rollouts_failed.saturating_sub(5)
         );
     }
+    if stats.answers_continued + stats.rows_offpolicy_dropped + stats.tokens_offpolicy_masked > 0
+        || stats.routing_missing_tokens > 0
+    {
+        eprintln!(
+            "async-grpo: off-policy: {} answers continued across a pause, {} rows dropped and {} tokens masked past max_token_staleness, {} tokens without routed experts",
+            stats.answers_continued,
+            stats.rows_offpolicy_dropped,
+            stats.tokens_offpolicy_masked,
+            stats.routing_missing_tokens,
+        );
+    }
     if stats.bad_rows > 0 {
         eprintln!("async-grpo: {} bad dataset row(s) skipped:", stats.bad_rows);
         for row in report.bad_rows.iter().take(5) {

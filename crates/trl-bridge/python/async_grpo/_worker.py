@@ -137,6 +137,22 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+class _PausingWeightTransfer:
+    """A trainer's weight transfer that pauses a worker first (see ``RolloutWorker.weight_transfer``);
+    everything else is the inner transfer's."""
+
+    def __init__(self, inner: Any, worker: RolloutWorker) -> None:
+        self._inner = inner
+        self._worker = worker
+
+    def pause(self) -> None:
+        self._worker.pause_for_update()
+        self._inner.pause()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class RolloutWorker:
     """A rollout worker for TRL's ``AsyncGRPOTrainer`` (``rollout_worker=``), backed by the
     Rust engine.
@@ -201,6 +217,23 @@ class RolloutWorker:
 
     A group's ``group_id`` is its place in the whole run (``epoch * rows + position in the
     pass``), whatever a shard or a resume leaves out.
+
+    Off-policy rows (each sample also carries ``token_versions`` and, with
+    ``routed_experts``, the experts routed for each token; see ``RolloutSample``):
+
+    - ``in_flight``: what a weight update does to the rollouts in flight, as the binary's
+      ``in_flight``: ``"wait"`` (they run to their end under the old weights), ``"abort"``
+      (cancelled, their groups dropped) or ``"continue"`` (their requests interrupted with
+      the tokens so far kept, continued under the new version). It applies when the trainer's
+      weight transfer is wrapped: ``weight_transfer=worker.weight_transfer(inner)`` pauses the
+      worker before the weights move and resumes it at ``update_model_version``, so that
+      every token's version is exact. Unwrapped, TRL pauses vLLM with ``mode=keep`` and a
+      request in flight across the update is labelled with the version it was sent under.
+    - ``max_token_staleness``: a sampled token more than that many versions behind the
+      current one when its group is complete is masked (``stale_tokens="mask"``) or its row
+      dropped (``"drop"``); both are counted in the metrics.
+    - ``routed_experts``: routing replay; the vLLM server must run with
+      ``--enable-return-routed-experts``.
     """
 
     def __init__(
@@ -248,6 +281,10 @@ class RolloutWorker:
         shard: str | tuple[int, int] | None = None,
         output: str | os.PathLike[str] | None = None,
         resume: bool = False,
+        in_flight: str = "wait",
+        max_token_staleness: int | None = None,
+        stale_tokens: str = "mask",
+        routed_experts: bool = False,
     ) -> None:
         environment_name = None if environment is None else check_factory(environment)
         if agent is not None:
@@ -306,6 +343,16 @@ class RolloutWorker:
         retries = _positive_int("retries", retries, 0)
         if max_staleness is not None:
             max_staleness = _positive_int("max_staleness", max_staleness, 0)
+        if max_token_staleness is not None:
+            max_token_staleness = _positive_int("max_token_staleness", max_token_staleness, 0)
+        for name, value, allowed in (
+            ("in_flight", in_flight, ("wait", "abort", "continue")),
+            ("stale_tokens", stale_tokens, ("mask", "drop")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        if not isinstance(routed_experts, bool):
+            raise TypeError(f"routed_experts must be a bool, got {type(routed_experts).__name__}")
         if epochs is not None:
             epochs = _positive_int("epochs", epochs)
         if seed is not None:
@@ -350,6 +397,7 @@ class RolloutWorker:
         servers = _servers(vllm_server_url)
 
         self.model_name = model_name
+        self.in_flight = in_flight
         self.num_generations = num_generations
         self.max_staleness = max_staleness
         self.reward_func_names = names
@@ -393,6 +441,10 @@ class RolloutWorker:
             "shard": shard,
             "output": None if output is None else os.fspath(output),
             "resume": resume,
+            "in_flight": in_flight,
+            "max_token_staleness": max_token_staleness,
+            "stale_tokens": stale_tokens,
+            "routed_experts": routed_experts,
         }
         # Sync tools and rewards that can be pickled run in worker processes (a GIL each, not
         # the trainer's); the others here, with a warning. Async ones stay on the loop thread.
@@ -458,6 +510,7 @@ class RolloutWorker:
         )
         self.reward_func_names = list(self._engine.reward_names)
         self._model_version = 0
+        self._paused_for_update = False
         self._lock = threading.Lock()
         self._started_at: float | None = None
         self._stopped = False
@@ -477,9 +530,28 @@ class RolloutWorker:
 
     def update_model_version(self, model_version: int) -> None:
         """The policy version now live: new turns record it, and with ``max_staleness`` the
-        engine cancels groups left too far behind (the trainer would drop their samples)."""
+        engine cancels groups left too far behind (the trainer would drop their samples). After
+        ``pause_for_update`` it resumes the worker: the requests held go out under this
+        version."""
         self._model_version = int(model_version)
         self._engine.set_model_version(self._model_version)
+        if self._paused_for_update:
+            self._paused_for_update = False
+            self._engine.resume()
+
+    # -- weight updates -------------------------------------------------------------------
+
+    def pause_for_update(self) -> None:
+        """Makes the worker ready for the weights to change, as ``in_flight`` says (see the
+        class docs), and returns once they may; ``update_model_version`` resumes it."""
+        if self._engine.pause(self.in_flight):
+            self._paused_for_update = True
+
+    def weight_transfer(self, inner: Any) -> Any:
+        """``inner`` (the trainer's weight transfer: ``pause``, ``send_weights``, ``resume``...)
+        with the worker paused for the update before ``inner.pause()``: pass it as the
+        trainer's ``weight_transfer=`` so that every token's version is exact."""
+        return _PausingWeightTransfer(inner, self)
 
     def start(self) -> None:
         """Starts the engine (it waits for the vLLM servers in the background) and the
