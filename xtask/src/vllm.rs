@@ -44,6 +44,17 @@ const BUILD_PACKAGES: &[&str] = &["gguf==0.19.0", "accelerate==1.15.0"];
 const REQUIREMENTS_PY: &str = include_str!("../python/vllm_requirements.py");
 const BUILD_MODEL_PY: &str = include_str!("../python/build_smollm2.py");
 const BUILD_REWARD_MODEL_PY: &str = include_str!("../python/build_reward_model.py");
+const BUILD_MOE_PY: &str = include_str!("../python/build_moe.py");
+const BUILD_PERTURBED_PY: &str = include_str!("../python/build_perturbed.py");
+/// What the servers load from `PYTHONPATH` (`ext/` in the cache): the worker extension that
+/// reloads weights exactly on CPU, and the shim that lets Model Runner V2 run on CPU.
+const EXTENSION_PY: &str = include_str!("../python/vllm_ext/async_grpo_vllm_ext.py");
+const SITECUSTOMIZE_PY: &str = include_str!("../python/vllm_ext/sitecustomize.py");
+/// The policy's second weights for the weight-update test, and the name of the MoE model.
+const POLICY_V2_NAME: &str = "SmolLM2-135M-Instruct-v2";
+const MOE_NAME: &str = "tiny-qwen3-moe";
+/// The MoE model's server in the e2e step.
+const MOE: &str = "moe";
 /// The reward model the e2e step serves beside the policy, and the name it answers to.
 const REWARD_MODEL_NAME: &str = "SmolLM2-135M-reward";
 /// The files of the server `cargo xtask vllm-cpu` starts (`target/vllm-cpu/server.pid`, ...).
@@ -146,6 +157,15 @@ impl Cache {
     fn reward_model_marker(&self) -> PathBuf {
         self.dir.join("reward-model.ok")
     }
+    fn policy_v2(&self) -> PathBuf {
+        self.dir.join("model").join(POLICY_V2_NAME)
+    }
+    fn moe(&self) -> PathBuf {
+        self.dir.join("model").join(MOE_NAME)
+    }
+    fn extension(&self) -> PathBuf {
+        self.dir.join("ext")
+    }
     fn downloads(&self) -> PathBuf {
         self.dir.join("downloads")
     }
@@ -178,7 +198,69 @@ fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
 
     install(&cache)?;
     build_model(&cache)?;
-    serve(&cache.model(), MODEL_NAME, port, max_model_len, POLICY)
+    serve(
+        &cache.model(),
+        MODEL_NAME,
+        port,
+        max_model_len,
+        POLICY,
+        &Launch::policy(&cache)?,
+    )
+}
+
+/// How a server is started beyond the model: its dtype, flags and environment.
+struct Launch {
+    dtype: &'static str,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Launch {
+    /// bf16, and the worker extension that reloads weights exactly (for `/collective_rpc`).
+    fn policy(cache: &Cache) -> anyhow::Result<Launch> {
+        Ok(Launch {
+            dtype: "bfloat16",
+            args: vec![
+                "--worker-extension-cls".to_owned(),
+                "async_grpo_vllm_ext.WeightReload".to_owned(),
+            ],
+            env: vec![("PYTHONPATH", write_extension(cache)?)],
+        })
+    }
+
+    /// A plain bf16 server.
+    fn plain() -> Launch {
+        Launch {
+            dtype: "bfloat16",
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// float32, reporting routed experts: Model Runner V2, which vLLM requires for it, with
+    /// Triton's interpreter standing in for the `triton-cpu` backend PyPI does not have
+    /// (`vllm_ext/sitecustomize.py`).
+    fn routed_experts(cache: &Cache) -> anyhow::Result<Launch> {
+        Ok(Launch {
+            dtype: "float32",
+            args: vec!["--enable-return-routed-experts".to_owned()],
+            env: vec![
+                ("PYTHONPATH", write_extension(cache)?),
+                ("ASYNC_GRPO_TRITON_CPU", "1".to_owned()),
+                ("TRITON_INTERPRET", "1".to_owned()),
+                ("VLLM_USE_V2_MODEL_RUNNER", "1".to_owned()),
+            ],
+        })
+    }
+}
+
+/// Writes the Python the servers load into the cache's `ext/`; returns that folder.
+fn write_extension(cache: &Cache) -> anyhow::Result<String> {
+    let dir = cache.extension();
+    fs::create_dir_all(&dir)?;
+    fs::write(dir.join("async_grpo_vllm_ext.py"), EXTENSION_PY)?;
+    fs::write(dir.join("sitecustomize.py"), SITECUSTOMIZE_PY)?;
+    Ok(dir.to_string_lossy().into_owned())
 }
 
 /// The real-vLLM venv (torch, transformers), installed first if needed: the bridge's TRL
@@ -310,6 +392,39 @@ fn build_model(cache: &Cache) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `script` with `args` in the venv to build `out`, unless `out` has a config (a build
+/// that fails leaves none: each script saves the config last but for the tokenizer files,
+/// and a partial folder is removed first).
+fn build_with(
+    cache: &Cache,
+    name: &str,
+    script: &str,
+    args: &[&Path],
+    out: &Path,
+) -> anyhow::Result<()> {
+    let marker = cache.dir.join(format!("{name}.ok"));
+    if marker.is_file() && out.join("config.json").is_file() {
+        eprintln!("vllm-cpu: {name} ready (cached) at {}", out.display());
+        return Ok(());
+    }
+    if out.exists() {
+        fs::remove_dir_all(out)?;
+    }
+    let log = cache.log(&format!("{name}-build.log"));
+    eprintln!("vllm-cpu: building {name} (log {})", log.display());
+    fs::write(&log, "")?;
+    run_logged(
+        Command::new(cache.python())
+            .args(["-c", script])
+            .args(args)
+            .arg(out)
+            .env("HF_HUB_OFFLINE", "1"),
+        &log,
+    )?;
+    fs::write(marker, format!("{name}\n"))?;
+    Ok(())
+}
+
 /// Builds the reward model from the policy's folder, unless the marker says done.
 fn build_reward_model(cache: &Cache) -> anyhow::Result<()> {
     let model = cache.reward_model();
@@ -350,6 +465,7 @@ fn serve(
     port: u16,
     max_model_len: u32,
     slot: &str,
+    launch: &Launch,
 ) -> anyhow::Result<()> {
     let cache = Cache::new();
     let url = format!("http://127.0.0.1:{port}");
@@ -365,7 +481,9 @@ fn serve(
         .args(["--served-model-name", name])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--max-model-len", &max_model_len.to_string()])
-        .args(["--dtype", "bfloat16", "--enforce-eager"])
+        .args(["--dtype", launch.dtype, "--enforce-eager"])
+        .args(&launch.args)
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
         // SmolLM2's chat template has no tools section, so no --tool-call-parser: tool calls
         // are produced with structured outputs on /v1/completions instead.
         .env("HF_HUB_OFFLINE", "1")
@@ -668,6 +786,7 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
             REWARD_PORT,
             MAX_MODEL_LEN,
             REWARD_MODEL,
+            &Launch::plain(),
         )
     });
     if let Err(error) = reward_model {
@@ -675,6 +794,26 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
         let _ = stop();
         return Err(error);
     }
+    let cli_suite = |filter: &str| {
+        let mut command = crate::cargo(&[
+            "nextest",
+            "run",
+            "--package",
+            "async-grpo-cli",
+            "--features",
+            "e2e",
+            "--test",
+            "e2e",
+            "-E",
+            filter,
+        ]);
+        command
+            .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
+            .env("VLLM_MODEL_DIR", cache.model())
+            .env("VLLM_MODEL_NAME", MODEL_NAME)
+            .env("VLLM_PYTHON", cache.python());
+        command
+    };
     let tests = crate::run_checked(
         crate::cargo(&[
             "nextest",
@@ -692,26 +831,70 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
     )
     .and_then(|()| {
         crate::run_checked(
-            crate::cargo(&[
-                "nextest",
-                "run",
-                "--package",
-                "async-grpo-cli",
-                "--features",
-                "e2e",
-                "--test",
-                "e2e",
-            ])
-            .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
-            .env("VLLM_MODEL_DIR", cache.model())
-            .env("VLLM_MODEL_NAME", MODEL_NAME)
-            .env("VLLM_PYTHON", cache.python())
-            .env("VLLM_REWARD_URL", format!("http://127.0.0.1:{REWARD_PORT}"))
-            .env("VLLM_REWARD_MODEL_DIR", cache.reward_model())
-            .env("VLLM_REWARD_MODEL_NAME", REWARD_MODEL_NAME),
+            cli_suite("not test(/^(weights|routing)::/)")
+                .env("VLLM_REWARD_URL", format!("http://127.0.0.1:{REWARD_PORT}"))
+                .env("VLLM_REWARD_MODEL_DIR", cache.reward_model())
+                .env("VLLM_REWARD_MODEL_NAME", REWARD_MODEL_NAME),
+        )
+    })
+    // Alone, after the others: it loads other weights into the server they share.
+    .and_then(|()| {
+        build_with(
+            &cache,
+            POLICY_V2_NAME,
+            BUILD_PERTURBED_PY,
+            &[&cache.model()],
+            &cache.policy_v2(),
+        )
+    })
+    .and_then(|()| {
+        crate::run_checked(
+            cli_suite("test(/^weights::/)").env("VLLM_MODEL_V2_DIR", cache.policy_v2()),
         )
     });
     let stopped = stop_slot(REWARD_MODEL).and(stop());
+    tests?;
+    stopped?;
+    routing_replay(&cache)
+}
+
+/// The routing-replay suite against a real MoE model served with
+/// `--enable-return-routed-experts` (started, then stopped whatever the outcome).
+fn routing_replay(cache: &Cache) -> anyhow::Result<()> {
+    const PORT: u16 = 8125;
+    // The MoE model is built with Qwen3's tokenizer and template, from the fixtures.
+    crate::fixtures::run()?;
+    let qwen3 = test_support::cache_dir().join("qwen3");
+    build_with(cache, MOE_NAME, BUILD_MOE_PY, &[&qwen3], &cache.moe())?;
+    if let Err(error) = serve(
+        &cache.moe(),
+        MOE_NAME,
+        PORT,
+        2048,
+        MOE,
+        &Launch::routed_experts(cache)?,
+    ) {
+        let _ = stop_slot(MOE);
+        return Err(error);
+    }
+    let tests = crate::run_checked(
+        crate::cargo(&[
+            "nextest",
+            "run",
+            "--package",
+            "async-grpo-cli",
+            "--features",
+            "e2e",
+            "--test",
+            "e2e",
+            "-E",
+            "test(/^routing::/)",
+        ])
+        .env("VLLM_MOE_URL", format!("http://127.0.0.1:{PORT}"))
+        .env("VLLM_MOE_DIR", cache.moe())
+        .env("VLLM_MOE_NAME", MOE_NAME),
+    );
+    let stopped = stop_slot(MOE);
     tests?;
     stopped
 }

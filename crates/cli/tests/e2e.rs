@@ -396,3 +396,421 @@ fn ctrl_c_past_the_drain_deadline_aborts_the_requests_on_the_server() {
         "only the turns the engine completed finished on the server: {stderr}"
     );
 }
+
+/// A client for the JSON endpoints these tests call, on a runtime of its own.
+struct Http {
+    runtime: tokio::runtime::Runtime,
+    client: reqwest::Client,
+}
+
+impl Http {
+    fn new() -> Http {
+        Http {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime"),
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("a client"),
+        }
+    }
+
+    /// `POST url` with `body`: the status must be 200; the answer as JSON.
+    fn post(&self, url: &str, body: &Value) -> Value {
+        self.runtime.block_on(async {
+            let response = self
+                .client
+                .post(url)
+                .json(body)
+                .timeout(std::time::Duration::from_secs(600))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+            let status = response.status();
+            let text = response.text().await.expect("a body");
+            assert!(status.is_success(), "POST {url}: {status}: {text}");
+            serde_json::from_str(&text).unwrap_or(Value::Null)
+        })
+    }
+
+    fn get(&self, url: &str) -> Value {
+        self.runtime.block_on(async {
+            let response = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+            response.json().await.expect("JSON")
+        })
+    }
+}
+
+/// The binary running in the background, its stderr collected; killed if still running
+/// when dropped.
+struct Background {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Background {
+    fn spawn(mut command: Command) -> Background {
+        let mut child = command
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("the binary starts");
+        let stderr = child.stderr.take().expect("piped");
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Background {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The control endpoint's address, from the line the binary logs when it listens.
+    fn address(&mut self) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(std::time::Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("no control endpoint: {}", self.seen.join("\n")));
+            self.seen.push(line.clone());
+            if let Some(at) = line.find("control endpoint listening address=") {
+                let rest = &line[at + "control endpoint listening address=".len()..];
+                return rest
+                    .split_whitespace()
+                    .next()
+                    .expect("an address")
+                    .to_owned();
+            }
+        }
+    }
+
+    /// Waits for the run to end: whether it succeeded, and its stderr.
+    fn wait(mut self) -> (bool, String) {
+        let status = self.child.wait().expect("the binary ran");
+        self.seen.extend(self.lines.try_iter());
+        while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(1)) {
+            self.seen.push(line);
+        }
+        (status.success(), self.seen.join("\n"))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The logprob vLLM gives each token of `ids` after those before it (`prompt_logprobs`), the
+/// first one's `None`.
+fn rescored_logprobs(http: &Http, url: &str, model: &str, ids: &[u32]) -> Vec<Option<f64>> {
+    let answer = http.post(
+        &format!("{url}/v1/completions"),
+        &serde_json::json!({
+            "model": model, "prompt": ids, "max_tokens": 1, "temperature": 0,
+            "prompt_logprobs": 0, "add_special_tokens": false,
+        }),
+    );
+    let entries = answer["choices"][0]["prompt_logprobs"]
+        .as_array()
+        .expect("prompt_logprobs");
+    assert_eq!(entries.len(), ids.len());
+    entries
+        .iter()
+        .zip(ids)
+        .map(|(entry, id)| entry[id.to_string()]["logprob"].as_f64())
+        .collect()
+}
+
+/// Weight updates on the real server: run alone (`cargo xtask e2e` runs this module after
+/// the others), since it loads other weights into the server they share, and leaves the
+/// first ones back. `VLLM_MODEL_V2_DIR` is the policy with every weight moved (xtask's
+/// `build_perturbed.py`); the server's worker extension reloads weights exactly on CPU
+/// (xtask's `vllm_ext/async_grpo_vllm_ext.py`).
+mod weights {
+    use super::*;
+
+    /// Loads the weights in `dir` into the server and drops its prefix cache (computed under
+    /// the others).
+    fn load(http: &Http, url: &str, dir: &str) {
+        let answer = http.post(
+            &format!("{url}/collective_rpc"),
+            &serde_json::json!({"method": "reload_weights_exactly", "kwargs": {"weights_path": dir}}),
+        );
+        assert!(answer["results"].is_array(), "{answer}");
+        http.post(&format!("{url}/reset_prefix_cache"), &Value::Null);
+    }
+
+    #[test]
+    fn a_weight_update_mid_run_in_continue_mode_labels_each_token_with_the_weights_that_sampled_it()
+    {
+        let (url, model_dir, name) = (
+            env("VLLM_URL"),
+            env("VLLM_MODEL_DIR"),
+            env("VLLM_MODEL_NAME"),
+        );
+        let v2 = env("VLLM_MODEL_V2_DIR");
+        let http = Http::new();
+        let dir = scratch("weights");
+        let dataset = dir.join("stories.jsonl");
+        let prompts: String = ["a cat", "the sea", "a robot", "winter"]
+            .iter()
+            .map(|topic| {
+                format!(
+                    "{{\"prompt\": \"Write a long story about {topic}.\", \"answer\": \"1\"}}\n"
+                )
+            })
+            .collect();
+        std::fs::write(&dataset, prompts).expect("the dataset");
+        let out = dir.join("rows.jsonl");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_async-grpo"));
+        command
+            .args(["rollout", "--server", &url, "--tokenizer", &model_dir])
+            .arg("--dataset")
+            .arg(&dataset)
+            .arg("--out")
+            .arg(&out)
+            .args([
+                "--num-generations",
+                "2",
+                "--max-tokens",
+                "96",
+                "--max-turns",
+                "1",
+            ])
+            .args([
+                "--seed",
+                "5",
+                "--reward",
+                "numeric:answer",
+                "--in-flight",
+                "continue",
+            ])
+            .args(["--listen", "127.0.0.1:0", "--progress", "off"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        let mut run = Background::spawn(command);
+        let control = format!("http://{}", run.address());
+        // Part-way through the answers: 8 requests of up to 96 tokens at a few tokens a second
+        // each on 2 cores.
+        for _ in 0..600 {
+            if http.get(&format!("{control}/health"))["in_flight"].as_u64() > Some(0) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        http.post(&format!("{control}/pause"), &Value::Null);
+        // No request of the run is on the wire: the weights change under none.
+        load(&http, &url, &v2);
+        http.post(
+            &format!("{control}/model_version"),
+            &serde_json::json!({"version": 1}),
+        );
+        http.post(&format!("{control}/resume"), &Value::Null);
+        let (ok, stderr) = run.wait();
+        assert!(ok, "{stderr}");
+        assert!(
+            stderr.contains("answers continued across a pause"),
+            "{stderr}"
+        );
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 8, "{stderr}");
+
+        // Every row re-scored under each weights: a token's old logprob is the one of the
+        // weights its version names.
+        let mut under_v2 = Vec::new();
+        for row in &rows {
+            let ids: Vec<u32> = numbers(row, "input_ids");
+            under_v2.push(rescored_logprobs(&http, &url, &name, &ids));
+        }
+        load(&http, &url, &model_dir);
+        // (own error, other error, tokens) per version.
+        let mut errors = [(0.0f64, 0.0f64, 0usize); 2];
+        let mut across = 0;
+        for (row, under_v2) in rows.iter().zip(&under_v2) {
+            let ids: Vec<u32> = numbers(row, "input_ids");
+            let old: Vec<f32> = numbers(row, "old_log_probs");
+            let under_v1 = rescored_logprobs(&http, &url, &name, &ids);
+            let spans: Vec<rollout_core::VersionSpan> =
+                serde_json::from_value(row["token_versions"].clone()).expect("token_versions");
+            across +=
+                usize::from(spans.first().map(|s| s.version) != spans.last().map(|s| s.version));
+            for span in spans {
+                let version = span.version as usize;
+                assert!(version <= 1, "{span:?}");
+                for at in span.start..span.end {
+                    let (Some(v1), Some(v2)) = (under_v1[at], under_v2[at]) else {
+                        panic!("no logprob at {at}");
+                    };
+                    let old = f64::from(old[at]);
+                    let (own, other) = if version == 0 { (v1, v2) } else { (v2, v1) };
+                    let slot = &mut errors[version];
+                    slot.0 += (old - own).abs();
+                    slot.1 += (old - other).abs();
+                    slot.2 += 1;
+                }
+            }
+        }
+        assert!(across > 0, "no row holds tokens of both versions: {stderr}");
+        for (version, (own, other, tokens)) in errors.iter().enumerate() {
+            assert!(*tokens > 0, "no token of version {version}");
+            let (own, other) = (own / *tokens as f64, other / *tokens as f64);
+            // bf16 decoding and prefill differ by a few hundredths; the two weights by more.
+            assert!(
+                own < 0.05 && other > 3.0 * own,
+                "version {version}: {tokens} tokens, mean error {own:.4} under its own weights, {other:.4} under the others"
+            );
+        }
+    }
+}
+
+/// Routing replay against a real mixture-of-experts model (`VLLM_MOE_URL`: a 2-layer
+/// Qwen3-MoE of random weights, top 2 of 8 experts, served with
+/// `--enable-return-routed-experts`; `VLLM_MOE_DIR` its folder, Qwen3's tokenizer and
+/// template). On CPU the server runs vLLM's Model Runner V2 with Triton's interpreter, about
+/// a token a second: the runs are small.
+mod routing {
+    use super::*;
+    use rollout_core::RowRouting;
+    use vllm_client::RoutedExperts;
+
+    /// Sends each row's whole `input_ids` back to the server: the routing it reports for every
+    /// token but the last must be the row's, exactly, and the row's last token is missing.
+    fn assert_rows_route_as_the_server_does(rows: &[Value]) {
+        let (url, name) = (env("VLLM_MOE_URL"), env("VLLM_MOE_NAME"));
+        let http = Http::new();
+        assert!(!rows.is_empty());
+        for row in rows {
+            let ids: Vec<u32> = numbers(row, "input_ids");
+            let routing: RowRouting =
+                serde_json::from_value(row["routed_experts"].clone()).expect("routed_experts");
+            assert_eq!(
+                (routing.tokens(), routing.layers, routing.top_k),
+                (ids.len(), 2, 2)
+            );
+            assert_eq!(routing.missing, [ids.len() - 1..ids.len()]);
+            let answer = http.post(
+                &format!("{url}/v1/completions"),
+                &serde_json::json!({
+                    "model": name, "prompt": ids, "max_tokens": 1, "temperature": 0,
+                    "add_special_tokens": false, "routed_experts_prompt_start": 0,
+                }),
+            );
+            let text = answer["choices"][0]["routed_experts"]
+                .as_str()
+                .expect("routing");
+            let rescored = RoutedExperts::from_base64_npy(text).expect("an .npy array");
+            assert_eq!(
+                rescored.shape,
+                [ids.len(), 2, 2],
+                "the re-score covers every token"
+            );
+            let stride = 2 * 2;
+            let known = (ids.len() - 1) * stride;
+            let differing = (0..ids.len() - 1)
+                .filter(|t| {
+                    routing.data[t * stride..(t + 1) * stride]
+                        != rescored.data[t * stride..(t + 1) * stride]
+                })
+                .collect::<Vec<_>>();
+            assert!(
+                differing.is_empty(),
+                "tokens routed otherwise: {differing:?} of {}",
+                ids.len()
+            );
+            assert_eq!(routing.data[..known], rescored.data[..known]);
+        }
+    }
+
+    fn moe_run(dir: &Path, extra: &[&str]) -> Vec<Value> {
+        let dataset = dir.join("questions.jsonl");
+        std::fs::write(
+            &dataset,
+            "{\"prompt\": \"What is 2 + 3?\", \"answer\": \"5\"}\n{\"prompt\": \"Name a color.\", \"answer\": \"red\"}\n",
+        )
+        .expect("the dataset");
+        let out = dir.join("rows.jsonl");
+        let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+            .args([
+                "rollout",
+                "--server",
+                &env("VLLM_MOE_URL"),
+                "--tokenizer",
+                &env("VLLM_MOE_DIR"),
+            ])
+            .arg("--dataset")
+            .arg(&dataset)
+            .arg("--out")
+            .arg(&out)
+            .args(["--num-generations", "2", "--max-tokens", "5", "--seed", "3"])
+            .args([
+                "--routed-experts",
+                "--progress",
+                "log",
+                "--rollout-timeout",
+                "20m",
+            ])
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("the binary runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let rows = rows(&out);
+        assert_eq!(rows.len(), 4, "{stderr}");
+        rows
+    }
+
+    #[test]
+    fn white_box_rows_carry_the_experts_the_real_router_chose_for_every_token() {
+        let dir = scratch("routing");
+        let rows = moe_run(&dir, &["--reward", "numeric:answer", "--max-turns", "1"]);
+        assert_rows_route_as_the_server_does(&rows);
+    }
+
+    #[test]
+    fn an_agent_s_turns_through_the_recording_proxy_carry_the_experts_too() {
+        let dir = scratch("routing-agent");
+        let python = test_support::cache_dir().join("venv-agents/bin/python");
+        assert!(
+            python.is_file(),
+            "{} is missing: run `cargo xtask fixtures`",
+            python.display()
+        );
+        let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/agent");
+        let config = dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "max_turns = 2\n\n[agent]\ncommand = [{python:?}, {agent:?}, \"plain\", \"{{prompt}}\"]\n\
+                 verify = [{python:?}, {verify:?}, \"{{task_json}}\"]\ntimeout = \"20m\"\n",
+                python = python.display().to_string(),
+                agent = agent.join("openai_agent.py").display().to_string(),
+                verify = agent.join("verify.py").display().to_string(),
+            ),
+        )
+        .expect("the config");
+        let rows = moe_run(&dir, &["--config", config.to_str().expect("a path")]);
+        assert_rows_route_as_the_server_does(&rows);
+    }
+}

@@ -607,7 +607,11 @@ fn a_pause_that_continues_keeps_the_rollouts_and_each_token_s_version_across_the
         across += usize::from(versions.len() == 2);
         assert_eq!(row.model_version, *versions.first().expect("a version"));
     }
-    assert!(across > 0, "no row holds tokens of both versions: {stderr}\n{:?}", rows.iter().map(|r| &r.token_versions).collect::<Vec<_>>());
+    assert!(
+        across > 0,
+        "no row holds tokens of both versions: {stderr}\n{:?}",
+        rows.iter().map(|r| &r.token_versions).collect::<Vec<_>>()
+    );
 }
 
 #[test]

@@ -42,16 +42,17 @@ use serde_json::{Map, Value, json};
 use test_support::cpu_seconds;
 use tool_dispatch::{DispatcherConfig, Registry, Tool, ToolDispatcher, ToolSpec};
 use vllm_client::{Client, ClientConfig};
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
+use vllm_sim::{SimConfig, SimRouting, Simulator, training_tokenizer};
 
 const TEMPLATE: &str = "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}\
 {%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
 {%- for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}\
 {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "zero",
     "1024",
+    "1024-routing",
     "4096",
     "4096-loop",
     "blocking",
@@ -146,6 +147,8 @@ struct Scenario {
     result_bytes: usize,
     /// Qwen3's tokenizer and template, for the engine and the simulator.
     real_tokenizer: bool,
+    /// Routing replay: the simulator plays a MoE model of [`ROUTER`], the engine keeps it.
+    routing: bool,
     warmup: Duration,
     measure: Duration,
 }
@@ -154,7 +157,7 @@ impl Scenario {
     fn named(name: &str) -> Scenario {
         let (in_flight, latency, tool_rounds, tool_block) = match name {
             "zero" => (256, Duration::ZERO, 1, None),
-            "1024" => (1024, Duration::from_millis(200), 0, None),
+            "1024" | "1024-routing" => (1024, Duration::from_millis(200), 0, None),
             "4096" | "4096-loop" => (4096, Duration::from_millis(200), 0, None),
             "tool-results" => (1024, Duration::from_millis(200), 2, None),
             _ => (64, Duration::ZERO, 3, Some(Duration::from_millis(500))),
@@ -167,6 +170,7 @@ impl Scenario {
             tool_block,
             result_bytes: if real { 2048 } else { 0 },
             real_tokenizer: real,
+            routing: name == "1024-routing",
             warmup: Duration::from_secs(2),
             measure: Duration::from_secs(6),
         }
@@ -198,10 +202,11 @@ impl SimulatorProcess {
             .env(
                 "ROLLOUT_BENCH_SIMULATOR",
                 format!(
-                    "{},{},{}",
+                    "{},{},{},{}",
                     scenario.latency.as_millis(),
                     scenario.tool_rounds,
-                    u8::from(scenario.real_tokenizer)
+                    u8::from(scenario.real_tokenizer),
+                    u8::from(scenario.routing)
                 ),
             )
             .stdin(Stdio::piped())
@@ -227,12 +232,22 @@ impl Drop for SimulatorProcess {
     }
 }
 
+/// The router of the `1024-routing` scenario: Qwen3-30B-A3B's shape (48 MoE layers, top 8 of
+/// 128 experts), so each token's routing is 384 bytes.
+const ROUTER: SimRouting = SimRouting {
+    layers: 48,
+    top_k: 8,
+    experts: 128,
+};
+
 /// The child side: serve until the parent closes stdin.
 fn serve_simulator(spec: &str) {
     let mut parts = spec.split(',').map(|p| p.parse::<u64>().unwrap_or(0));
     let latency = Duration::from_millis(parts.next().unwrap_or(0));
     let tool_rounds = parts.next().unwrap_or(0) as usize;
-    let tokenizer = if parts.next() == Some(1) {
+    let real = parts.next() == Some(1);
+    let routing = parts.next() == Some(1);
+    let tokenizer = if real {
         tokenizers::Tokenizer::from_file(qwen3_dir().join("tokenizer.json"))
             .expect("Qwen3's tokenizer")
     } else {
@@ -242,6 +257,7 @@ fn serve_simulator(spec: &str) {
     config.latency = latency;
     config.tool_rounds = tool_rounds;
     config.answer_tokens = 16;
+    config.routed_experts = routing.then_some(ROUTER);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -322,6 +338,7 @@ async fn run<G: Generator>(scenario: &Scenario, generator: G) -> Measured {
     config.max_turns = 4;
     config.max_tokens = 64;
     config.output_buffer = 1024;
+    config.routed_experts = scenario.routing;
     let resident_before = resident_bytes();
     let (engine, mut groups) =
         Engine::builder(generator, tokenizer(scenario.real_tokenizer), scorer)
@@ -468,6 +485,22 @@ fn scenario(name: &str) -> Map<String, Value> {
             report.lags(
                 "tool results of ~2 KB: scheduler lag p99 (1 ms probe)",
                 "tool results of ~2 KB: the engine's heartbeat lag p99",
+            );
+        }
+        "1024-routing" => {
+            report.achieved(
+                format!(
+                    "routing replay (48 layers, top 8 of 128), 200 ms latency, {in_flight} in flight: achieved / ideal turns/s"
+                ),
+                &scenario,
+                ">= 95%",
+            );
+            report.cpu("routing replay: engine CPU ms per turn");
+            report.memory(
+                format!(
+                    "routing replay: engine resident memory per in-flight rollout, {in_flight} in flight"
+                ),
+                "-",
             );
         }
         "blocking" => report.lags(

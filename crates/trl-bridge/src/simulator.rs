@@ -90,6 +90,27 @@ impl Simulator {
         })
     }
 
+    /// Loads weights of `version` (0: the start's): from now on answers, their logprobs and
+    /// their routing are those of these weights, as a trainer's weight update does to a server.
+    fn set_weights(&self, version: u64) {
+        if let Some((_, server)) = lock(&self.inner).as_ref() {
+            server.set_weights(version);
+        }
+    }
+
+    /// For each `/v1/completions` answer so far, in order: the version of the weights that
+    /// sampled it, and whether they changed while it ran.
+    fn weights(&self) -> Vec<(u64, bool)> {
+        let inner = lock(&self.inner);
+        inner.as_ref().map_or_else(Vec::new, |(_, server)| {
+            server
+                .transcript()
+                .into_iter()
+                .map(|s| (s.weights, s.weights_changed))
+                .collect()
+        })
+    }
+
     /// Generation requests answered so far.
     fn completions(&self) -> u64 {
         let inner = lock(&self.inner);

@@ -175,6 +175,33 @@ pub struct SimConfig {
     pub routed_experts: Option<SimRouting>,
 }
 
+impl std::str::FromStr for SimRouting {
+    type Err = String;
+
+    /// `LAYERSxTOP_KxEXPERTS`, e.g. `2x2x8`: each at least 1, top_k at most experts, at most
+    /// 65536 experts (uint16 ids).
+    fn from_str(text: &str) -> Result<SimRouting, String> {
+        let parts: Vec<usize> = text
+            .split('x')
+            .map(|p| p.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("'{text}' is not LAYERSxTOP_KxEXPERTS (e.g. 2x2x8)"))?;
+        let [layers, top_k, experts] = parts[..] else {
+            return Err(format!("'{text}' is not LAYERSxTOP_KxEXPERTS (e.g. 2x2x8)"));
+        };
+        if layers == 0 || top_k == 0 || top_k > experts || experts > 65536 {
+            return Err(format!(
+                "'{text}': layers and top_k at least 1, top_k at most experts, experts at most 65536"
+            ));
+        }
+        Ok(SimRouting {
+            layers,
+            top_k,
+            experts,
+        })
+    }
+}
+
 /// The router of a simulated mixture-of-experts model. A completion's `routed_experts` is
 /// base64 of the `.npy` bytes of an array of shape `(positions, layers, top_k)`, `uint8`
 /// when `experts <= 256` else `uint16`, for the positions from the request's

@@ -71,6 +71,12 @@ pub struct SimSettings {
     #[cfg_attr(feature = "clap", arg(long, value_name = "TOKEN"))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eos_token: Option<String>,
+    /// Play a mixture-of-experts model reporting its routed experts, as vLLM with
+    /// --enable-return-routed-experts: LAYERSxTOP_KxEXPERTS, e.g. 2x2x8 (default: a dense
+    /// model, no routing)
+    #[cfg_attr(feature = "clap", arg(long, value_name = "LxKxE"))]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<String>,
 }
 
 /// The tool the scripted calls name when none is given.
@@ -91,6 +97,7 @@ impl Default for SimSettings {
             tool_arguments: None,
             correct_rate: 0.5,
             eos_token: None,
+            routed_experts: None,
             latency: Duration::ZERO,
             per_token: Duration::ZERO,
             error_503: 0.0,
@@ -120,6 +127,11 @@ impl SimSettings {
                     format!("must be a fraction between 0 and 1, got {value}"),
                 ));
             }
+        }
+        if let Some(routing) = &self.routed_experts {
+            routing
+                .parse::<crate::SimRouting>()
+                .map_err(|e| SettingError::at("routed_experts", e))?;
         }
         Ok(())
     }
@@ -151,6 +163,7 @@ impl SimSettings {
             malformed: self.malformed,
         };
         config.fault_seed = self.fault_seed;
+        config.routed_experts = self.routed_experts.as_deref().and_then(|r| r.parse().ok());
     }
 
     /// The tool name given, or the default.

@@ -67,7 +67,11 @@ def test_trl_async_grpo_trainer_trains_from_the_worker(tmp_path: Path, monkeypat
 
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a + 2}?"}], "answer": str(2 * a + 2)} for a in range(8)]
     dataset = Dataset.from_list(rows)
-    sim = async_grpo.Simulator(str(tokenizer_dir), tool_rounds=1, answer_tokens=16, model="tiny-qwen3")
+    # A MoE router on the simulator: the samples carry routed experts and per-token versions,
+    # which TRL's trainer must take as its own samples.
+    sim = async_grpo.Simulator(
+        str(tokenizer_dir), tool_rounds=1, answer_tokens=16, model="tiny-qwen3", routed_experts="2x2x8"
+    )
 
     def calculator(expression: str) -> str:
         """Evaluates an arithmetic expression.
@@ -92,6 +96,8 @@ def test_trl_async_grpo_trainer_trains_from_the_worker(tmp_path: Path, monkeypat
         max_inflight_tasks=16,
         max_tokens=48,
         max_staleness=2,
+        in_flight="continue",
+        routed_experts=True,
     )
     buffer = RecordingQueue()
     worker.rollout_buffer = buffer
@@ -122,7 +128,9 @@ def test_trl_async_grpo_trainer_trains_from_the_worker(tmp_path: Path, monkeypat
         train_dataset=dataset,
         processing_class=tokenizer,
         rollout_worker=worker,
-        weight_transfer=transfer,
+        # Wrapped: each weight sync pauses the worker first, as a user wanting exact
+        # per-token versions runs it.
+        weight_transfer=worker.weight_transfer(transfer),
         callbacks=[losses],
     )
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
@@ -144,6 +152,9 @@ def test_trl_async_grpo_trainer_trains_from_the_worker(tmp_path: Path, monkeypat
     put = {id(s) for s in buffer.put_samples}
     assert all(id(s) in put for s in buffer.taken)
     assert all(isinstance(s, TrlSample) for s in buffer.taken)
+    for sample in buffer.taken:
+        assert sample.token_versions.shape[1] == 3
+        assert sample.routed_experts.shape == (len(sample.input_ids), 2, 2)
     sampled = {tuple(prompt + answer) for prompt, answer, _, _ in transcript}
     assert all(tuple(s.input_ids.tolist()) in sampled for s in buffer.taken)
     assert worker.report["error"] is None
