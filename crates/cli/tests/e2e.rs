@@ -684,11 +684,12 @@ mod weights {
     }
 }
 
-/// Routing replay against a real mixture-of-experts model (`VLLM_MOE_URL`: a 2-layer
-/// Qwen3-MoE of random weights, top 2 of 8 experts, served with
-/// `--enable-return-routed-experts`; `VLLM_MOE_DIR` its folder, Qwen3's tokenizer and
-/// template). On CPU the server runs vLLM's Model Runner V2 with Triton's interpreter, about
-/// a token a second: the runs are small.
+/// Routing replay against a real mixture-of-experts model served with
+/// `--enable-return-routed-experts` (`VLLM_MOE_URL`, `VLLM_MOE_DIR` its folder with its
+/// tokenizer and chat template, `VLLM_MOE_NAME`): in `cargo xtask e2e` a 2-layer Qwen3-MoE of
+/// random weights, top 2 of 8 experts, in float32, on vLLM's Model Runner V2 with Triton's
+/// interpreter (about a token a second: the runs are small); `cargo xtask routing-replay`
+/// runs the same against any server, such as a GPU machine's real MoE model.
 mod routing {
     use super::*;
     use rollout_core::RowRouting;
@@ -708,7 +709,10 @@ mod routing {
                 (routing.tokens(), routing.layers, routing.top_k),
                 (ids.len(), 2, 2)
             );
-            assert_eq!(routing.missing, [ids.len() - 1..ids.len()]);
+            assert_eq!(
+                routing.missing,
+                std::iter::once(ids.len() - 1..ids.len()).collect::<Vec<_>>()
+            );
             let answer = http.post(
                 &format!("{url}/v1/completions"),
                 &serde_json::json!({

@@ -1066,7 +1066,13 @@ mod parquet_files {
             {
                 let mut row: serde_json::Map<String, Value> =
                     serde_json::from_str(line).expect("an object");
-                for key in ["prompt", "completion", "rewards", "metrics"] {
+                for key in [
+                    "prompt",
+                    "completion",
+                    "rewards",
+                    "metrics",
+                    "token_versions",
+                ] {
                     let text = row[key].as_str().expect("JSON text").to_owned();
                     row.insert(key.to_owned(), serde_json::from_str(&text).expect("JSON"));
                 }

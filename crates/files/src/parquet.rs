@@ -409,7 +409,7 @@ mod tests {
             top_k: 1,
             dtype: rollout_core::ExpertDtype::Uint8,
             data: vec![4, 5, 6, 7, 0, 0],
-            missing: vec![2..3],
+            missing: std::iter::once(2..3).collect(),
         });
         let journal = dir.join("out.partial.jsonl");
         let line = serde_json::to_string(&new).expect("JSON");

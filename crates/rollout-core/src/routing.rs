@@ -218,7 +218,7 @@ mod tests {
                 .flat_map(|v| v.to_le_bytes())
                 .chain([0; 8])
                 .collect(),
-            missing: vec![2..3],
+            missing: std::iter::once(2..3).collect(),
         };
         // Two tokens of two layers of two experts, then a missing third token.
         assert_eq!(routing.tokens(), 3);

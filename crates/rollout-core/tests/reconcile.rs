@@ -531,7 +531,7 @@ fn each_token_keeps_the_routing_first_reported_and_the_last_token_is_missing() {
     );
     assert_eq!(
         row.routed_experts.as_ref().map(|r| r.missing.clone()),
-        Some(vec![5..6])
+        Some(std::iter::once(5..6).collect::<Vec<_>>())
     );
 }
 

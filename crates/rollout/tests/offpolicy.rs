@@ -229,7 +229,10 @@ async fn routing_replay_rows_carry_what_the_server_routed_and_a_re_score_agrees(
             (tokens, 3, 2)
         );
         // The server never runs the model on the last id it samples.
-        assert_eq!(routing.missing, [tokens - 1..tokens]);
+        assert_eq!(
+            routing.missing,
+            std::iter::once(tokens - 1..tokens).collect::<Vec<_>>()
+        );
         // The row's ids sent back whole: the routing of every token but the last is the row's.
         let params = GenerateParams {
             max_tokens: 1,
