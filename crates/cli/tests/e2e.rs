@@ -675,6 +675,9 @@ mod weights {
         for (version, (own, other, tokens)) in errors.iter().enumerate() {
             assert!(*tokens > 0, "no token of version {version}");
             let (own, other) = (own / *tokens as f64, other / *tokens as f64);
+            eprintln!(
+                "version {version}: {tokens} tokens, mean |old logprob - re-score| {own:.4} under its weights, {other:.4} under the others"
+            );
             // bf16 decoding and prefill differ by a few hundredths; the two weights by more.
             assert!(
                 own < 0.05 && other > 3.0 * own,
