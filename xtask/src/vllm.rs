@@ -795,18 +795,7 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
         return Err(error);
     }
     let cli_suite = |filter: &str| {
-        let mut command = crate::cargo(&[
-            "nextest",
-            "run",
-            "--package",
-            "async-grpo-cli",
-            "--features",
-            "e2e",
-            "--test",
-            "e2e",
-            "-E",
-            filter,
-        ]);
+        let mut command = cli_suite(filter);
         command
             .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
             .env("VLLM_MODEL_DIR", cache.model())
@@ -900,23 +889,28 @@ pub(crate) fn routing_replay_at(args: &[String]) -> anyhow::Result<()> {
     routing_suite(url, model_dir, name)
 }
 
+/// The binary's e2e tests that `filter` (a nextest filter expression) picks.
+fn cli_suite(filter: &str) -> Command {
+    crate::cargo(&[
+        "nextest",
+        "run",
+        "--package",
+        "async-grpo-cli",
+        "--features",
+        "e2e",
+        "--test",
+        "e2e",
+        "-E",
+        filter,
+    ])
+}
+
 /// The binary's routing-replay tests (`routing::` in its e2e suite) against `url`.
 fn routing_suite(url: &str, model_dir: &str, name: &str) -> anyhow::Result<()> {
     crate::run_checked(
-        crate::cargo(&[
-            "nextest",
-            "run",
-            "--package",
-            "async-grpo-cli",
-            "--features",
-            "e2e",
-            "--test",
-            "e2e",
-            "-E",
-            "test(/^routing::/)",
-        ])
-        .env("VLLM_MOE_URL", url)
-        .env("VLLM_MOE_DIR", model_dir)
-        .env("VLLM_MOE_NAME", name),
+        cli_suite("test(/^routing::/)")
+            .env("VLLM_MOE_URL", url)
+            .env("VLLM_MOE_DIR", model_dir)
+            .env("VLLM_MOE_NAME", name),
     )
 }

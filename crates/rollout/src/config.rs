@@ -7,6 +7,52 @@ use scoring::AdvantageConfig;
 
 use crate::{Sampling, SettingError};
 
+/// `as_str`, `Display` and `FromStr` for a setting whose values are names: each variant's
+/// name in a file, on the command line and in the bridge, and what it means (the error for
+/// an unknown name lists them).
+macro_rules! named_values {
+    ($kind:ident, $what:literal: $($variant:ident = $name:literal ($meaning:literal)),+ $(,)?) => {
+        impl $kind {
+            /// The value's name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($kind::$variant => $name,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $kind {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $kind {
+            type Err = String;
+
+            fn from_str(text: &str) -> Result<Self, Self::Err> {
+                match text {
+                    $($name => Ok($kind::$variant),)+
+                    other => Err(format!(
+                        "unknown {} '{other}'; expected {}",
+                        $what,
+                        one_of(&[$(concat!($name, " (", $meaning, ")")),+])
+                    )),
+                }
+            }
+        }
+    };
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn one_of(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [only] => (*only).to_owned(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
 /// How a rollout builds the prompt of each turn after the first.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
@@ -30,35 +76,10 @@ pub enum PromptMode {
     Rerender,
 }
 
-impl PromptMode {
-    /// `append` or `rerender`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PromptMode::Append => "append",
-            PromptMode::Rerender => "rerender",
-        }
-    }
-}
-
-impl fmt::Display for PromptMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for PromptMode {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "append" => Ok(PromptMode::Append),
-            "rerender" => Ok(PromptMode::Rerender),
-            other => Err(format!(
-                "unknown prompt mode '{other}'; expected append (token-in/token-out) or rerender (render the whole conversation each turn)"
-            )),
-        }
-    }
-}
+named_values!(PromptMode, "prompt mode":
+    Append = "append" ("token-in/token-out"),
+    Rerender = "rerender" ("render the whole conversation each turn"),
+);
 
 /// What [`Engine::pause`](crate::Engine::pause) does with the rollouts in flight (named as
 /// vLLM's own pause modes; vllm-client's `PauseMode` is the server's).
@@ -76,37 +97,11 @@ pub enum InFlight {
     Continue,
 }
 
-impl InFlight {
-    /// `wait`, `abort` or `continue`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InFlight::Wait => "wait",
-            InFlight::Abort => "abort",
-            InFlight::Continue => "continue",
-        }
-    }
-}
-
-impl fmt::Display for InFlight {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for InFlight {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "wait" => Ok(InFlight::Wait),
-            "abort" => Ok(InFlight::Abort),
-            "continue" => Ok(InFlight::Continue),
-            other => Err(format!(
-                "unknown in-flight mode '{other}'; expected wait (rollouts run to their end), abort (cancelled) or continue (interrupted, continued after the resume)"
-            )),
-        }
-    }
-}
+named_values!(InFlight, "in-flight mode":
+    Wait = "wait" ("rollouts run to their end"),
+    Abort = "abort" ("cancelled"),
+    Continue = "continue" ("interrupted, continued after the resume"),
+);
 
 /// What happens to a training row holding a token sampled more than `max_token_staleness`
 /// versions before the version current when its group is complete.
@@ -121,35 +116,10 @@ pub enum StaleTokens {
     Drop,
 }
 
-impl StaleTokens {
-    /// `mask` or `drop`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StaleTokens::Mask => "mask",
-            StaleTokens::Drop => "drop",
-        }
-    }
-}
-
-impl fmt::Display for StaleTokens {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for StaleTokens {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "mask" => Ok(StaleTokens::Mask),
-            "drop" => Ok(StaleTokens::Drop),
-            other => Err(format!(
-                "unknown stale-token rule '{other}'; expected mask (the tokens trained on no more) or drop (the row dropped)"
-            )),
-        }
-    }
-}
+named_values!(StaleTokens, "stale-token rule":
+    Mask = "mask" ("the tokens trained on no more"),
+    Drop = "drop" ("the row dropped"),
+);
 
 /// How the loop runs.
 ///
@@ -374,6 +344,29 @@ impl RolloutConfig {
 mod tests {
     use super::*;
     use crate::field_names;
+
+    #[test]
+    fn named_values_read_their_names_and_list_them_when_one_is_unknown() {
+        assert_eq!("continue".parse(), Ok(InFlight::Continue));
+        assert_eq!(InFlight::Abort.to_string(), "abort");
+        assert_eq!("drop".parse(), Ok(StaleTokens::Drop));
+        assert_eq!(
+            "keep".parse::<InFlight>(),
+            Err(
+                "unknown in-flight mode 'keep'; expected wait (rollouts run to their end), \
+                 abort (cancelled) or continue (interrupted, continued after the resume)"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            "both".parse::<PromptMode>(),
+            Err(
+                "unknown prompt mode 'both'; expected append (token-in/token-out) or rerender \
+                 (render the whole conversation each turn)"
+                    .to_owned()
+            )
+        );
+    }
 
     #[test]
     fn field_names_are_the_keys_serde_reads() {

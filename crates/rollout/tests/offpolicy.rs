@@ -10,13 +10,16 @@ use async_grpo_rollout::{
     Generator, InFlight, RolloutConfig, ScoredGroup,
 };
 use rollout_core::{Message, TrainingSample};
-use serde_json::{Map, json};
+use serde_json::Map;
 use test_support::{wait_until, within};
-use tool_dispatch::{DispatcherConfig, Registry, ToolDispatcher, builtin::ToolConfig};
-use vllm_client::{Client, ClientConfig, GenerateParams};
+use tool_dispatch::{DispatcherConfig, ToolDispatcher};
+use vllm_client::{Client, GenerateParams};
 use vllm_sim::{Exchange, SimConfig, SimRouting, Simulator};
 
-use crate::rollout::{chat_tokenizer, scorer};
+use crate::{
+    prompt_modes::{calculator, serve},
+    rollout::{chat_tokenizer, scorer},
+};
 
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -35,16 +38,7 @@ async fn simulator(routing: bool) -> (Simulator, Client) {
     sim.per_token = Duration::from_millis(3);
     sim.record = true;
     sim.routed_experts = routing.then_some(ROUTER);
-    let simulator = Simulator::start(sim, "127.0.0.1:0".parse().expect("an address"))
-        .await
-        .expect("the simulator starts");
-    let client =
-        Client::new(ClientConfig::with_servers([simulator.url()]).model("sim")).expect("a client");
-    client
-        .wait_until_ready(PATIENCE)
-        .await
-        .expect("the simulator is ready");
-    (simulator, client)
+    serve(sim).await
 }
 
 fn rows(count: usize) -> Vec<Result<DatasetRow, DatasetError>> {
@@ -76,15 +70,8 @@ fn start<G: Generator>(
     config: RolloutConfig,
     groups: usize,
 ) -> (Engine<G>, async_grpo_rollout::Groups) {
-    let calculator: ToolConfig =
-        serde_json::from_value(json!({"name": "calculator", "kind": "calculator"}))
-            .expect("a tool table");
-    let mut registry = Registry::new();
-    registry
-        .add(calculator.build().expect("the calculator builds"))
-        .expect("one tool");
     Engine::builder(generator, chat_tokenizer(), scorer())
-        .tools(ToolDispatcher::new(registry, DispatcherConfig::new(2)))
+        .tools(ToolDispatcher::new(calculator(), DispatcherConfig::new(2)))
         .config(config)
         .start(rows(groups))
         .expect("the loop starts")

@@ -51,6 +51,32 @@ fn model(tokenizer: fn() -> ChatTokenizer) -> Model {
     }
 }
 
+/// The simulator of `sim`, started, and a client of it once it answers.
+pub(crate) async fn serve(sim: SimConfig) -> (Simulator, Client) {
+    let simulator = Simulator::start(sim, "127.0.0.1:0".parse().expect("an address"))
+        .await
+        .expect("the simulator starts");
+    let client =
+        Client::new(ClientConfig::with_servers([simulator.url()]).model("sim")).expect("a client");
+    client
+        .wait_until_ready(PATIENCE)
+        .await
+        .expect("the simulator is ready");
+    (simulator, client)
+}
+
+/// The built-in calculator as a run's only tool.
+pub(crate) fn calculator() -> Registry {
+    let calculator: ToolConfig =
+        serde_json::from_value(json!({"name": "calculator", "kind": "calculator"}))
+            .expect("a tool table");
+    let mut registry = Registry::new();
+    registry
+        .add(calculator.build().expect("the calculator builds"))
+        .expect("one tool");
+    registry
+}
+
 /// What a run gave: the scored groups, every request the simulator answered, and counters.
 struct Run {
     groups: Vec<ScoredGroup>,
@@ -97,23 +123,8 @@ async fn run(model: &Model, mode: PromptMode, max_turns: usize) -> Run {
         .and_then(Value::as_str)
         .expect("the tokenizer names its EOS")
         .to_owned();
-    let simulator = Simulator::start(sim, "127.0.0.1:0".parse().expect("an address"))
-        .await
-        .expect("the simulator starts");
-    let client =
-        Client::new(ClientConfig::with_servers([simulator.url()]).model("sim")).expect("a client");
-    client
-        .wait_until_ready(PATIENCE)
-        .await
-        .expect("the simulator is ready");
-
-    let calculator: ToolConfig =
-        serde_json::from_value(json!({"name": "calculator", "kind": "calculator"}))
-            .expect("a tool table");
-    let mut registry = Registry::new();
-    registry
-        .add(calculator.build().expect("the calculator builds"))
-        .expect("one tool");
+    let (simulator, client) = serve(sim).await;
+    let registry = calculator();
     let scorer = Scorer::new(
         vec![scoring::builtin::from_spec("numeric:answer").expect("a reward")],
         ScorerConfig::default().threads(1),
