@@ -228,10 +228,11 @@ impl Launch {
         })
     }
 
-    /// A plain bf16 server.
-    fn plain() -> Launch {
+    /// A plain float32 server: a reward model's scores compared with transformers' to a
+    /// thousandth, which bf16's rounding through the layers would not keep.
+    fn reward_model() -> Launch {
         Launch {
-            dtype: "bfloat16",
+            dtype: "float32",
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -786,7 +787,7 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
             REWARD_PORT,
             MAX_MODEL_LEN,
             REWARD_MODEL,
-            &Launch::plain(),
+            &Launch::reward_model(),
         )
     });
     if let Err(error) = reward_model {

@@ -278,9 +278,9 @@ fn a_reward_model_on_the_real_pooling_runner_scores_each_conversation_as_transfo
     assert_eq!(expected.len(), rows.len());
     for (row, expected) in rows.iter().zip(expected) {
         let got = row["rewards"]["reward_model"].as_f64().expect("scored");
-        // The server computes in bfloat16, the reference in float32.
+        // Both compute in float32 from the same weights; only kernels differ.
         assert!(
-            (got - expected).abs() < 0.05,
+            (got - expected).abs() < 1e-3,
             "vLLM {got}, transformers {expected}: {row}"
         );
     }
@@ -410,8 +410,11 @@ impl Http {
                 .enable_all()
                 .build()
                 .expect("a runtime"),
+            // No connection kept between calls: the runtime is idle between them, so a kept
+            // one the server closed meanwhile (uvicorn after 5 s) would still look open.
             client: reqwest::Client::builder()
                 .no_proxy()
+                .pool_max_idle_per_host(0)
                 .build()
                 .expect("a client"),
         }
