@@ -8,7 +8,7 @@ use vllm_sim::{Faults, SimConfig, Simulator};
 
 use super::{
     rewards::{answer_text, assert_column_empty, assert_scores_match, service},
-    rollout::{Case, Outcome, quickstart, runtime, simulator},
+    rollout::{Case, Outcome, question, quickstart, runtime, simulator},
 };
 
 /// A template for one completion, with the tags the simulator's judge reads.
@@ -434,4 +434,51 @@ fn a_judge_keeps_its_answers_on_the_rows_only_when_asked() {
     let (_case, outcome) = judged(&model, "judge-no-keep", 2, 2, &url, &each);
     assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
     assert!(outcome.rows.iter().all(|row| row.reward_notes.is_empty()));
+}
+
+#[test]
+fn a_judge_answering_what_overflows_or_is_no_number_leaves_finite_advantages_never_null() {
+    let runtime = runtime();
+    let model = simulator(&runtime, 1, "calculator");
+    let judge = service(&runtime, Duration::ZERO, Faults::default());
+    let fields = format!("template = {}\nscore = \"json\"", toml_string(EACH));
+    // The right completions' scores: beyond the bound (unscored, counted) or no JSON number
+    // (unreadable); the wrong ones score 0.
+    for (value, readable) in [
+        ("1e308", true),
+        ("-1e308", true),
+        ("1.7976931348623157e308", true),
+        ("1e13", true),
+        ("NaN", false),
+        ("Infinity", false),
+    ] {
+        let url = endpoint(&judge, &format!("value:{value}"));
+        let name = format!("judge-value-{}", value.replace(['.', '-'], "_"));
+        // Rows that hold `"advantage": null` would not read as rows at all.
+        let (_case, outcome) = judged(&model, &name, 4, 2, &url, &fields);
+        assert_eq!(outcome.code, Some(0), "{value}: {}", outcome.stderr);
+        assert_eq!(outcome.rows.len(), 8, "{value}");
+        let mut right = 0;
+        for row in &outcome.rows {
+            assert!(row.advantage.is_finite(), "{value}: {row:?}");
+            let (_, answer) = question(row.group_id as usize);
+            let expected = if answer_text(row).contains(&answer) {
+                right += 1;
+                None
+            } else {
+                Some(0.0)
+            };
+            assert_eq!(row.rewards["judge"].as_f64(), expected, "{value}: {row:?}");
+        }
+        assert!(right > 0, "{value}: some completion is right");
+        if readable {
+            outcome.assert_said(&format!(
+                "reward 'judge' gave {right} scores that were NaN, infinite or beyond ±1e12"
+            ));
+        } else {
+            outcome.assert_said(&format!(
+                "{right} failed (0 transport, 0 status, {right} unreadable)"
+            ));
+        }
+    }
 }

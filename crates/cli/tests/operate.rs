@@ -461,6 +461,7 @@ fn a_paused_run_admits_nothing_and_its_metrics_match_the_summary_it_ends_with() 
                 "groups_completed",
                 "groups_too_small",
                 "groups_zero_variance",
+                "groups_non_finite",
                 "groups_cancelled",
                 "groups_stale",
             ]

@@ -10,7 +10,7 @@ use std::{
     },
 };
 
-use scoring::{Completion, Credit, Group, GroupAdvantages, GroupScores};
+use scoring::{Completion, Credit, Group, GroupAdvantages, GroupKind, GroupScores};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::OwnedPermit;
 
@@ -154,6 +154,20 @@ pub(crate) async fn finish<G: Generator>(shared: &Shared<G>, group: &GroupState)
         .collect();
     let steps: Vec<Vec<Option<f64>>> = finished.iter().map(Finished::turn_step_rewards).collect();
     let (scores, advantages, per_turn) = score(shared, group, &mut finished, &steps).await;
+    if advantages.kind == GroupKind::NonFinite {
+        // Every reward the estimator took was finite and bounded, yet an advantage was not:
+        // the group is an error of its own, never rows with a non-finite advantage.
+        Counters::add(&counters.groups_non_finite, 1);
+        tracing::error!(
+            group = group.group_id,
+            line = group.row.line,
+            mean = advantages.mean,
+            std = advantages.std,
+            "the group's advantages came out NaN or infinite (eps = 0 over a std that \
+             underflowed?); the group is dropped"
+        );
+        return;
+    }
     if advantages.dropped {
         Counters::add(&counters.groups_zero_variance, 1);
         return;

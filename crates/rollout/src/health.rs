@@ -45,6 +45,9 @@ counters! {
         groups_too_small,
         /// Groups dropped by the advantage estimator's zero-variance filter.
         groups_zero_variance,
+        /// Groups dropped because an advantage came out NaN or infinite (see
+        /// `scoring::GroupKind::NonFinite`), each logged as an error.
+        groups_non_finite,
         /// Groups dropped because a drain cancelled some of their rollouts.
         groups_cancelled,
         /// Groups cancelled because they fell more than `max_staleness` versions behind.

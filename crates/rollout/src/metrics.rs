@@ -297,8 +297,8 @@ mod prometheus {
                 encoder,
                 "async_grpo_groups",
                 "Groups that ended, by outcome: completed (scored and sent), or dropped as \
-                 too_small, zero_variance, cancelled (by a drain or a pause) or stale (more \
-                 than max_staleness versions behind).",
+                 too_small, zero_variance, non_finite (an advantage NaN or infinite), cancelled \
+                 (by a drain or a pause) or stale (more than max_staleness versions behind).",
                 Counter,
                 &[
                     (&[("outcome", "completed")], n(stats.groups_completed)),
@@ -307,6 +307,7 @@ mod prometheus {
                         &[("outcome", "zero_variance")],
                         n(stats.groups_zero_variance),
                     ),
+                    (&[("outcome", "non_finite")], n(stats.groups_non_finite)),
                     (&[("outcome", "cancelled")], n(stats.groups_cancelled)),
                     (&[("outcome", "stale")], n(stats.groups_stale)),
                 ],

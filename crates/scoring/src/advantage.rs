@@ -2,11 +2,21 @@
 //! completion or, with [`Credit::Turn`], per turn from the turns' discounted returns.
 //!
 //! Which completions form the baseline is decided here, once: a completion enters its
-//! group's mean and std only if it has a finite reward *and* produced a training row. An
-//! unscorable completion, or one whose trace was empty (a failed session, no recovered
-//! tokens), gets advantage 0 and never shifts its siblings' advantages.
+//! group's mean and std only if it has a reward within [`MAX_REWARD`] of 0 *and* produced a
+//! training row. An unscorable completion, one whose reward is NaN, infinite or beyond the
+//! bound, or one whose trace was empty (a failed session, no recovered tokens), gets
+//! advantage 0 and never shifts its siblings' advantages. Within the bound the group's sums
+//! and squares cannot overflow; an advantage that still comes out NaN or infinite (an `eps`
+//! of 0 over a std that underflowed) makes the group [`GroupKind::NonFinite`], dropped, never a
+//! row with a non-finite advantage.
 
 use serde::{Deserialize, Serialize};
+
+/// The largest magnitude of a reward (or a turn's return) the estimators take: one beyond it
+/// is left out of the baseline as a NaN is, and counted in [`GroupAdvantages::non_finite`].
+/// Rewards are small numbers; `1e12` leaves every sane scale room while keeping the group's
+/// sum and squares far from overflow (a judge answering `1e308` would overflow them).
+pub const MAX_REWARD: f64 = 1e12;
 
 /// How the baseline and the scale are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,8 +207,13 @@ impl CompletionReward {
 
     fn baseline_reward(&self) -> Option<f64> {
         self.reward
-            .filter(|r| r.is_finite() && self.has_training_row)
+            .filter(|r| in_range(*r) && self.has_training_row)
     }
+}
+
+/// Whether a reward is one the estimators take: finite and within [`MAX_REWARD`].
+pub fn in_range(reward: f64) -> bool {
+    reward.is_finite() && reward.abs() <= MAX_REWARD
 }
 
 /// What kind of group the estimator saw.
@@ -213,6 +228,9 @@ pub enum GroupKind {
     Singleton,
     /// Every baseline reward is equal: advantage 0 (the group is dropped when configured).
     ZeroVariance,
+    /// An advantage came out NaN or infinite (possible only with `eps = 0` over a std that
+    /// underflowed): an error of the group, which is dropped, every advantage 0.
+    NonFinite,
 }
 
 /// The advantages of one group.
@@ -222,7 +240,8 @@ pub struct GroupAdvantages {
     pub advantages: Vec<f64>,
     /// What kind of group it was.
     pub kind: GroupKind,
-    /// Whether the group is to be dropped (zero variance with `drop_zero_variance`).
+    /// Whether the group is to be dropped (zero variance with `drop_zero_variance`, or
+    /// [`GroupKind::NonFinite`]).
     pub dropped: bool,
     /// How many completions formed the baseline.
     pub baseline_size: usize,
@@ -231,8 +250,26 @@ pub struct GroupAdvantages {
     /// The std that scales the advantages: the group's (the batch's for
     /// [`Estimator::BatchStd`]), as configured; 0 when fewer than two rewards.
     pub std: f64,
-    /// Completions whose reward was NaN or infinite (left out, advantage 0).
+    /// Completions whose reward was NaN, infinite or beyond [`MAX_REWARD`] (left out,
+    /// advantage 0).
     pub non_finite: usize,
+}
+
+impl GroupAdvantages {
+    /// The group as an error of its own when any of its advantages, or of `turns` (its
+    /// completions' advantages per turn), is NaN or infinite: [`GroupKind::NonFinite`],
+    /// dropped, every advantage 0. Unchanged otherwise.
+    pub fn check_finite<'a>(mut self, turns: impl IntoIterator<Item = &'a f64>) -> Self {
+        let finite = self.advantages.iter().all(|a| a.is_finite())
+            && turns.into_iter().all(|a| a.is_finite());
+        if finite {
+            return self;
+        }
+        self.kind = GroupKind::NonFinite;
+        self.dropped = true;
+        self.advantages.iter_mut().for_each(|a| *a = 0.0);
+        self
+    }
 }
 
 /// Advantages of one group. For [`Estimator::BatchStd`] the std is the group's own; use
@@ -286,7 +323,7 @@ impl Stats {
         let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
         let mut non_finite = 0;
         for completion in completions {
-            if completion.reward.is_some_and(|r| !r.is_finite()) {
+            if completion.reward.is_some_and(|r| !in_range(r)) {
                 non_finite += 1;
             }
             if let Some(r) = completion.baseline_reward() {
@@ -349,6 +386,7 @@ fn advantages_with(
         std: scale,
         non_finite: stats.non_finite,
     }
+    .check_finite(std::iter::empty())
 }
 
 /// The advantage of `value` (a reward, or a turn's return) of a completion whose own baseline

@@ -124,8 +124,8 @@ pub use crate::table::{
 pub use crate::{
     advantage::{
         AdvantageConfig, CompletionReward, Credit, EpsPlacement, Estimator, GroupAdvantages,
-        GroupKind, InvalidAdvantageConfig, PRESETS, StdKind, batch_advantages, group_advantages,
-        turn_advantages, turn_returns,
+        GroupKind, InvalidAdvantageConfig, MAX_REWARD, PRESETS, StdKind, batch_advantages,
+        group_advantages, in_range, turn_advantages, turn_returns,
     },
     group::{Completion, Group},
     reward::{AsyncReward, CallStats, Notes, Reward, RewardError, Scores, SyncReward},

@@ -17,8 +17,8 @@ use serde::Serialize;
 
 use crate::{
     advantage::{
-        AdvantageConfig, CompletionReward, GroupAdvantages, group_advantages, turn_advantages,
-        turn_returns,
+        AdvantageConfig, CompletionReward, GroupAdvantages, GroupKind, group_advantages, in_range,
+        turn_advantages, turn_returns,
     },
     group::Group,
     pool::RewardPool,
@@ -134,7 +134,8 @@ pub struct Column {
     pub values: Vec<Option<f64>>,
     /// Why the function gave nothing, if it failed.
     pub failure: Option<ColumnFailure>,
-    /// Completions whose score was NaN or infinite: each is an error of its own, scored `None`.
+    /// Completions whose score was NaN, infinite or beyond
+    /// [`MAX_REWARD`](crate::MAX_REWARD): each is an error of its own, scored `None`.
     pub non_finite: Vec<usize>,
     /// One note per completion when the function keeps them (a judge's answers), else
     /// empty.
@@ -187,7 +188,7 @@ impl GroupScores {
             })
             .collect();
         let advantages = group_advantages(&episodes, config);
-        let per_turn = returns
+        let per_turn: Vec<Vec<f64>> = returns
             .iter()
             .zip(&episodes)
             .zip(steps)
@@ -196,6 +197,14 @@ impl GroupScores {
                 None => vec![0.0; steps.len()],
             })
             .collect();
+        let advantages = advantages.check_finite(per_turn.iter().flatten());
+        if advantages.kind == GroupKind::NonFinite {
+            let zeros = per_turn
+                .iter()
+                .map(|turns| vec![0.0; turns.len()])
+                .collect();
+            return (advantages, zeros);
+        }
         (advantages, per_turn)
     }
 
@@ -319,7 +328,7 @@ pub struct RewardStats {
     pub timeouts: u64,
     /// Groups where it returned the wrong number of scores.
     pub wrong_length: u64,
-    /// Scores that were NaN or infinite.
+    /// Scores that were NaN, infinite or beyond [`MAX_REWARD`](crate::MAX_REWARD).
     pub non_finite: u64,
     /// The most recent failure, with its message.
     pub last_failure: Option<ColumnFailure>,
@@ -500,7 +509,7 @@ impl Scorer {
                 }
                 for (index, score) in scores.into_iter().enumerate() {
                     match score {
-                        Some(value) if !value.is_finite() => column.non_finite.push(index),
+                        Some(value) if !in_range(value) => column.non_finite.push(index),
                         other => column.values[index] = other,
                     }
                 }
@@ -512,7 +521,7 @@ impl Scorer {
                         target: "scoring",
                         reward = %reward.name,
                         completions = ?column.non_finite,
-                        "reward function returned NaN or infinite scores; those completions are unscored in this column"
+                        "reward function returned NaN, infinite or out-of-range scores (beyond ±1e12); those completions are unscored in this column"
                     );
                 }
             }
@@ -596,16 +605,30 @@ impl fmt::Debug for Scorer {
     }
 }
 
-/// The weighted sum of each completion's scores, skipping `None`s.
+/// The weighted sum of each completion's scores, skipping `None`s; `None` (unscorable, with a
+/// warning) where the sum falls beyond [`MAX_REWARD`](crate::MAX_REWARD), as a weight can
+/// make it.
 fn combine(columns: &[Column], completions: usize) -> Vec<Option<f64>> {
     (0..completions)
         .map(|index| {
-            columns.iter().fold(None, |sum: Option<f64>, column| {
+            let sum = columns.iter().fold(None, |sum: Option<f64>, column| {
                 match column.values[index] {
                     Some(value) => Some(sum.unwrap_or(0.0) + column.weight * value),
                     None => sum,
                 }
-            })
+            });
+            match sum {
+                Some(reward) if !in_range(reward) => {
+                    tracing::warn!(
+                        target: "scoring",
+                        completion = index,
+                        reward,
+                        "the weighted sum of a completion's scores is beyond ±1e12; the completion is unscorable"
+                    );
+                    None
+                }
+                other => other,
+            }
         })
         .collect()
 }

@@ -4,8 +4,8 @@
 use std::f64::consts::FRAC_1_SQRT_2;
 
 use async_grpo_scoring::{
-    AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupKind, StdKind,
-    batch_advantages, group_advantages,
+    AdvantageConfig, CompletionReward, EpsPlacement, Estimator, GroupKind, MAX_REWARD, StdKind,
+    batch_advantages, group_advantages, in_range,
 };
 
 use crate::assert_close;
@@ -186,6 +186,41 @@ fn a_non_finite_reward_is_an_error_of_its_own_not_a_poisoned_group() {
     );
     assert_close(&result.advantages, &[0.0, -1.0, 1.0, 0.0], 1e-6);
     assert_eq!((result.non_finite, result.baseline_size), (2, 2));
+}
+
+#[test]
+fn a_reward_beyond_the_bound_stays_out_as_a_nan_does_and_its_siblings_stay_finite() {
+    // 1e308 and -1e308 would overflow the sum (and their squares the std) to infinity and
+    // give every sibling a NaN advantage; beyond MAX_REWARD they are left out.
+    let result = group_advantages(
+        &scored(&[1e308, 0.0, 1.0, -1e308, MAX_REWARD * 2.0, MAX_REWARD]),
+        &preset("trl"),
+    );
+    assert_eq!((result.non_finite, result.baseline_size), (3, 3));
+    assert!(
+        result.advantages.iter().all(|a| a.is_finite()),
+        "{result:?}"
+    );
+    assert_eq!(result.kind, GroupKind::Normal);
+    assert_eq!(result.advantages[0], 0.0);
+    assert!(in_range(MAX_REWARD) && !in_range(-MAX_REWARD * 2.0) && !in_range(f64::NAN));
+}
+
+#[test]
+fn an_advantage_that_comes_out_infinite_drops_its_group_never_reaching_a_row() {
+    // With eps = 0 two rewards apart by the smallest subnormal have a std that underflows
+    // to 0: (5e-324 - 0) / 0 is infinite, (0 - 0) / 0 NaN.
+    let config = AdvantageConfig {
+        eps: 0.0,
+        ..preset("trl")
+    };
+    let result = group_advantages(&scored(&[0.0, 5e-324]), &config);
+    assert_eq!(result.kind, GroupKind::NonFinite);
+    assert!(result.dropped);
+    assert_eq!(result.advantages, vec![0.0, 0.0]);
+    // The default eps keeps the same group finite and normal.
+    let result = group_advantages(&scored(&[0.0, 5e-324]), &preset("trl"));
+    assert_eq!((result.kind, result.dropped), (GroupKind::Normal, false));
 }
 
 #[test]

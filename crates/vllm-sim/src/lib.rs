@@ -33,9 +33,10 @@
 //!   when it contains the reference, else 0, and answers as FORMAT says: `number` (`Score:
 //!   N` after a thinking block), `json` (`{"score": N}` in a fenced block after a thinking
 //!   block that holds a draft score of 5, or `{"scores": [...]}` for several completions), `labels` (`Verdict: CORRECT` or `INCORRECT`; several:
-//!   `{"scores": ["CORRECT", ...]}`), `short` (as `json`, one score too few) or `garbage`
-//!   (no score); with the same latency and faults, counting its requests and its most at
-//!   once;
+//!   `{"scores": ["CORRECT", ...]}`), `short` (as `json`, one score too few), `garbage`
+//!   (no score) or `value:X` (as `json`, a right completion scoring the raw text `X`, such as
+//!   `1e308` or `NaN`: a judge gone wrong); with the same latency and faults, counting its
+//!   requests and its most at once;
 //! - `POST /classify`, vLLM's endpoint for a reward model on the pooling runner, for the
 //!   engine's `reward_model` reward: it takes one conversation as `messages` and scores it
 //!   `messages + chars / 1000` (how many messages, and the characters of the last one's

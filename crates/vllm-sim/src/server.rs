@@ -1059,9 +1059,20 @@ async fn judge(
             json!({ "scores": &scores[..scores.len().saturating_sub(1)] }).to_string()
         }
         ("garbage", _) => "I would rather not say.".to_owned(),
+        // A right completion scores the raw text X (`1e308`, `NaN`: what no sane judge says).
+        (scripted, many) if scripted.starts_with("value:") => {
+            let value = &scripted["value:".len()..];
+            let scores: Vec<&str> = many.iter().map(|&v| if v { value } else { "0" }).collect();
+            match scores.as_slice() {
+                [one] => format!("{{\"score\": {one}}}"),
+                many => format!("{{\"scores\": [{}]}}", many.join(", ")),
+            }
+        }
         (other, _) => {
-            let message =
-                format!("unknown judge format '{other}': number, json, labels, short or garbage");
+            let message = format!(
+                "unknown judge format '{other}': number, json, labels, short, garbage or \
+                     value:X"
+            );
             return error(StatusCode::NOT_FOUND, &message, "NotFoundError", None);
         }
     };

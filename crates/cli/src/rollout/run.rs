@@ -455,6 +455,13 @@ fn rewards_summary(rewards: &[(String, scoring::RewardStats)]) {
                 stats.groups, stats.errors, stats.timeouts, stats.panics, stats.wrong_length,
             );
         }
+        if stats.non_finite > 0 {
+            eprintln!(
+                "async-grpo: reward '{name}' gave {} scores that were NaN, infinite or beyond \
+                 ±1e12, each left unscored",
+                stats.non_finite
+            );
+        }
         if let Some(calls) = &stats.calls {
             let last = calls
                 .last_failure
@@ -482,15 +489,17 @@ fn rewards_summary(rewards: &[(String, scoring::RewardStats)]) {
 fn summary(settings: &Settings, report: &DrainReport, totals: &Totals, elapsed: Duration) {
     let stats = &report.stats;
     eprintln!(
-        "async-grpo: {} groups scored in {:.1}s ({} dropped: {} too few successes, {} zero variance, {} cancelled by a drain or a pause, {} stale); mean reward {}",
+        "async-grpo: {} groups scored in {:.1}s ({} dropped: {} too few successes, {} zero variance, {} non-finite advantages, {} cancelled by a drain or a pause, {} stale); mean reward {}",
         stats.groups_completed,
         elapsed.as_secs_f64(),
         stats.groups_too_small
             + stats.groups_zero_variance
+            + stats.groups_non_finite
             + stats.groups_cancelled
             + stats.groups_stale,
         stats.groups_too_small,
         stats.groups_zero_variance,
+        stats.groups_non_finite,
         stats.groups_cancelled,
         stats.groups_stale,
         totals
