@@ -54,8 +54,12 @@ VERIFY = HERE.parent / "agent" / "verify.py"
 
 # opencode as the engine runs it: the binary's [agent] table (examples/agent/agent.toml's,
 # without its verify: the session below judges). Its path is absolute, so that the script
-# runs from any directory.
-OPENCODE = {"command": [str(HERE.parent / "agent" / "opencode-agent.sh"), "{prompt}"], "timeout": "3m"}
+# runs from any directory; `home` shows the sandbox where opencode is installed.
+OPENCODE = {
+    "command": [str(HERE.parent / "agent" / "opencode-agent.sh"), "{prompt}"],
+    "timeout": "3m",
+    "home": [".cache/async-grpo"],
+}
 
 # The simulator's settings: examples/agent/agent.toml's [simulator] table.
 SIMULATOR = {

@@ -147,7 +147,7 @@ fn opencode_edits_a_file_with_its_own_tool_and_its_rows_are_exact() {
     case.write_config(&format!(
         "num_generations = 2\nmax_inflight = 2\nmax_turns = 6\nseed = 5\nmax_tokens = 256\n\n\
          [agent]\ncommand = [{command}, \"{{prompt}}\"]\n\
-         verify = [\"python3\", {verify}]\ntimeout = \"3m\"\n",
+         verify = [\"python3\", {verify}]\ntimeout = \"3m\"\nhome = [\".cache/async-grpo\"]\n",
         command = example("opencode-agent.sh"),
         verify = example("verify.py"),
     ));

@@ -148,11 +148,15 @@ fn a_stdio_mcp_server_sandboxed_on_request_serves_its_sessions_without_the_engin
     // The server's first words on stderr (logged by the engine) say what it sees of the
     // engine's SECRET_X; then it is the example's server.
     let secret = format!("secret-{}", std::process::id());
+    // And what it reads of root's files and of a credential planted under $HOME.
+    let planted = test_support::PlantedInHome::new("mcp-sandboxed", "token", &secret);
     let case = environment_case(
         "mcp-sandboxed",
         &format!(
-            "command = [\"sh\", \"-c\", \"echo seen=${{SECRET_X:-nothing}} >&2; exec \\\"$0\\\" \\\"$1\\\"\", {}, {}]\n\
+            "command = [\"sh\", \"-c\", \"echo seen=${{SECRET_X:-nothing}} >&2; \
+             cat /etc/shadow {} >&2; exec \\\"$0\\\" \\\"$1\\\"\", {}, {}]\n\
              sandbox = \"bwrap\"",
+            planted.file().display(),
             toml_path(&mcp_python()),
             toml_path(&kv_env())
         ),
@@ -175,7 +179,15 @@ fn a_stdio_mcp_server_sandboxed_on_request_serves_its_sessions_without_the_engin
     assert!(stderr.contains("seen=nothing"), "{stderr}");
     assert!(
         !stderr.contains(&secret),
-        "the server saw the engine's variable: {stderr}"
+        "the server saw the engine's variable or the planted credential: {stderr}"
+    );
+    assert!(
+        !stderr.contains("root:"),
+        "the server read /etc/shadow: {stderr}"
+    );
+    assert!(
+        stderr.contains("Permission denied") || !test_support::is_root(),
+        "{stderr}"
     );
     assert_eq!(
         left,

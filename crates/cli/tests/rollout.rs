@@ -123,7 +123,12 @@ impl Case {
             .args(["--progress", "off"])
             .args(args)
             .current_dir(&self.dir)
-            .env("RUST_LOG", "info")
+            // `TEST_RUST_LOG=info,async_grpo_harness=debug` shows what each agent printed,
+            // `async_grpo_process=debug` each program's command line.
+            .env(
+                "RUST_LOG",
+                std::env::var("TEST_RUST_LOG").unwrap_or("info".into()),
+            )
             .env("NO_COLOR", "1")
             .env("RUST_BACKTRACE", "0");
         command

@@ -614,3 +614,94 @@ fn an_agent_reaches_its_proxy_and_no_other_local_port() {
         "an agent's connection reached the host"
     );
 }
+
+/// Reads `/etc/shadow` and the file `$PLANTED` names (not on its command line, whose files
+/// the sandbox shows); prints what it read of each, or the error's name. For the python tool (as its code) and for an agent (which also writes
+/// it to read.txt, then asks its proxy for an answer: a rollout needs a turn).
+const READING_SECRETS: &str = r#"
+import json, os, sys, urllib.request
+found = []
+for path in ["/etc/shadow", os.environ["PLANTED"]]:
+    try:
+        with open(path) as f:
+            found.append("read " + f.read(64))
+    except OSError as error:
+        found.append("closed " + type(error).__name__)
+text = "; ".join(found)
+print(text)
+if "OPENAI_BASE_URL" in os.environ:
+    # An agent: it writes what it read beside it, and asks its proxy for one answer.
+    with open("read.txt", "w") as f:
+        f.write(text)
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        json.load(response)
+"#;
+
+/// verify: 1 per secret (`/etc/shadow`'s `root:`, its argument) found in read.txt.
+const SECRETS_VERIFY: &str = r#"
+import sys
+try:
+    text = open("read.txt").read()
+except OSError:
+    sys.exit(3)
+print(int("root:" in text) + int(sys.argv[1] in text))
+"#;
+
+#[test]
+fn root_s_files_and_a_credential_under_home_stay_closed_to_the_python_tool_and_an_agent() {
+    let secret = unique("hf_");
+    let planted = test_support::PlantedInHome::new("untrusted", "token", &secret);
+    let planted = planted.file().display().to_string();
+
+    let tool = case("secrets-tool");
+    write_one_row(&tool, "secrets");
+    // The tool's code: the script, the planted file's path set first.
+    write_python_config(
+        &tool,
+        &format!(
+            "import os\nos.environ['PLANTED'] = {}\n{READING_SECRETS}",
+            toml_string(&planted)
+        ),
+        "",
+    );
+    let ran = run(&tool, &mut tool.command(&[]));
+    for result in ran.tool_results() {
+        assert!(
+            !result.contains("root:") && !result.contains(&secret),
+            "{result}"
+        );
+        assert_eq!(result.matches("closed").count(), 2, "{result}");
+    }
+
+    let agent = case("secrets-agent");
+    write_one_row(&agent, "secrets");
+    agent.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 2\nretries = 0\n\n\
+         [agent]\ncommand = [\"python3\", \"-c\", {agent}]\nenv = {{ PLANTED = {planted} }}\n\
+         verify = [\"python3\", \"-c\", {verify}, {secret}]\ntimeout = \"60s\"\n",
+        agent = toml_string(READING_SECRETS),
+        planted = toml_string(&planted),
+        verify = toml_string(SECRETS_VERIFY),
+        secret = toml_string(&secret),
+    ));
+    let runtime = runtime();
+    let sim = simulator(&runtime, 0, "calculator");
+    let ran = run(&agent, &mut agent.command(&["--server", &sim.url()]));
+    assert_eq!(ran.code, Some(0), "the run failed: {}", ran.stderr);
+    let found: Vec<Option<f64>> = ran
+        .rows
+        .iter()
+        .map(|row| row.rewards["env"].as_f64())
+        .collect();
+    assert_eq!(
+        found,
+        [Some(0.0); 2],
+        "secrets each agent read: {}",
+        ran.stderr
+    );
+}

@@ -46,7 +46,9 @@ mod sandbox;
 pub use self::{
     path::{check_program, program_path, resolve_command},
     run::{Finished, ProcessGroup, Program, tail},
-    sandbox::{ENGINE_SECRETS, Isolation, Limits, Sandbox, SandboxKeys, hide_secret, secrets},
+    sandbox::{
+        ENGINE_SECRETS, Isolation, Limits, SANDBOX_UIDS, Sandbox, SandboxKeys, hide_secret, secrets,
+    },
 };
 
 /// What a panic of in-process code the policy's output reached (a sync tool, a reward

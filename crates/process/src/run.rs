@@ -145,16 +145,36 @@ impl Program {
     /// its sandbox, in a process group of its own, killed when the child is dropped. Its
     /// stdio is the caller's to set. Hold a [`ProcessGroup`] of the child's id to kill what
     /// it starts too.
+    ///
+    /// Sandboxed while the engine is root, the program runs as a user of its own
+    /// ([`SANDBOX_UIDS`](crate::SANDBOX_UIDS)), to whom its directory, and everything in
+    /// it, is given here (a walk of the directory: this call blocks for it).
     pub fn command(&self) -> Result<Command, Error> {
         if self.argv.is_empty() {
             return Err(Error::NoProgram);
         }
-        let line = self.sandbox.command_line(&self.argv, self.dir.as_deref());
+        let user = self.sandbox.user();
+        if let (Some(user), Some(dir)) = (user, &self.dir) {
+            crate::sandbox::give_to(dir, user).map_err(|source| Error::Start {
+                program: self.name().to_owned(),
+                source: std::io::Error::new(
+                    source.kind(),
+                    format!(
+                        "its directory {} could not be given to its sandbox's user: {source}",
+                        dir.display()
+                    ),
+                ),
+            })?;
+        }
+        let line = self
+            .sandbox
+            .command_line(&self.argv, self.dir.as_deref(), user);
         if line.len() > self.argv.len() && self.sandbox.isolation == crate::Isolation::None {
             // A wrapper (setpriv, prlimit) would start and then fail to run a program that is
             // not there: say so as a program that could not start, as without the wrapper.
             self.check_found()?;
         }
+        tracing::debug!(target: "async_grpo_process", ?line, "the command line of a program");
         let (program, args) = line.split_first().ok_or(Error::NoProgram)?;
         let mut command = Command::new(program);
         command.args(args).kill_on_drop(true);

@@ -8,7 +8,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use std::sync::{OnceLock, RwLock};
+use std::sync::{
+    OnceLock, RwLock,
+    atomic::{AtomicU32, Ordering},
+};
 
 use crate::Error;
 
@@ -57,13 +60,18 @@ const PASSED_ENV: &[&str] = &[
 ];
 
 /// Where credentials usually live under the home directory: hidden from sandboxed programs
-/// although the rest of the file system is readable.
+/// even inside what they are shown of it (`$HOME` itself is shown by allow-list).
 const HOME_SECRETS: &[&str] = &[
+    ".huggingface",
+    ".kaggle",
+    ".netrc",
+    ".pgpass",
+    ".terraformrc",
+    ".terraform.d",
     ".ssh",
     ".aws",
     ".azure",
     ".gnupg",
-    ".netrc",
     ".git-credentials",
     ".pypirc",
     ".npmrc",
@@ -89,15 +97,17 @@ pub enum Isolation {
 }
 
 /// Resource limits of one program and everything it starts (`prlimit`, so per process: a
-/// child gets the same limits again). `0` is no limit.
+/// child gets the same limits again; `tmp_mib` by the size of its private `/tmp`). `0` is no
+/// limit.
 ///
 /// | field | default | limit |
 /// |---|---|---|
 /// | `memory_mib` | 4096 | data segment (heap and private writable mappings: what a program allocates) |
 /// | `cpu_seconds` | 600 | CPU time |
-/// | `processes` | 256 | processes of the user (not enforced for root, which the kernel exempts; the PID namespace still kills them all at the end) |
+/// | `processes` | 256 | processes of the program's user: in a sandbox, of the program's whole tree, which runs as a user of its own (see [`Sandbox`]); unsandboxed, of the engine's user, and not enforced when that is root |
 /// | `file_size_mib` | 1024 | size of a file it writes |
 /// | `open_files` | 1024 | open file descriptors |
+/// | `tmp_mib` | 1024 | in a sandbox, all it writes to its private `/tmp` (and as much to `/dev/shm`), which lives in memory |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
@@ -111,6 +121,8 @@ pub struct Limits {
     pub file_size_mib: u64,
     /// Open file descriptors.
     pub open_files: u64,
+    /// MiB in the private `/tmp` (and as many in `/dev/shm`) of a sandboxed program.
+    pub tmp_mib: u64,
 }
 
 impl Default for Limits {
@@ -121,6 +133,7 @@ impl Default for Limits {
             processes: 256,
             file_size_mib: 1024,
             open_files: 1024,
+            tmp_mib: 1024,
         }
     }
 }
@@ -134,6 +147,7 @@ impl Limits {
             processes: 0,
             file_size_mib: 0,
             open_files: 0,
+            tmp_mib: 0,
         }
     }
 
@@ -161,17 +175,18 @@ impl Limits {
     }
 }
 
-/// The `sandbox`, `network` and `limits` keys of a settings table that starts programs (a
-/// tool, an agent, an MCP server, a reward program), declared once and flattened into each
-/// (`#[serde(flatten)]`): each key given changes the sandbox a run starts from, each left out
-/// keeps it.
+/// The `sandbox`, `network`, `limits` and `home` keys of a settings table that starts
+/// programs (a tool, an agent, an MCP server, a reward program), declared once and flattened
+/// into each (`#[serde(flatten)]`): each key given changes the sandbox a run starts from, each
+/// left out keeps it.
 ///
 /// ```toml
 /// sandbox = "bwrap"                 # or "none": with the engine's own permissions
 /// network = false                   # true: the host's network
 /// limits = { memory_mib = 8192 }    # Limits; its unset fields keep their defaults
+/// home = [".cache/uv"]              # what of $HOME the programs see besides what PATH needs
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct SandboxKeys {
     /// How the programs are isolated (`"bwrap"` or `"none"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,16 +197,23 @@ pub struct SandboxKeys {
     /// The programs' resource limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// Paths under `$HOME` (relative to it) the programs see, read-only, besides what
+    /// [`Sandbox`] shows of it by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<Vec<PathBuf>>,
 }
 
 impl SandboxKeys {
     /// The keys, as a table writes them: what a struct that flattens these keys reads besides
     /// its own (for a list of a table's keys).
-    pub const KEYS: [&'static str; 3] = ["sandbox", "network", "limits"];
+    pub const KEYS: [&'static str; 4] = ["sandbox", "network", "limits", "home"];
 
     /// Whether any key is given.
     pub fn is_set(&self) -> bool {
-        self.sandbox.is_some() || self.network.is_some() || self.limits.is_some()
+        self.sandbox.is_some()
+            || self.network.is_some()
+            || self.limits.is_some()
+            || self.home.is_some()
     }
 
     /// `base` as the keys change it: each key given replaces its value, each left out keeps
@@ -206,12 +228,15 @@ impl SandboxKeys {
         if let Some(limits) = self.limits {
             base.limits = limits;
         }
+        if let Some(home) = &self.home {
+            base.home.clone_from(home);
+        }
         base
     }
 
     /// The sandbox of a program the user wrote (an MCP server, a reward program), which runs
     /// with the engine's permissions unless `sandbox = "bwrap"`: then in `base` (the run's
-    /// sandbox, its files hidden). `network` and `limits` apply either way.
+    /// sandbox, its files hidden). `network`, `limits` and `home` apply either way.
     pub fn opt_in(&self, base: &Sandbox) -> Sandbox {
         let start = match self.sandbox {
             Some(Isolation::Bwrap) => base.clone(),
@@ -219,7 +244,7 @@ impl SandboxKeys {
         };
         SandboxKeys {
             sandbox: None,
-            ..*self
+            ..self.clone()
         }
         .apply(start)
     }
@@ -231,14 +256,22 @@ impl SandboxKeys {
 /// - a PID namespace of its own (and IPC, UTS, cgroup and, unless `network`, network
 ///   namespaces): every process it starts dies with it, whether it called `setsid` or not,
 ///   and it sees no process of the engine or of another rollout;
+/// - a user of its own: when the engine is root, each program runs as an unprivileged uid and
+///   gid nobody else has (from [`SANDBOX_UIDS`], its directory given to it), so that owner
+///   bits grant it nothing of the host's (`/etc/shadow`, root's files) and `limits.processes`
+///   binds its whole tree; otherwise, in a user namespace, as the engine's user;
 /// - no capabilities, a new session (no terminal to write into);
-/// - the file system read-only; a private, empty `/tmp` (and `/var/tmp`, `/dev/shm`, and `/run`
-///   when there is no network); the program's own directory writable;
-/// - hidden (an empty directory or file in their place): credentials under `$HOME`
-///   (`.ssh`, `.aws`, `.config`, `.cache/huggingface`, ...) and whatever the engine adds with
-///   [`Sandbox::hide`] (its output, dataset, configuration, other rollouts' directories);
-/// - the environment cleared to `PATH`, `HOME` (the engine's, read-only like the rest),
-///   `LANG`/`LC_*`, `TZ`, `TERM` and `TMPDIR=/tmp`, plus what the program is given;
+/// - the file system read-only; a private, empty `/tmp` of at most `limits.tmp_mib` (and
+///   `/var/tmp`, `/dev/shm`, and `/run` when there is no network); the program's own
+///   directory writable;
+/// - of `$HOME`, nothing but the top directories under it of `PATH`'s entries (`~/.cargo`,
+///   `~/.pyenv`), those of the files its command line names by absolute path (a venv's
+///   Python, a script), and what [`Sandbox::see_in_home`] adds: an allow-list, read-only. Credentials inside what it shows (`.ssh`, `.aws`,
+///   `.config`, `.cache/huggingface`, `.huggingface`, ...) stay hidden, as does whatever the
+///   engine adds with [`Sandbox::hide`] (its output, dataset, configuration, other rollouts'
+///   directories): an empty directory or file in their place;
+/// - the environment cleared to `PATH`, `HOME` (the engine's), `LANG`/`LC_*`, `TZ`, `TERM`
+///   and `TMPDIR=/tmp`, plus what the program is given;
 /// - a program or script named by its path in one of the private directories (a config's
 ///   directory under `/tmp`) seen read-only, with what lies beside it;
 /// - no network (its own loopback only) unless `network`;
@@ -253,6 +286,7 @@ pub struct Sandbox {
     /// Its resource limits.
     pub limits: Limits,
     hidden: Vec<PathBuf>,
+    home: Vec<PathBuf>,
 }
 
 impl Default for Sandbox {
@@ -262,6 +296,7 @@ impl Default for Sandbox {
             network: false,
             limits: Limits::default(),
             hidden: Vec::new(),
+            home: Vec::new(),
         }
     }
 }
@@ -276,6 +311,7 @@ impl Sandbox {
             network: true,
             limits: Limits::none(),
             hidden: Vec::new(),
+            home: Vec::new(),
         }
     }
 
@@ -308,6 +344,18 @@ impl Sandbox {
         &self.hidden
     }
 
+    /// Lets the program see `path` (relative to `$HOME`, or absolute under it), read-only:
+    /// `$HOME` shows nothing else but what `PATH` and the command line need.
+    pub fn see_in_home(mut self, path: impl Into<PathBuf>) -> Sandbox {
+        self.home.push(path.into());
+        self
+    }
+
+    /// The paths [`Sandbox::see_in_home`] added.
+    pub fn seen_in_home(&self) -> &[PathBuf] {
+        &self.home
+    }
+
     /// Whether this sandbox can be had here: for bubblewrap, that `bwrap` is on `PATH` and can
     /// make its namespaces, and (with limits) that `prlimit` is there. Checked once per
     /// process; the error says what is missing and how to get it.
@@ -330,13 +378,22 @@ impl Sandbox {
     }
 
     /// The command line that runs `argv` in this sandbox, with `dir` as its writable working
-    /// directory.
-    pub(crate) fn command_line(&self, argv: &[String], dir: Option<&Path>) -> Vec<OsString> {
+    /// directory, as `user` (a uid and gid of [`SANDBOX_UIDS`], for an engine that is root)
+    /// or as the engine's user.
+    pub(crate) fn command_line(
+        &self,
+        argv: &[String],
+        dir: Option<&Path>,
+        user: Option<u32>,
+    ) -> Vec<OsString> {
         let mut line: Vec<OsString> = Vec::new();
         match self.isolation {
             Isolation::Bwrap => {
-                line.extend(self.bwrap_options(argv, dir));
+                line.extend(self.bwrap_options(argv, dir, user.is_some()));
                 line.push("--".into());
+                if let Some(user) = user {
+                    line.extend(drop_to(user).into_iter().map(OsString::from));
+                }
             }
             Isolation::None => line.extend(parent_death_prefix().iter().map(OsString::from)),
         }
@@ -345,20 +402,55 @@ impl Sandbox {
         line
     }
 
-    fn bwrap_options(&self, argv: &[String], dir: Option<&Path>) -> Vec<OsString> {
+    /// The user a program in this sandbox runs as: one of its own when the sandbox is
+    /// bubblewrap and the engine is root, else the engine's (`None`).
+    pub(crate) fn user(&self) -> Option<u32> {
+        (self.isolation == Isolation::Bwrap && engine_is_root()).then(next_sandbox_uid)
+    }
+
+    /// bubblewrap's options. `as_root`: the engine is root, and the program drops to a user
+    /// of its own in the sandbox (no user namespace, which would map it back to root): the
+    /// sandbox keeps the capabilities to change user (which `setpriv` then drops with every
+    /// other), the other namespaces are asked for one by one.
+    fn bwrap_options(&self, argv: &[String], dir: Option<&Path>, as_root: bool) -> Vec<OsString> {
         let mut options: Vec<OsString> = Vec::new();
         let mut push = |items: &[&dyn AsRef<std::ffi::OsStr>]| {
             options.extend(items.iter().map(|item| item.as_ref().to_owned()));
         };
-        push(&[&"bwrap", &"--unshare-all"]);
-        if self.network {
-            push(&[&"--share-net"]);
+        if as_root {
+            push(&[
+                &"bwrap",
+                &"--unshare-ipc",
+                &"--unshare-pid",
+                &"--unshare-uts",
+                &"--unshare-cgroup-try",
+            ]);
+            if !self.network {
+                push(&[&"--unshare-net"]);
+            }
+        } else {
+            push(&[&"bwrap", &"--unshare-all"]);
+            if self.network {
+                push(&[&"--share-net"]);
+            }
         }
         push(&[
             &"--die-with-parent",
             &"--new-session",
             &"--cap-drop",
             &"ALL",
+        ]);
+        if as_root {
+            push(&[
+                &"--cap-add",
+                &"CAP_SETUID",
+                &"--cap-add",
+                &"CAP_SETGID",
+                &"--cap-add",
+                &"CAP_SETPCAP",
+            ]);
+        }
+        push(&[
             &"--ro-bind",
             &"/",
             &"/",
@@ -366,39 +458,71 @@ impl Sandbox {
             &"/dev",
             &"--proc",
             &"/proc",
-            &"--tmpfs",
-            &"/tmp",
-            &"--tmpfs",
-            &"/dev/shm",
         ]);
+        // Private, in memory, writable by every user (sticky): at most `tmp_mib` each.
+        let size = self.limits.tmp_mib.saturating_mul(1024 * 1024).to_string();
         let mut private = vec![PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
-        let mut covered = vec![PathBuf::from("/var/tmp")];
-        if !self.network {
-            covered.push(PathBuf::from("/run"));
-        }
-        for path in &covered {
-            if path.is_dir() {
-                push(&[&"--tmpfs", path]);
+        for covered in ["/var/tmp", "/run"] {
+            let covered = PathBuf::from(covered);
+            if covered.is_dir() && (covered != Path::new("/run") || !self.network) {
+                private.push(covered);
             }
         }
-        private.extend(covered);
+        for tmp in &private {
+            push(&[&"--perms", &"1777"]);
+            if self.limits.tmp_mib > 0 {
+                push(&[&"--size", &size]);
+            }
+            push(&[&"--tmpfs", tmp]);
+        }
         // A program or script named by its path in a private directory (a config's directory
         // under /tmp) is seen, read-only, with what lies beside it; what is hidden below is
         // hidden there too.
+        let mut made = BTreeSet::new();
         for arg in argv.iter().map(Path::new) {
-            if arg.is_absolute()
-                && private.iter().any(|p| arg.starts_with(p))
+            if let Some(root) = private.iter().find(|p| arg.starts_with(p))
+                && arg.is_absolute()
                 && arg.exists()
                 && let Some(parent) = arg.parent()
             {
+                for dir in between(root, parent) {
+                    if made.insert(dir.to_path_buf()) {
+                        push(&[&"--perms", &"0755", &"--dir", &dir]);
+                    }
+                }
                 push(&[&"--ro-bind", &parent, &parent]);
             }
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .filter(|home| home.is_absolute() && home.parent().is_some() && home.is_dir());
+        let mut shown = Vec::new();
+        if let Some(home) = &home {
+            // Nothing of $HOME but what is allowed, read-only, traversable by any user.
+            push(&[&"--perms", &"0755", &"--tmpfs", home]);
+            shown = self.shown_of_home(home, argv);
+            for seen in &shown {
+                for dir in between(home, seen) {
+                    if made.insert(dir.to_path_buf()) {
+                        push(&[&"--perms", &"0755", &"--dir", &dir]);
+                    }
+                }
+                push(&[&"--ro-bind", seen, seen]);
+            }
+        }
+        // Credentials inside what is shown of $HOME stay hidden; so do the engine's paths
+        // (what lies in the rest of $HOME is not there to hide).
+        let unseen = |path: &PathBuf| {
+            home.as_ref().is_some_and(|home| path.starts_with(home))
+                && !shown.iter().any(|seen| path.starts_with(seen))
+        };
         let secrets = home
             .iter()
             .flat_map(|home| HOME_SECRETS.iter().map(move |name| home.join(name)));
         for path in secrets.chain(self.hidden.iter().cloned()) {
+            if unseen(&path) {
+                continue;
+            }
             match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_dir() => push(&[&"--tmpfs", &path]),
                 Ok(_) => push(&[&"--ro-bind", &"/dev/null", &path]),
@@ -409,7 +533,51 @@ impl Sandbox {
             Some(dir) => push(&[&"--bind", &dir, &dir, &"--chdir", &dir]),
             None => push(&[&"--chdir", &"/tmp"]),
         }
+        // Last: the mount points above are made in it first.
+        if let Some(home) = &home {
+            push(&[&"--remount-ro", home]);
+        }
         options
+    }
+
+    /// What the program sees of `home`: the top directory under it of each `PATH` entry
+    /// (the engine's, which [`Sandbox::environment`] passes on), of each file its command
+    /// line names by an absolute path (a program in a venv needs the venv), and what
+    /// [`Sandbox::see_in_home`] added; those that exist, outermost first, each once.
+    fn shown_of_home(&self, home: &Path, argv: &[String]) -> Vec<PathBuf> {
+        let path_var = std::env::var_os("PATH").unwrap_or_default();
+        let top = |path: &Path| -> Option<PathBuf> {
+            let first = path.strip_prefix(home).ok()?.components().next()?;
+            matches!(first, std::path::Component::Normal(_)).then(|| home.join(first))
+        };
+        // Of the command line, the files it names (a program, a script): not a folder nor
+        // any other text, which a dataset's prompt on it could be.
+        let files = argv
+            .iter()
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute() && path.is_file());
+        let mut shown: BTreeSet<PathBuf> = std::env::split_paths(&path_var)
+            .filter(|path| path.is_absolute())
+            .chain(files)
+            .filter_map(|path| top(&path))
+            .collect();
+        shown.extend(self.home.iter().map(|path| home.join(path)).filter(|path| {
+            path.starts_with(home)
+                && !path
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+        }));
+        let shown: Vec<PathBuf> = shown.into_iter().filter(|path| path.exists()).collect();
+        // A path inside another shown one is already seen.
+        shown
+            .iter()
+            .filter(|path| {
+                !shown
+                    .iter()
+                    .any(|other| other != *path && path.starts_with(other))
+            })
+            .cloned()
+            .collect()
     }
 
     /// The environment of a program given `own` variables: `None` to inherit the engine's
@@ -434,6 +602,95 @@ impl Sandbox {
     }
 }
 
+/// The folders strictly between `outer` and `inner` (inside it), outermost first: those a
+/// mount at `inner` needs made in the sandbox, where bubblewrap would make them readable by
+/// root alone.
+fn between<'a>(outer: &Path, inner: &'a Path) -> Vec<&'a Path> {
+    let mut dirs: Vec<&Path> = inner
+        .ancestors()
+        .skip(1)
+        .take_while(|dir| dir.starts_with(outer) && *dir != outer)
+        .collect();
+    dirs.reverse();
+    dirs
+}
+
+/// The uids (each also a gid) sandboxed programs run as when the engine is root: one per
+/// program, `start + (engine's pid mod 2^14) * 2^16 + (the engine's program count mod 2^16)`,
+/// so that two programs running at once, of one engine or of two, do not share one (and
+/// `limits.processes` counts each program's tree alone). No account has them: `id` shows
+/// the numbers, `$HOME` stays the engine's.
+pub const SANDBOX_UIDS: std::ops::Range<u32> = 2_000_000_000..2_000_000_000 + (1 << 30);
+
+/// Whether the engine runs as root (then sandboxed programs drop to [`SANDBOX_UIDS`]).
+fn engine_is_root() -> bool {
+    #[cfg(unix)]
+    {
+        rustix::process::geteuid().is_root()
+    }
+    #[cfg(not(unix))]
+    {
+        false
+    }
+}
+
+/// The next program's uid of [`SANDBOX_UIDS`].
+fn next_sandbox_uid() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let count = NEXT.fetch_add(1, Ordering::Relaxed) & 0xffff;
+    let engine = std::process::id() & 0x3fff;
+    SANDBOX_UIDS.start + (engine << 16 | count)
+}
+
+/// What runs a program as `user` (its uid and gid, no other group), with no capability
+/// left in any set and no way to gain one (`no_new_privs`): util-linux's `setpriv`, run by
+/// bubblewrap in the sandbox, which keeps for it only the capabilities to do this.
+fn drop_to(user: u32) -> Vec<String> {
+    vec![
+        "setpriv".to_owned(),
+        format!("--reuid={user}"),
+        format!("--regid={user}"),
+        "--clear-groups".to_owned(),
+        "--bounding-set=-all".to_owned(),
+        "--inh-caps=-all".to_owned(),
+        "--no-new-privs".to_owned(),
+        "--".to_owned(),
+    ]
+}
+
+/// Gives `dir` and everything in it to `user` (uid and gid), symlinks themselves and never
+/// what they point to, without leaving `dir`'s file system: a program's own directory,
+/// before it starts, so that it may write there though it is not root. What is `user`'s
+/// already is left as it is.
+pub(crate) fn give_to(dir: &Path, user: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, lchown};
+    let top = std::fs::symlink_metadata(dir)?;
+    let mut pending = vec![dir.to_path_buf()];
+    let mut first = true;
+    while let Some(path) = pending.pop() {
+        let meta = if first {
+            first = false;
+            top.clone()
+        } else {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) => meta,
+                // Gone since it was listed: nothing to give.
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(error) => return Err(error),
+            }
+        };
+        if meta.uid() != user || meta.gid() != user {
+            lchown(&path, Some(user), Some(user))?;
+        }
+        if meta.is_dir() && meta.dev() == top.dev() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A command for a check: nothing of the engine's environment but `PATH` (a check is no
 /// program of the run's, and carries none of its variables).
 fn check_command(program: &str) -> std::process::Command {
@@ -445,24 +702,15 @@ fn check_command(program: &str) -> std::process::Command {
     command
 }
 
+/// Runs `true` in the sandbox every program gets (less its limits, which `prlimit`'s check
+/// covers): as a user of [`SANDBOX_UIDS`] when the engine is root.
 fn check_bwrap() -> Result<(), String> {
-    let output = check_command("bwrap")
-        .args([
-            "--unshare-all",
-            "--die-with-parent",
-            "--cap-drop",
-            "ALL",
-            "--ro-bind",
-            "/",
-            "/",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--",
-            "true",
-        ])
-        .output();
+    let user = engine_is_root().then_some(SANDBOX_UIDS.start);
+    let line =
+        Sandbox::default()
+            .limits(Limits::none())
+            .command_line(&["true".to_owned()], None, user);
+    let output = check_command("bwrap").args(&line[1..]).output();
     match output {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(
             "the sandbox needs bubblewrap (`bwrap`), which is not on PATH: install it \
@@ -475,6 +723,16 @@ fn check_bwrap() -> Result<(), String> {
             "the sandbox's `bwrap` could not be started: {error}"
         )),
         Ok(output) if output.status.success() => Ok(()),
+        Ok(output) if user.is_some() => Err(format!(
+            "bubblewrap (`bwrap`) cannot make its namespaces, or util-linux's `setpriv` cannot \
+             change to an unprivileged user in them, here ({}: {}): the engine runs as root, \
+             so the sandbox needs no user namespace, but its mount, PID and network namespaces \
+             and `setpriv` (util-linux) must work; install util-linux, run where a \
+             container's seccomp profile allows them, or set `sandbox = \"none\"` to run the \
+             program unsandboxed, with the engine's permissions",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
         Ok(output) => Err(format!(
             "bubblewrap (`bwrap`) cannot make its namespaces here ({}: {}): user namespaces are \
              off or forbidden (see `sysctl user.max_user_namespaces` and \
@@ -560,8 +818,10 @@ mod tests {
             base.hidden(),
             "what the base hides stays hidden"
         );
-        let none = keys(serde_json::json!({"sandbox": "none"})).apply(base);
+        let none = keys(serde_json::json!({"sandbox": "none"})).apply(base.clone());
         assert_eq!(none.isolation, Isolation::None);
+        let home = keys(serde_json::json!({"home": [".cache/uv"]})).apply(base);
+        assert_eq!(home.seen_in_home(), [PathBuf::from(".cache/uv")]);
     }
 
     #[test]
@@ -585,9 +845,43 @@ mod tests {
         );
     }
 
+    /// The command line as text.
+    fn line(user: Option<u32>) -> Vec<String> {
+        Sandbox::default()
+            .command_line(&["true".to_owned()], None, user)
+            .into_iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn bubblewrap_drops_every_capability_but_those_the_change_of_user_needs() {
+        // As root the program cannot tell (setpriv drops the rest, as the sandbox's tests
+        // check): what this pins is that nothing but setpriv ever holds them.
+        let root = line(Some(SANDBOX_UIDS.start)).join(" ");
+        assert!(
+            root.contains(
+                "--cap-drop ALL --cap-add CAP_SETUID --cap-add CAP_SETGID --cap-add CAP_SETPCAP "
+            ),
+            "{root}"
+        );
+        assert!(
+            !root.contains("--unshare-user") && !root.contains("--unshare-all"),
+            "{root}"
+        );
+        let user = line(None).join(" ");
+        assert!(user.contains("--unshare-all"), "{user}");
+        assert!(
+            user.contains("--cap-drop ALL") && !user.contains("--cap-add"),
+            "{user}"
+        );
+        assert!(!user.contains("setpriv"), "{user}");
+    }
+
     #[test]
     fn the_keys_listed_are_the_keys_read() {
-        let all = serde_json::json!({"sandbox": "bwrap", "network": false, "limits": {}});
+        let all =
+            serde_json::json!({"sandbox": "bwrap", "network": false, "limits": {}, "home": []});
         let read = keys(all.clone());
         assert!(read.is_set());
         let written = serde_json::to_value(read).expect("the keys write");

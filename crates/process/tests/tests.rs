@@ -8,7 +8,8 @@ use std::{
     time::Duration,
 };
 
-use async_grpo_process::{Finished, Limits, Program, Sandbox, tail};
+use async_grpo_process::{Finished, Limits, Program, SANDBOX_UIDS, Sandbox, tail};
+use test_support::{PlantedInHome, is_root};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -285,9 +286,11 @@ async fn output_is_capped_and_says_how_much_was_cut() {
 #[tokio::test]
 async fn a_script_named_in_a_private_directory_is_seen_with_its_neighbours_but_not_what_is_hidden()
 {
-    let dir = std::env::temp_dir().join(format!("process-test-named-{}", std::process::id()));
+    let top = std::env::temp_dir().join(format!("process-test-named-{}", std::process::id()));
+    let _scratch = Scratch(top.clone());
+    // Two levels down: the folder between is made in the sandbox, readable by its user.
+    let dir = top.join("inner");
     std::fs::create_dir_all(&dir).expect("made");
-    let _scratch = Scratch(dir.clone());
     let script = dir.join("script.sh");
     std::fs::write(
         &script,
@@ -302,6 +305,200 @@ async fn a_script_named_in_a_private_directory_is_seen_with_its_neighbours_but_n
         .await
         .expect("runs");
     assert_eq!(finished.stdout, "found beside\n", "{finished:?}");
+}
+
+#[tokio::test]
+async fn a_program_runs_as_a_user_of_its_own_and_root_only_files_stay_closed() {
+    let finished = sh("id -u; id -g; id -G; cat /etc/shadow", sandbox()).await;
+    let mut ids = finished.stdout.lines();
+    let (uid, gid, groups) = (ids.next(), ids.next(), ids.next());
+    assert!(!finished.stdout.contains("root:"), "{finished:?}");
+    assert!(
+        finished.stderr.contains("Permission denied"),
+        "{finished:?}"
+    );
+    if is_root() {
+        let uid: u32 = uid.and_then(|u| u.parse().ok()).expect("a uid");
+        assert!(SANDBOX_UIDS.contains(&uid), "{finished:?}");
+        assert_eq!(gid, Some(uid.to_string().as_str()), "{finished:?}");
+        assert_eq!(
+            groups,
+            Some(uid.to_string().as_str()),
+            "no other group: {finished:?}"
+        );
+        // Two programs never share a user: each one's process limit is its own.
+        let other = sh("id -u", sandbox()).await;
+        assert_ne!(other.stdout.trim(), uid.to_string());
+    } else {
+        // Not root: in a user namespace, as the engine's own user.
+        eprintln!("the engine is not root: programs run as its user, in a user namespace");
+    }
+}
+
+#[tokio::test]
+async fn no_process_in_the_sandbox_holds_a_capability_it_could_use() {
+    // Every process there: bubblewrap's init (pid 1, which runs no code of the program's)
+    // holds at most what changes the user (CAP_SETGID, CAP_SETUID, CAP_SETPCAP: bits 6 to 8)
+    // when the engine is root, none otherwise; the program holds none, in any set, nor can it
+    // gain one (its bounding set is empty too).
+    let finished = sh(
+        "for s in /proc/[0-9]*/status; do grep -E '^(Name|CapEff|CapPrm|CapBnd|CapAmb|CapInh)' \
+         \"$s\"; done",
+        sandbox(),
+    )
+    .await;
+    let allowed_to_init: u64 = if is_root() { 0x1c0 } else { 0 };
+    let mut name = "";
+    for line in finished.stdout.lines() {
+        let (key, value) = line.split_once(':').expect("a status line");
+        let value = value.trim();
+        if key == "Name" {
+            name = value;
+            continue;
+        }
+        let caps = u64::from_str_radix(value, 16).expect("a capability mask");
+        let allowed = match (name, key) {
+            ("bwrap", "CapBnd") => continue,
+            ("bwrap", _) => allowed_to_init,
+            _ => 0,
+        };
+        assert_eq!(
+            caps & !allowed,
+            0,
+            "{name} holds {key} {value}: {finished:?}"
+        );
+    }
+    assert!(finished.stdout.contains("Name:\tsh"), "{finished:?}");
+}
+
+#[tokio::test]
+async fn a_program_has_a_session_of_its_own_and_no_terminal_of_the_engine() {
+    // Its session's leader is inside its PID namespace (outside, getsid would say 0): it
+    // cannot reach the engine's terminal to push input into it (TIOCSTI).
+    let finished = python(
+        "import os\nprint(os.getsid(0))\ntry:\n    open('/dev/tty')\n    print('tty')\nexcept OSError:\n    print('no tty')",
+        sandbox(),
+    )
+    .await;
+    let mut lines = finished.stdout.lines();
+    let sid: i64 = lines
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("a session id");
+    assert_ne!(sid, 0, "its session is the engine's: {finished:?}");
+    assert_eq!(lines.next(), Some("no tty"), "{finished:?}");
+}
+
+#[tokio::test]
+async fn the_hosts_tmp_is_not_seen_and_the_private_one_is_bounded_in_total() {
+    let host = std::env::temp_dir().join(format!("process-test-host-tmp-{}", std::process::id()));
+    std::fs::write(&host, "the host's /tmp").expect("written");
+    let _scratch = Scratch(host.clone());
+    let seen = sh(&format!("cat {}", host.display()), sandbox()).await;
+    assert!(!seen.stdout.contains("the host's"), "{seen:?}");
+    // Three files of 1 MiB in a /tmp of 2 MiB: the third does not fit, though each is far
+    // below the per-file limit; /dev/shm has 2 MiB of its own.
+    let small = Limits {
+        tmp_mib: 2,
+        ..Limits::default()
+    };
+    let filled = sh(
+        "for i in 1 2 3; do head -c 1048576 /dev/zero > /tmp/f$i && echo wrote $i; done; \
+         head -c 1048576 /dev/zero > /dev/shm/g && echo wrote shm",
+        sandbox().limits(small),
+    )
+    .await;
+    assert_eq!(filled.stdout, "wrote 1\nwrote 2\nwrote shm\n", "{filled:?}");
+    assert!(filled.stderr.contains("No space left"), "{filled:?}");
+}
+
+#[tokio::test]
+async fn a_fork_bomb_stops_at_the_process_limit_and_is_gone_after() {
+    let marker = format!("3{}.5", std::process::id());
+    // Bounded in any case: at most 200 forks, each child sleeping on the marker.
+    let code = format!(
+        "import os\nn = 0\nerror = None\nfor _ in range(200):\n    try:\n        pid = os.fork()\n    except OSError as e:\n        error = e.errno\n        break\n    if pid == 0:\n        os.execvp('sleep', ['sleep', '{marker}'])\n    n += 1\nprint(n, error)"
+    );
+    let limits = Limits {
+        processes: 20,
+        ..Limits::default()
+    };
+    let finished = python(&code, sandbox().limits(limits)).await;
+    let mut words = finished.stdout.split_whitespace();
+    let forked: usize = words.next().and_then(|n| n.parse().ok()).expect("a count");
+    assert!(
+        forked < 20,
+        "{forked} processes past a limit of 20: {finished:?}"
+    );
+    assert_eq!(words.next(), Some("11"), "EAGAIN: {finished:?}");
+    let left = left_with(&marker).await;
+    assert!(left.is_empty(), "outlived the sandbox: {} left", left.len());
+}
+
+#[tokio::test]
+async fn home_shows_only_what_path_and_the_settings_allow_and_never_credentials() {
+    let planted = PlantedInHome::new("process-home", "token", "hf_secret");
+    let name = planted.name().to_owned();
+    let read = format!("cat \"$HOME/{name}/token\"; ls -A \"$HOME\"");
+    let hidden = sh(&read, sandbox()).await;
+    assert!(!hidden.stdout.contains("hf_secret"), "{hidden:?}");
+    // What PATH needs under $HOME is there (the toolchain running this test is on it).
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+    let on_path: Vec<String> = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .filter_map(|p| {
+            p.strip_prefix(&home)
+                .ok()?
+                .components()
+                .next()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        })
+        .collect();
+    let listed: Vec<&str> = hidden.stdout.lines().collect();
+    for top in &on_path {
+        assert!(listed.contains(&top.as_str()), "{top} missing: {hidden:?}");
+    }
+    assert!(!listed.contains(&name.as_str()), "{hidden:?}");
+    // Named by the settings, it is seen, read-only.
+    let shown = sh(
+        &format!("cat \"$HOME/{name}/token\"; echo x > \"$HOME/{name}/w\""),
+        sandbox().see_in_home(&name),
+    )
+    .await;
+    assert_eq!(shown.stdout, "hf_secret", "{shown:?}");
+    assert!(!planted.file().with_file_name("w").exists());
+    // Named deeper down, the folders above it are made for it, readable by its user.
+    let deep = planted.file().with_file_name("deep");
+    std::fs::create_dir_all(&deep).expect("made");
+    std::fs::write(deep.join("token"), "deep_secret").expect("written");
+    let deeper = sh(
+        &format!("cat \"$HOME/{name}/deep/token\"; ls \"$HOME/{name}\""),
+        sandbox().see_in_home(format!("{name}/deep")),
+    )
+    .await;
+    assert_eq!(deeper.stdout, "deep_secretdeep\n", "{deeper:?}");
+    // A program its command line names under $HOME is seen, with its folder.
+    let script = planted.file().with_file_name("run.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat \"$(dirname \"$0\")/token\"\n").expect("written");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("executable");
+    let named = Program::new([script.display().to_string()])
+        .sandbox(sandbox())
+        .run(Vec::new(), TIMEOUT, 4096)
+        .await
+        .expect("runs");
+    assert_eq!(named.stdout, "hf_secret", "{named:?}");
+    // Credentials stay hidden even when named.
+    if let Some(kaggle) = PlantedInHome::at(".kaggle", "kaggle.json", "{\"key\": \"k\"}") {
+        let named = sh(
+            "cat \"$HOME/.kaggle/kaggle.json\"",
+            sandbox().see_in_home(".kaggle"),
+        )
+        .await;
+        assert!(!named.stdout.contains("key"), "{named:?}");
+        drop(kaggle);
+    } else {
+        eprintln!("~/.kaggle exists here: left alone, not planted");
+    }
 }
 
 #[test]

@@ -7,6 +7,8 @@
 //! - [`cpu_seconds`] and [`threads_cpu_seconds`]: this process's CPU time, or some of its
 //!   threads', for the benchmarks' per-turn figures;
 //! - [`ScratchDir`]: a test's working directory, removed when the test passes;
+//! - [`is_root`] and [`PlantedInHome`]: for the sandbox's tests, whether the tests run as
+//!   root, and a credential planted under `$HOME`;
 //! - [`tokenizers`] (feature `tokenizers`): the real tokenizers and templates the tests load.
 
 #[cfg(feature = "tokenizers")]
@@ -160,5 +162,71 @@ impl Drop for ScratchDir {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+}
+
+/// Whether this process runs as root: then the sandbox runs programs as users of their own
+/// (`async_grpo_process::SANDBOX_UIDS`), and root-only files are what it must keep closed.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("Uid:"))?;
+            line.split_whitespace().nth(2).map(|euid| euid == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// A credential planted under `$HOME` for a test of what sandboxed programs see of it:
+/// `$HOME/DIR/FILE` holding a secret; the folder is removed when dropped (also when the test
+/// fails: it is the user's home).
+#[derive(Debug)]
+pub struct PlantedInHome {
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl PlantedInHome {
+    /// `$HOME/.async-grpo-test-NAME-PID/FILE` holding `secret`.
+    #[track_caller]
+    pub fn new(name: &str, file: &str, secret: &str) -> PlantedInHome {
+        let dir = format!(".async-grpo-test-{name}-{}", std::process::id());
+        PlantedInHome::at(&dir, file, secret).expect("a fresh folder under $HOME")
+    }
+
+    /// `$HOME/DIR/FILE` holding `secret`; `None` where `$HOME/DIR` is there already (a real
+    /// one, which a test leaves alone).
+    #[track_caller]
+    pub fn at(dir: &str, file: &str, secret: &str) -> Option<PlantedInHome> {
+        let home = std::env::var_os("HOME").expect("a HOME to plant in");
+        let dir = PathBuf::from(home).join(dir);
+        if dir.exists() {
+            return None;
+        }
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+        let file = dir.join(file);
+        std::fs::write(&file, secret)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
+        Some(PlantedInHome { dir, file })
+    }
+
+    /// The planted file.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// Its folder, as `$HOME` names it (relative).
+    pub fn name(&self) -> &str {
+        self.dir
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for PlantedInHome {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

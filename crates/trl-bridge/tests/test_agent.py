@@ -396,6 +396,8 @@ def test_opencode_runs_each_rollout_and_its_rows_are_exact(make_worker) -> None:
                 "command": [str(example / "opencode-agent.sh"), "{prompt}"],
                 "verify": ["python3", str(example / "verify.py")],
                 "timeout": "3m",
+                # Where the fixtures installed opencode: the sandbox shows nothing else of $HOME.
+                "home": [".cache/async-grpo"],
             },
             dataset=tasks,
             num_generations=2,

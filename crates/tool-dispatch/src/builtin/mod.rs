@@ -434,7 +434,7 @@ mod tests {
         assert_eq!(
             refused(json!({"name": "py", "kind": "python", "limits": {"memory_mb": 1}})),
             "tool 'py': limits.memory_mb: unknown field `memory_mb`, expected one of `memory_mib`, \
-             `cpu_seconds`, `processes`, `file_size_mib`, `open_files`"
+             `cpu_seconds`, `processes`, `file_size_mib`, `open_files`, `tmp_mib`"
         );
         let timeout = serde_json::from_value::<ToolConfig>(
             json!({"name": "calc", "kind": "calculator", "timeout": "soon"}),
@@ -458,11 +458,11 @@ mod tests {
         for (kind, table) in [
             (
                 "command",
-                json!({"command": ["./a"], "max_output_bytes": 1, "sandbox": "none", "network": true, "limits": {"processes": 2}}),
+                json!({"command": ["./a"], "max_output_bytes": 1, "sandbox": "none", "network": true, "limits": {"processes": 2}, "home": [".cache/uv"]}),
             ),
             (
                 "python",
-                json!({"interpreter": "python3.11", "max_output_bytes": 1, "sandbox": "bwrap", "network": false, "limits": {"processes": 2}}),
+                json!({"interpreter": "python3.11", "max_output_bytes": 1, "sandbox": "bwrap", "network": false, "limits": {"processes": 2}, "home": []}),
             ),
             ("http", json!({"url": "http://x", "max_output_bytes": 1})),
             ("calculator", json!({})),
