@@ -204,6 +204,34 @@ fn a_process_the_python_tool_starts_in_a_new_session_dies_with_the_call() {
     );
 }
 
+#[test]
+fn a_fork_bomb_in_the_python_tool_stops_at_its_process_limit_and_the_run_goes_on() {
+    let case = case("fork-bomb");
+    write_one_row(&case, "fork-bomb");
+    // Every process forks until the kernel refuses, then says so and ends: unbounded but for
+    // the limit (the sandbox's user is the tree's own, also when the engine is root).
+    write_python_config(
+        &case,
+        "import os, sys\n\
+         while True:\n\
+         \x20   try:\n\
+         \x20       os.fork()\n\
+         \x20   except OSError as error:\n\
+         \x20       if os.getpid() == 2 or error.errno != 11:\n\
+         \x20           print('refused', error.errno)\n\
+         \x20       sys.exit(0)\n",
+        "limits = { processes = 32 }",
+    );
+    let started = Instant::now();
+    let ran = run(&case, &mut case.command(&[]));
+    let results = ran.tool_results();
+    assert!(
+        results.iter().all(|result| result.contains("refused 11")),
+        "each bomb stopped at the limit (EAGAIN): {results:?}"
+    );
+    eprintln!("two fork bombs ran and stopped in {:?}", started.elapsed());
+}
+
 /// A run whose python tool (its table extended by `table`) prints the engine's `SECRET_X`
 /// and `ASYNC_GRPO_LISTEN_TOKEN`, both set to fresh values; returns the run and the two values.
 fn run_printing_the_environment(name: &str, table: &str) -> (Ran, String, String) {
@@ -541,10 +569,24 @@ fn a_command_reward_sandboxed_on_request_sees_neither_the_engine_s_variables_nor
     assert_eq!(scores, [Some(1.0), Some(1.0)], "{}", ran.stderr);
 }
 
-/// An agent that tries to reach the local ports on its command line, then asks its proxy for
-/// one answer (the rollout's turn); writes how many ports it reached to reached.json.
+/// `ask_proxy()`, in Python: an agent's one request to its proxy (the rollout's turn), for the
+/// agents below to start with.
+const ASK_PROXY: &str = r#"
+import json, os, urllib.request
+def ask_proxy():
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        json.load(response)
+"#;
+
+/// An agent (after [`ASK_PROXY`]) that tries to reach the local ports on its command line,
+/// then asks its proxy for one answer; writes how many ports it reached to reached.json.
 const KNOCKING_AGENT: &str = r#"
-import json, os, socket, sys, urllib.request
+import socket, sys
 reached = 0
 for port in sys.argv[1:]:
     try:
@@ -552,13 +594,7 @@ for port in sys.argv[1:]:
         reached += 1
     except OSError:
         pass
-request = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-)
-with urllib.request.urlopen(request, timeout=30) as response:
-    json.load(response)
+ask_proxy()
 with open("reached.json", "w") as f:
     json.dump(reached, f)
 "#;
@@ -592,7 +628,7 @@ fn an_agent_reaches_its_proxy_and_no_other_local_port() {
         "num_generations = 2\nmax_inflight = 2\nmax_turns = 2\nretries = 0\n\n\
          [agent]\ncommand = [\"python3\", \"-c\", {agent}, \"{port}\", \"{sim_port}\"]\n\
          verify = [\"python3\", \"-c\", {verify}]\ntimeout = \"60s\"\n",
-        agent = toml_string(KNOCKING_AGENT),
+        agent = toml_string(&format!("{ASK_PROXY}{KNOCKING_AGENT}")),
         verify = toml_string(REACHED_VERIFY),
     ));
     let ran = run(&case, &mut case.command(&["--server", &sim.url()]));
@@ -616,10 +652,11 @@ fn an_agent_reaches_its_proxy_and_no_other_local_port() {
 }
 
 /// Reads `/etc/shadow` and the file `$PLANTED` names (not on its command line, whose files
-/// the sandbox shows); prints what it read of each, or the error's name. For the python tool (as its code) and for an agent (which also writes
-/// it to read.txt, then asks its proxy for an answer: a rollout needs a turn).
+/// the sandbox shows); prints what it read of each, or the error's name. For the python tool
+/// (as its code) and for an agent (after [`ASK_PROXY`]: it also writes what it read to
+/// read.txt, then asks its proxy for an answer, since a rollout needs a turn).
 const READING_SECRETS: &str = r#"
-import json, os, sys, urllib.request
+import os
 found = []
 for path in ["/etc/shadow", os.environ["PLANTED"]]:
     try:
@@ -633,13 +670,7 @@ if "OPENAI_BASE_URL" in os.environ:
     # An agent: it writes what it read beside it, and asks its proxy for one answer.
     with open("read.txt", "w") as f:
         f.write(text)
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        json.load(response)
+    ask_proxy()
 "#;
 
 /// verify: 1 per secret (`/etc/shadow`'s `root:`, its argument) found in read.txt.
@@ -684,7 +715,7 @@ fn root_s_files_and_a_credential_under_home_stay_closed_to_the_python_tool_and_a
         "num_generations = 2\nmax_inflight = 2\nmax_turns = 2\nretries = 0\n\n\
          [agent]\ncommand = [\"python3\", \"-c\", {agent}]\nenv = {{ PLANTED = {planted} }}\n\
          verify = [\"python3\", \"-c\", {verify}, {secret}]\ntimeout = \"60s\"\n",
-        agent = toml_string(READING_SECRETS),
+        agent = toml_string(&format!("{ASK_PROXY}{READING_SECRETS}")),
         planted = toml_string(&planted),
         verify = toml_string(SECRETS_VERIFY),
         secret = toml_string(&secret),
