@@ -68,8 +68,9 @@ def test_a_shuffled_parquet_shard_stopped_then_resumed_rolls_out_each_group_of_i
     dataset = tmp_path / "prompts.parquet"
     pq.write_table(pa.Table.from_pylist(prompts(rows)), dataset)
     output = tmp_path / out
-    # One group in flight at a time, 50 ms a turn: the first worker stops with groups left.
-    sim = simulator(latency="50ms")
+    # One group in flight at a time, 250 ms a turn: the first worker stops with groups left,
+    # also on a machine busy enough to stall this process for a second (50 ms was not).
+    sim = simulator(latency="250ms")
     options: dict[str, Any] = {
         "dataset": str(dataset),
         "epochs": epochs,
