@@ -3,8 +3,6 @@
 #[cfg(all(feature = "command", feature = "scorer"))]
 mod command;
 mod estimators;
-#[cfg(feature = "http")]
-mod judge;
 mod properties;
 #[cfg(feature = "scorer")]
 mod scorer;

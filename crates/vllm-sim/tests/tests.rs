@@ -1,12 +1,15 @@
 //! The vLLM client against the simulator, over real HTTP: one test binary, one module per
 //! area. It lives here rather than in vllm-client because the simulator reads requests with
 //! the client's wire types: vllm-client depends on nothing of ours, not even for its tests.
-//! (The client's suite against a real vLLM server is vllm-client's `e2e`.)
+//! (The client's suite against a real vLLM server is vllm-client's `e2e`.) `judge`: scoring's
+//! LLM judge against the simulator's scripted judge, here for the same reason (the simulator
+//! scores with scoring's types).
 
 mod arithmetic;
 mod availability;
 mod chat;
 mod generate;
+mod judge;
 mod limits;
 mod pause;
 mod replicas;

@@ -5,20 +5,15 @@
 
 use std::sync::Arc;
 
-use async_grpo_scoring::{
+use async_grpo_vllm_sim::Simulator;
+use scoring::{
     AsyncReward, Completion, Group,
     builtin::{Judge, JudgeConfig, JudgeMode, ScoreFormat, ServiceConfig},
 };
 use serde_json::json;
-use vllm_sim::{SimConfig, Simulator, training_tokenizer};
 
 async fn judge_server() -> Simulator {
-    Simulator::start(
-        SimConfig::new(training_tokenizer()),
-        "127.0.0.1:0".parse().expect("an address"),
-    )
-    .await
-    .expect("the simulator starts")
+    crate::simulator(|_| {}).await
 }
 
 fn endpoint(server: &Simulator, format: &str) -> ServiceConfig {
