@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use anyhow::bail;
 
-use crate::{bridge, cargo, features, fixtures, loom, parity, run_checked, tidy, vllm};
+use crate::{
+    bridge, cargo, features, fixtures, loom, parity, run_checked, sandbox_user, tidy, vllm,
+};
 
 /// One step of CI.
 struct Step {
@@ -75,6 +77,10 @@ const STEPS: &[Step] = &[
                 "not binary_id(async-grpo-vllm-client::e2e) and not binary_id(async-grpo-cli::e2e)",
             ]))
         },
+    },
+    Step {
+        name: "sandbox as a user",
+        run: sandbox_user::run,
     },
     Step {
         name: "doc tests",

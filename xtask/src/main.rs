@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | bench | quickstart | tidy | environment | agent | pytest | trl | e2e | routing-replay | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | sandbox-as-user | bench | quickstart | tidy | environment | agent | pytest | trl | e2e | routing-replay | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -12,6 +12,7 @@ mod libtest;
 mod loom;
 mod parity;
 mod quickstart;
+mod sandbox_user;
 mod tidy;
 mod vllm;
 
@@ -26,14 +27,18 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, doc tests, features,
-            the bridge's pytest suite, loom, tidy, e2e, the TRL trainer
+  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, the sandbox's tests as
+            an unprivileged user, doc tests, features, the bridge's pytest suite, loom, tidy,
+            e2e, the TRL trainer
   features  each package with no default features and with each feature alone: builds
             (no warning), unit tests, doc tests
   fixtures  fetch the real tokenizers and chat templates the tests use into <cache>,
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
   loom      the loom models of the tool pool, then each model again with its planted bug
+  sandbox-as-user
+            as root: the process crate's sandbox tests again as the unprivileged user nobody
+            (the sandbox's user-namespace path, which root does not take)
   bench [listen]
             the benchmarks; results go to target/bench/ (listen: only the control
             endpoint's cost, the release binary with and without --listen)
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         Some("features") => features::run(),
         Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
+        Some("sandbox-as-user") => sandbox_user::run(),
         Some("parity") => parity::run(),
         Some("bench") => bench::run(std::env::args().nth(2).as_deref()),
         Some("quickstart") => quickstart::run(),

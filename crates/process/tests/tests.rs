@@ -1,7 +1,9 @@
 //! The sandbox as a policy would attack it: each test runs a real program in a real
-//! bubblewrap sandbox and checks that the attack's effect is absent. They need `bwrap` and user
-//! namespaces (`cargo xtask ci` installs bubblewrap); where the sandbox cannot be had, the
-//! first test fails with [`Sandbox::check`]'s message, which says what is missing.
+//! bubblewrap sandbox and checks that the attack's effect is absent. They need `bwrap` (`cargo
+//! xtask ci` installs bubblewrap) and, unless they run as root, user namespaces; as root each
+//! program runs as a uid of its own instead, and `cargo xtask sandbox-as-user` runs them again
+//! as the unprivileged user `nobody`, the user-namespace path. Where the sandbox cannot be
+//! had, the first test fails with [`Sandbox::check`]'s message, which says what is missing.
 
 use std::{
     path::{Path, PathBuf},
@@ -43,9 +45,11 @@ struct Scratch(PathBuf);
 impl Scratch {
     fn new(name: &str) -> Scratch {
         // Not under /tmp, which is private in the sandbox anyway: what the sandbox hides
-        // must be hidden by it.
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("process-test-{name}-{}", std::process::id()));
+        // must be hidden by it. `ASYNC_GRPO_TEST_SCRATCH` for a user who cannot write the
+        // target directory (`cargo xtask sandbox-as-user`).
+        let parent = std::env::var_os("ASYNC_GRPO_TEST_SCRATCH")
+            .map_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")), PathBuf::from);
+        let dir = parent.join(format!("process-test-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         Scratch(dir)
     }
