@@ -266,10 +266,11 @@ impl SandboxKeys {
 ///   directory writable;
 /// - of `$HOME`, nothing but the top directories under it of `PATH`'s entries (`~/.cargo`,
 ///   `~/.pyenv`), those of the files its command line names by absolute path (a venv's
-///   Python, a script), and what [`Sandbox::see_in_home`] adds: an allow-list, read-only. Credentials inside what it shows (`.ssh`, `.aws`,
-///   `.config`, `.cache/huggingface`, `.huggingface`, ...) stay hidden, as does whatever the
-///   engine adds with [`Sandbox::hide`] (its output, dataset, configuration, other rollouts'
-///   directories): an empty directory or file in their place;
+///   Python, a script), and what [`Sandbox::see_in_home`] adds: an allow-list, read-only.
+///   Credentials inside what it shows (`.ssh`, `.aws`, `.config`, `.cache/huggingface`,
+///   `.huggingface`, ...) stay hidden, as does whatever the engine adds with
+///   [`Sandbox::hide`] (its output, dataset, configuration, other rollouts' directories): an
+///   empty directory or file in their place;
 /// - the environment cleared to `PATH`, `HOME` (the engine's), `LANG`/`LC_*`, `TZ`, `TERM`
 ///   and `TMPDIR=/tmp`, plus what the program is given;
 /// - a program or script named by its path in one of the private directories (a config's
@@ -485,10 +486,8 @@ impl Sandbox {
                 && arg.exists()
                 && let Some(parent) = arg.parent()
             {
-                for dir in between(root, parent) {
-                    if made.insert(dir.to_path_buf()) {
-                        push(&[&"--perms", &"0755", &"--dir", &dir]);
-                    }
+                for dir in parents_to_make(&mut made, root, parent) {
+                    push(&[&"--perms", &"0755", &"--dir", &dir]);
                 }
                 push(&[&"--ro-bind", &parent, &parent]);
             }
@@ -502,10 +501,8 @@ impl Sandbox {
             push(&[&"--perms", &"0755", &"--tmpfs", home]);
             shown = self.shown_of_home(home, argv);
             for seen in &shown {
-                for dir in between(home, seen) {
-                    if made.insert(dir.to_path_buf()) {
-                        push(&[&"--perms", &"0755", &"--dir", &dir]);
-                    }
+                for dir in parents_to_make(&mut made, home, seen) {
+                    push(&[&"--perms", &"0755", &"--dir", &dir]);
                 }
                 push(&[&"--ro-bind", seen, seen]);
             }
@@ -602,14 +599,16 @@ impl Sandbox {
     }
 }
 
-/// The folders strictly between `outer` and `inner` (inside it), outermost first: those a
-/// mount at `inner` needs made in the sandbox, where bubblewrap would make them readable by
-/// root alone.
-fn between<'a>(outer: &Path, inner: &'a Path) -> Vec<&'a Path> {
-    let mut dirs: Vec<&Path> = inner
+/// The folders strictly between `outer` and `inner` (inside it), outermost first, that
+/// `made` does not hold yet (added to it): those a mount at `inner` needs made in the
+/// sandbox, where bubblewrap would make them readable by root alone.
+fn parents_to_make(made: &mut BTreeSet<PathBuf>, outer: &Path, inner: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = inner
         .ancestors()
         .skip(1)
         .take_while(|dir| dir.starts_with(outer) && *dir != outer)
+        .filter(|dir| made.insert(dir.to_path_buf()))
+        .map(Path::to_path_buf)
         .collect();
     dirs.reverse();
     dirs
@@ -664,25 +663,19 @@ fn drop_to(user: u32) -> Vec<String> {
 /// already is left as it is.
 pub(crate) fn give_to(dir: &Path, user: u32) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, lchown};
-    let top = std::fs::symlink_metadata(dir)?;
+    let device = std::fs::symlink_metadata(dir)?.dev();
     let mut pending = vec![dir.to_path_buf()];
-    let mut first = true;
     while let Some(path) = pending.pop() {
-        let meta = if first {
-            first = false;
-            top.clone()
-        } else {
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) => meta,
-                // Gone since it was listed: nothing to give.
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(error) => return Err(error),
-            }
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            // Gone since it was listed: nothing to give.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(error),
         };
         if meta.uid() != user || meta.gid() != user {
             lchown(&path, Some(user), Some(user))?;
         }
-        if meta.is_dir() && meta.dev() == top.dev() {
+        if meta.is_dir() && meta.dev() == device {
             for entry in std::fs::read_dir(&path)? {
                 pending.push(entry?.path());
             }
