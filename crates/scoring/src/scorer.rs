@@ -17,8 +17,8 @@ use serde::Serialize;
 
 use crate::{
     advantage::{
-        AdvantageConfig, CompletionReward, GroupAdvantages, GroupKind, group_advantages, in_range,
-        turn_advantages, turn_returns,
+        AdvantageConfig, CompletionReward, GroupAdvantages, GroupKind, MAX_REWARD,
+        group_advantages, in_range, turn_advantages, turn_returns,
     },
     group::Group,
     pool::RewardPool,
@@ -521,7 +521,7 @@ impl Scorer {
                         target: "scoring",
                         reward = %reward.name,
                         completions = ?column.non_finite,
-                        "reward function returned NaN, infinite or out-of-range scores (beyond ±1e12); those completions are unscored in this column"
+                        "reward function returned NaN, infinite or out-of-range scores (beyond ±{MAX_REWARD:e}); those completions are unscored in this column"
                     );
                 }
             }
@@ -623,7 +623,7 @@ fn combine(columns: &[Column], completions: usize) -> Vec<Option<f64>> {
                         target: "scoring",
                         completion = index,
                         reward,
-                        "the weighted sum of a completion's scores is beyond ±1e12; the completion is unscorable"
+                        "the weighted sum of a completion's scores is beyond ±{MAX_REWARD:e}; the completion is unscorable"
                     );
                     None
                 }

@@ -458,8 +458,9 @@ fn rewards_summary(rewards: &[(String, scoring::RewardStats)]) {
         if stats.non_finite > 0 {
             eprintln!(
                 "async-grpo: reward '{name}' gave {} scores that were NaN, infinite or beyond \
-                 ±1e12, each left unscored",
-                stats.non_finite
+                 ±{:e}, each left unscored",
+                stats.non_finite,
+                scoring::MAX_REWARD
             );
         }
         if let Some(calls) = &stats.calls {
