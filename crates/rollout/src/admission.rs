@@ -100,11 +100,20 @@ pub(crate) async fn acquire<G>(shared: &Shared<G>, permits: u32) -> Option<Owned
                 _ = paused.changed() => continue,
             }
         }
-        tokio::select! {
+        let closed = tokio::select! {
             biased;
-            () = shared.control.admission.cancelled() => return None,
-            _ = paused.changed() => {}
+            () = shared.control.admission.cancelled() => true,
+            _ = paused.changed() => false,
             acquired = Arc::clone(&shared.control.in_flight).acquire_many_owned(permits) => return acquired.ok(),
+        };
+        // The acquire given up gave back what it held: tokio's semaphore hands a freed
+        // permit to a queued waiter before making it available, so a group waiting for its
+        // slots holds some while no rollout runs in them, and they count as in flight until
+        // now. A pause waiting for the count to reach 0 must look again: the last rollout
+        // may have ended (and notified) while its slot was held here.
+        shared.control.slot_freed.notify_waiters();
+        if closed {
+            return None;
         }
     }
 }

@@ -87,7 +87,8 @@ pub(crate) struct Control {
     pub(crate) stop_heartbeat: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) in_flight: Arc<Semaphore>,
-    /// Notified each time a rollout gives back its `in_flight` slot: what
+    /// Notified each time a rollout gives back its `in_flight` slot, and each time a group
+    /// waiting for slots gives up those it was handed meanwhile: what
     /// [`Engine::pause`](crate::Engine::pause) waits on.
     pub(crate) slot_freed: Notify,
     /// Blocking threads that may render an episode's first prompt at once (the machine's
