@@ -1,5 +1,7 @@
 //! `cargo xtask bench`: runs the benchmarks; each writes its results under `target/bench/`.
-//! `cargo xtask bench listen` runs only the control endpoint's cost (see [`listen`]).
+//! `cargo xtask bench listen` runs only the control endpoint's cost (see [`listen`]);
+//! `cargo xtask bench trl [ARGS]` the bridge and the binary against TRL's worker
+//! (`crate::bridge::bench`, ARGS to its script).
 
 use std::{
     io::{Read, Write},
@@ -18,8 +20,10 @@ use anyhow::{Context, bail};
 use crate::{cargo, root, run_checked};
 
 pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
-    if only == Some("listen") {
-        return listen();
+    match only {
+        Some("listen") => return listen(),
+        Some("trl") => return crate::bridge::bench(),
+        _ => {}
     }
     let out = root().join("target").join("bench");
     std::fs::create_dir_all(&out)?;

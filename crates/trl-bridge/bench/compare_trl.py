@@ -1,5 +1,7 @@
 """The same workloads through async_grpo.RolloutWorker and TRL 1.16's own AsyncRolloutWorker,
-against the same simulator (a process of its own), with the same Python tools and reward.
+against the same simulator (a process of its own), with the same Python tools and reward; and
+the single-turn workload through the `async-grpo` binary too (`--binary`), the same rollouts
+from a JSONL dataset with a built-in reward of the same cost class.
 
 For each workload and worker: turns per second (the simulator's completions over a window of
 `--seconds` of steady state, after the first sample, while the trainer thread takes samples
@@ -8,7 +10,9 @@ the simulator excluded; and the same less what the tools and rewards burn by des
 the trainer thread's lag (a thread of the trainer's process that wants to wake every 10 ms:
 how late it woke, p99 and max, over the window).
 
-Run in the TRL venv `cargo xtask trl` builds:
+Run in the TRL venv `cargo xtask trl` builds, or through `cargo xtask bench trl`, which
+installs the release wheel, builds the release binary and runs this with `--binary` and a
+20 ms latency, printing each worker's CPU per turn as a ratio to TRL's:
     ~/.cache/async-grpo/trl-venv/bin/python crates/trl-bridge/bench/compare_trl.py
 """
 
@@ -29,7 +33,7 @@ import psutil
 SIM_SCRIPT = """
 import sys, async_grpo
 sim = async_grpo.Simulator(sys.argv[1], tool_rounds=int(sys.argv[2]), tool_name=sys.argv[3], answer_tokens=24,
-                           model="sim", max_model_len=8192)
+                           model="sim", max_model_len=8192, latency=sys.argv[4])
 print(sim.url, flush=True)
 for line in sys.stdin:  # each line asks how many completions it served
     print(sim.completions(), flush=True)
@@ -186,6 +190,64 @@ def run_one(
     }
 
 
+def run_binary(
+    binary: str, workload: tuple[Any, ...], url: str, tokenizer_dir: str, seconds: float, counter: Any
+) -> dict[str, float]:
+    """The `async-grpo` binary on the single-turn workload: the same 64 prompts (over and over,
+    `--epochs`, so that the window never runs out of them), groups of 8, 64 in flight, 64 tokens,
+    rows written as JSONL, the built-in `length` reward. CPU is the whole process's (every
+    thread), over the same window of steady state as the workers'; `startup_cpu_s` is what it
+    spent before its first answer (tokenizer, template, connections)."""
+    import json
+    import tempfile
+
+    rounds = workload[0]
+    if rounds:
+        raise SystemExit("the binary runs only the single-turn workload here")
+    scratch = Path(tempfile.mkdtemp(prefix="async-grpo-bench-"))
+    dataset = scratch / "prompts.jsonl"
+    with dataset.open("w") as out:
+        for a in range(64):
+            out.write(json.dumps({"prompt": f"What is {a} + {a + 3}?", "answer": str(2 * a + 3)}) + "\n")
+    command = [
+        binary, "rollout", "--server", url, "--model", "sim", "--tokenizer", tokenizer_dir,
+        "--dataset", str(dataset), "--epochs", "100000", "--out", str(scratch / "rows.jsonl"), "--overwrite",
+        "--num-generations", str(GENERATIONS), "--max-inflight", "64", "--max-tokens", "64", "--max-turns", "40",
+        "--reward", "length:64", "--progress", "off",
+    ]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ps = psutil.Process(process.pid)
+    try:
+        begun = counter()
+        while counter() == begun:
+            if process.poll() is not None:
+                raise SystemExit(f"the binary stopped: {process.stderr.read() if process.stderr else ''}")
+            time.sleep(0.005)
+        startup_cpu = sum(ps.cpu_times()[:2])
+        startup_s = time.perf_counter() - started
+        time.sleep(1.0)  # past the first groups, as the workers' window starts after a sample
+        turns0, cpu0, t0 = counter(), sum(ps.cpu_times()[:2]), time.perf_counter()
+        time.sleep(seconds)
+        turns1, cpu1, t1 = counter(), sum(ps.cpu_times()[:2]), time.perf_counter()
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    turns = turns1 - turns0
+    return {
+        "turns_per_s": turns / (t1 - t0),
+        "cpu_ms_per_turn": 1e3 * (cpu1 - cpu0) / max(turns, 1),
+        "cpu_ms_per_turn_less_burn": 1e3 * (cpu1 - cpu0) / max(turns, 1),
+        "lag_p99_ms": float("nan"),
+        "lag_max_ms": float("nan"),
+        "startup_cpu_s": startup_cpu,
+        "startup_s": startup_s,
+    }
+
+
 def with_trl_template(tokenizer_dir: str, out: Path) -> str:
     """The tokenizer with TRL's own Qwen3 chat template (the one TRL knows how to parse
     responses of), saved for both workers to load."""
@@ -207,7 +269,11 @@ def main() -> None:
     parser.add_argument("--python-tool-threads", type=int, default=None, help="the bridge's python_tool_threads")
     parser.add_argument("--python-processes", type=int, default=None, help="the bridge's python_processes")
     parser.add_argument("--nice", type=int, default=10, help="the bridge's nice")
-    parser.add_argument("--workers", default="async_grpo,trl", help="which workers to run, comma-separated")
+    parser.add_argument(
+        "--workers", default="async_grpo,trl", help="which workers to run, comma-separated (async_grpo, trl, binary)"
+    )
+    parser.add_argument("--binary", default=None, help="the async-grpo binary, for the `binary` worker")
+    parser.add_argument("--latency", default="0ms", help="the simulator's latency per request, such as 20ms")
     args = parser.parse_args()
     OPTIONS.update(
         python_tool_threads=args.python_tool_threads, python_processes=args.python_processes, nice=args.nice
@@ -221,8 +287,13 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         for kind in args.workers.split(","):
+            if kind == "binary" and rounds:
+                continue
             sim = subprocess.Popen(
-                [sys.executable, "-c", SIM_SCRIPT, args.tokenizer, str(rounds), tool.__name__ if tool else "calculator"],
+                [
+                    sys.executable, "-c", SIM_SCRIPT, args.tokenizer, str(rounds),
+                    tool.__name__ if tool else "calculator", args.latency,
+                ],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )
             SIM_PID = sim.pid
@@ -236,7 +307,12 @@ def main() -> None:
                 return int(sim.stdout.readline())
 
             try:
-                result = run_one(kind, workload, url, args.tokenizer, args.seconds, count)
+                if kind == "binary":
+                    if not args.binary:
+                        raise SystemExit("--workers binary needs --binary PATH")
+                    result = run_binary(args.binary, workload, url, args.tokenizer, args.seconds, count)
+                else:
+                    result = run_one(kind, workload, url, args.tokenizer, args.seconds, count)
             finally:
                 if sim.stdin:
                     sim.stdin.close()
@@ -244,14 +320,25 @@ def main() -> None:
             results.append((name, kind, result))
             print(f"{name:40s} {kind:10s} " + "  ".join(f"{k}={v:.2f}" for k, v in result.items()), flush=True)
     print()
-    print("| workload | worker | turns/s | CPU ms/turn | less the burn | trainer-thread lag p99 / max (ms) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print(f"simulator latency {args.latency}, {GENERATIONS} generations a group, 64 in flight, {args.seconds:.0f} s windows")
+    print()
+    print(
+        "| workload | worker | turns/s | CPU ms/turn | less the burn | TRL's CPU per turn over this one's "
+        "| trainer-thread lag p99 / max (ms) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    labels = {"async_grpo": "async_grpo.RolloutWorker", "trl": "TRL AsyncRolloutWorker", "binary": "async-grpo binary"}
     for name, kind, r in results:
-        label = "async_grpo.RolloutWorker" if kind == "async_grpo" else "TRL AsyncRolloutWorker"
+        trl = next((t for n, k, t in results if n == name and k == "trl"), None)
+        ratio = f"{trl['cpu_ms_per_turn_less_burn'] / r['cpu_ms_per_turn_less_burn']:.1f}x" if trl else "-"
+        lag = "-" if kind == "binary" else f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f}"
         print(
-            f"| {name} | {label} | {r['turns_per_s']:.0f} | {r['cpu_ms_per_turn']:.2f} | "
-            f"{r['cpu_ms_per_turn_less_burn']:.2f} | {r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f} |"
+            f"| {name} | {labels[kind]} | {r['turns_per_s']:.0f} | {r['cpu_ms_per_turn']:.3f} | "
+            f"{r['cpu_ms_per_turn_less_burn']:.3f} | {ratio} | {lag} |"
         )
+    for name, kind, r in results:
+        if kind == "binary":
+            print(f"\nthe binary's start-up: {r['startup_cpu_s']:.2f} s of CPU, {r['startup_s']:.2f} s to its first answer")
 
 
 if __name__ == "__main__":
