@@ -195,7 +195,10 @@ fn test_binary(package: &str, target: &str) -> anyhow::Result<PathBuf> {
 /// features of its dependencies differ.
 fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     workspace_artifact(|message| {
-        message["target"]["name"] == name && message["target"]["kind"] == serde_json::json!(["bin"])
+        message["target"]["name"] == name
+            && message["target"]["kind"] == serde_json::json!(["bin"])
+            // Not the binary's own unit tests, built under the same name.
+            && message["profile"]["test"] == false
     })?
     .with_context(|| format!("cargo built no binary named {name}"))
 }
