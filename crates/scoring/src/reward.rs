@@ -117,6 +117,8 @@ where
 )]
 pub(crate) enum Runner {
     Sync(Arc<dyn SyncReward>),
+    /// A sync function cheap and bounded by construction, run where the group is scored.
+    Inline(Arc<dyn SyncReward>),
     Async(Arc<dyn AsyncReward>),
 }
 
@@ -157,6 +159,23 @@ impl Reward {
             timeout: None,
             column: None,
             runner: Runner::Sync(Arc::new(reward)),
+        }
+    }
+
+    /// A sync reward run on the task that scores the group, not on the scorer's pool: for
+    /// functions whose cost is a few microseconds a group and bounded by construction, no
+    /// I/O, no loop the input can lengthen beyond its size (the built-in `exact`, `numeric`,
+    /// `regex` and `length`). Handing such a function to a pool thread and back costs more
+    /// than the function: two thread wake-ups a group. It has no timeout (nothing can
+    /// interrupt it) and a slow one stalls the runtime's thread: anything else is
+    /// [`Reward::from_sync`]. A panic is caught as on the pool.
+    pub fn from_inline(name: impl Into<String>, reward: impl SyncReward) -> Reward {
+        Reward {
+            name: name.into(),
+            weight: 1.0,
+            timeout: None,
+            column: None,
+            runner: Runner::Inline(Arc::new(reward)),
         }
     }
 
@@ -211,9 +230,9 @@ impl Reward {
         self.weight
     }
 
-    /// Whether the function runs on the thread pool.
+    /// Whether the function is sync (on the thread pool, or inline: [`Reward::from_inline`]).
     pub fn is_sync(&self) -> bool {
-        matches!(self.runner, Runner::Sync(_))
+        matches!(self.runner, Runner::Sync(_) | Runner::Inline(_))
     }
 }
 
@@ -222,7 +241,14 @@ impl fmt::Debug for Reward {
         f.debug_struct("Reward")
             .field("name", &self.name)
             .field("weight", &self.weight)
-            .field("kind", &if self.is_sync() { "sync" } else { "async" })
+            .field(
+                "kind",
+                &match self.runner {
+                    Runner::Sync(_) => "sync",
+                    Runner::Inline(_) => "inline",
+                    Runner::Async(_) => "async",
+                },
+            )
             .field("timeout", &self.timeout)
             .finish()
     }

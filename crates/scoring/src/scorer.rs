@@ -572,6 +572,14 @@ impl Scorer {
                     Err(_elapsed) => Err(timed_out(timeout)),
                 }
             }
+            Runner::Inline(function) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| function.score(&group))) {
+                    Ok(result) => result
+                        .map(|scores| (scores, Notes::new()))
+                        .map_err(|e| failure(FailureKind::Error, e.to_string())),
+                    Err(panic) => Err(failure(FailureKind::Panic, panic_message(panic.as_ref()))),
+                }
+            }
             Runner::Async(function) => {
                 let score = || function.score_with_notes(group);
                 match std::panic::catch_unwind(AssertUnwindSafe(score)) {

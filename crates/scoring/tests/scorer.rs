@@ -310,3 +310,36 @@ async fn a_call_given_up_while_queued_never_runs() {
         "only the first and the third call ran: the abandoned one was skipped"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_inline_reward_runs_on_the_scoring_thread_and_its_panic_fails_only_its_column() {
+    let scoring_thread = std::thread::current().id();
+    let here = Reward::from_inline(
+        "here",
+        move |group: &Group| -> Result<Scores, RewardError> {
+            if std::thread::current().id() != scoring_thread {
+                return Err("ran on another thread than the one scoring the group".into());
+            }
+            Ok(vec![Some(1.0); group.len()])
+        },
+    );
+    let panics = Reward::from_inline("panics", |_: &Group| -> Result<Scores, RewardError> {
+        panic!("inline boom")
+    });
+    let scorer =
+        Scorer::new(vec![here, panics], ScorerConfig::default().threads(1)).expect("valid");
+    let scores = scorer.score(group(2)).await;
+
+    assert_eq!(scores.columns[0].failure, None);
+    assert_eq!(scores.rewards, [Some(1.0), Some(1.0)]);
+    let failure = scores.columns[1]
+        .failure
+        .as_ref()
+        .expect("the panic fails its column");
+    assert_eq!(failure.kind, FailureKind::Panic);
+    assert!(
+        failure.message.contains("inline boom"),
+        "{}",
+        failure.message
+    );
+}

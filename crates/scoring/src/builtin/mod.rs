@@ -194,13 +194,13 @@ pub fn reward_model(
 
 /// `exact:COLUMN`: 1 when the answer equals the row's `column` (normalized), else 0.
 pub fn exact(column: &str) -> Reward {
-    Reward::from_sync(format!("exact_{column}"), ExactMatch::new(column)).reads_column(column)
+    Reward::from_inline(format!("exact_{column}"), ExactMatch::new(column)).reads_column(column)
 }
 
 /// `numeric:COLUMN`: 1 when the answer's number equals the row's `column`, else 0.
 #[cfg(feature = "regex")]
 pub fn numeric(column: &str) -> Reward {
-    Reward::from_sync(format!("numeric_{column}"), NumericMatch::new(column)).reads_column(column)
+    Reward::from_inline(format!("numeric_{column}"), NumericMatch::new(column)).reads_column(column)
 }
 
 /// `regex:PATTERN`: 1 when the answer matches `pattern`, else 0.
@@ -208,14 +208,14 @@ pub fn numeric(column: &str) -> Reward {
 pub fn regex(pattern: &str) -> Result<Reward, SpecError> {
     let matcher = RegexMatch::new(pattern)
         .map_err(|e| SpecError::new(pattern, format!("bad pattern: {e}")))?;
-    Ok(Reward::from_sync("regex", matcher))
+    Ok(Reward::from_inline("regex", matcher))
 }
 
 /// `length:MAX[:BUFFER]`: DAPO's soft overlong penalty; the buffer is a quarter of `max`
 /// when not given.
 pub fn length(max: usize, buffer: Option<usize>) -> Result<Reward, LengthPenaltyError> {
     let penalty = LengthPenalty::new(max, buffer.unwrap_or(max / 4))?;
-    Ok(Reward::from_sync("length_penalty", penalty))
+    Ok(Reward::from_inline("length_penalty", penalty))
 }
 
 /// `command:PROGRAM ARGS..`: the group on the program's stdin, its scores on its stdout;
@@ -270,6 +270,11 @@ mod tests {
             ("numeric_answer", 0.5, true)
         );
         assert_eq!(reward.column(), Some("answer"));
+        // The built-ins that only read the text run where the group is scored.
+        for spec in ["numeric:answer", "exact:answer", "regex:x", "length:100"] {
+            let reward = from_spec(spec).expect("valid");
+            assert!(format!("{reward:?}").contains("\"inline\""), "{spec}: {reward:?}");
+        }
         assert_eq!(from_spec("regex:x").expect("valid").column(), None);
         let reward = from_spec("regex:^\\d+@x$")
             .expect("an @ not followed by a number stays in the pattern");
