@@ -10,6 +10,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc rather than glibc's malloc: a turn allocates and frees many small buffers on one
+/// thread and drops them on another, where glibc's arenas spend their time consolidating.
+/// BENCHMARKS.md ("The binary and the bridge against TRL's worker") has what it changed.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A rollout engine for asynchronous GRPO-style reinforcement learning of language models.
 ///
 /// It drives multi-turn conversations against vLLM, runs the model's tool calls without
