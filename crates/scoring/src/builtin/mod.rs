@@ -273,7 +273,10 @@ mod tests {
         // The built-ins that only read the text run where the group is scored.
         for spec in ["numeric:answer", "exact:answer", "regex:x", "length:100"] {
             let reward = from_spec(spec).expect("valid");
-            assert!(format!("{reward:?}").contains("\"inline\""), "{spec}: {reward:?}");
+            assert!(
+                format!("{reward:?}").contains("\"inline\""),
+                "{spec}: {reward:?}"
+            );
         }
         assert_eq!(from_spec("regex:x").expect("valid").column(), None);
         let reward = from_spec("regex:^\\d+@x$")
