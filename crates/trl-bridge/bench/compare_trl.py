@@ -1,7 +1,7 @@
 """The same workloads through async_grpo.RolloutWorker and TRL 1.16's own AsyncRolloutWorker,
 against the same simulator (a process of its own), with the same Python tools and reward; and
-the single-turn workload through the `async-grpo` binary too (`--binary`), the same rollouts
-from a JSONL dataset with a built-in reward of the same cost class.
+the single-turn and 32-tool-round workloads through the `async-grpo` binary too (`--binary`),
+the same rollouts from a JSONL dataset with a built-in reward and tool of the same cost class.
 
 For each workload and worker: turns per second (the simulator's completions over a window of
 `--seconds` of steady state, after the first sample, while the trainer thread takes samples
@@ -193,27 +193,29 @@ def run_one(
 def run_binary(
     binary: str, workload: tuple[Any, ...], url: str, tokenizer_dir: str, seconds: float, counter: Any
 ) -> dict[str, float]:
-    """The `async-grpo` binary on the single-turn workload: the same 64 prompts (over and over,
-    `--epochs`, so that the window never runs out of them), groups of 8, 64 in flight, 64 tokens,
-    rows written as JSONL, the built-in `length` reward. CPU is the whole process's (every
-    thread), over the same window of steady state as the workers'; `startup_cpu_s` is what it
-    spent before its first answer (tokenizer, template, connections)."""
+    """The `async-grpo` binary on the single-turn workload, and on the 32 tool rounds with its
+    built-in `calculator` tool (run on its tool pool, as a sync tool): the same 64 prompts (over
+    and over, `--epochs`, so that the window never runs out of them), groups of 8, 64 in flight,
+    64 tokens, rows written as JSONL, the built-in `length` reward. CPU is the whole process's
+    (every thread), over the same window of steady state as the workers'; `startup_cpu_s` is
+    what it spent before its first answer (tokenizer, template, connections)."""
     import json
     import tempfile
 
     rounds = workload[0]
-    if rounds:
-        raise SystemExit("the binary runs only the single-turn workload here")
     scratch = Path(tempfile.mkdtemp(prefix="async-grpo-bench-"))
     dataset = scratch / "prompts.jsonl"
     with dataset.open("w") as out:
         for a in range(64):
             out.write(json.dumps({"prompt": f"What is {a} + {a + 3}?", "answer": str(2 * a + 3)}) + "\n")
+    config = scratch / "rollout.toml"
+    config.write_text('[[tools]]\nname = "calculator"\nkind = "calculator"\n' if rounds else "")
     command = [
-        binary, "rollout", "--server", url, "--model", "sim", "--tokenizer", tokenizer_dir,
-        "--dataset", str(dataset), "--epochs", "100000", "--out", str(scratch / "rows.jsonl"), "--overwrite",
-        "--num-generations", str(GENERATIONS), "--max-inflight", "64", "--max-tokens", "64", "--max-turns", "40",
-        "--reward", "length:64", "--progress", "off",
+        binary, "rollout", "--config", str(config), "--server", url, "--model", "sim",
+        "--tokenizer", tokenizer_dir, "--dataset", str(dataset), "--epochs", "100000",
+        "--out", str(scratch / "rows.jsonl"), "--overwrite", "--num-generations", str(GENERATIONS),
+        "--max-inflight", "64", "--max-tokens", "64", "--max-turns", "40", "--reward", "length:64",
+        "--progress", "off",
     ]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -287,8 +289,8 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         for kind in args.workers.split(","):
-            if kind == "binary" and rounds:
-                continue
+            if kind == "binary" and rounds and tool is not calculator:
+                continue  # the binary's tools are its own: only the calculator has a twin
             sim = subprocess.Popen(
                 [
                     sys.executable, "-c", SIM_SCRIPT, args.tokenizer, str(rounds),
