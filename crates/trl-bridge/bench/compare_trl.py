@@ -199,24 +199,33 @@ def run_binary(
     64 tokens, rows written as JSONL, the built-in `length` reward. CPU is the whole process's
     (every thread), over the same window of steady state as the workers'; `startup_cpu_s` is
     what it spent before its first answer (tokenizer, template, connections)."""
-    import json
     import tempfile
 
-    rounds = workload[0]
-    scratch = Path(tempfile.mkdtemp(prefix="async-grpo-bench-"))
+    # The rows it writes (tens of MB a run) go with the folder.
+    with tempfile.TemporaryDirectory(prefix="async-grpo-bench-") as folder:
+        return measure_binary(binary, workload[0], Path(folder), url, tokenizer_dir, seconds, counter)
+
+
+def measure_binary(
+    binary: str, rounds: int, scratch: Path, url: str, tokenizer_dir: str, seconds: float, counter: Any
+) -> dict[str, float]:
+    """The run of `run_binary`, with its files in `scratch`."""
+    import json
+
     dataset = scratch / "prompts.jsonl"
     with dataset.open("w") as out:
         for a in range(64):
             out.write(json.dumps({"prompt": f"What is {a} + {a + 3}?", "answer": str(2 * a + 3)}) + "\n")
-    config = scratch / "rollout.toml"
-    config.write_text('[[tools]]\nname = "calculator"\nkind = "calculator"\n' if rounds else "")
     command = [
-        binary, "rollout", "--config", str(config), "--server", url, "--model", "sim",
-        "--tokenizer", tokenizer_dir, "--dataset", str(dataset), "--epochs", "100000",
-        "--out", str(scratch / "rows.jsonl"), "--overwrite", "--num-generations", str(GENERATIONS),
-        "--max-inflight", "64", "--max-tokens", "64", "--max-turns", "40", "--reward", "length:64",
-        "--progress", "off",
+        binary, "rollout", "--server", url, "--model", "sim", "--tokenizer", tokenizer_dir,
+        "--dataset", str(dataset), "--epochs", "100000", "--out", str(scratch / "rows.jsonl"), "--overwrite",
+        "--num-generations", str(GENERATIONS), "--max-inflight", "64", "--max-tokens", "64", "--max-turns", "40",
+        "--reward", "length:64", "--progress", "off",
     ]
+    if rounds:
+        config = scratch / "rollout.toml"
+        config.write_text('[[tools]]\nname = "calculator"\nkind = "calculator"\n')
+        command += ["--config", str(config)]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(process.pid)
