@@ -39,11 +39,13 @@
 //! # }
 //! ```
 
+mod interpreter;
 mod path;
 mod run;
 mod sandbox;
 
 pub use self::{
+    interpreter::{Cell, Interpreter, InterpreterPool, InterpreterSpec, Lent, Lost, PoolStats},
     path::{check_program, program_path, resolve_command},
     run::{Finished, ProcessGroup, Program, tail},
     sandbox::{

@@ -511,3 +511,5 @@ fn the_tail_of_an_output_counts_characters_not_bytes() {
     assert_eq!(tail("short", 100), "short");
     assert_eq!(tail("anything", 0), "");
 }
+
+mod sessions;
