@@ -736,3 +736,89 @@ fn root_s_files_and_a_credential_under_home_stay_closed_to_the_python_tool_and_a
         ran.stderr
     );
 }
+
+/// The code of each of a rollout's four `python` calls in a session: a memory balloon on the
+/// first, a fork bomb on the second (its processes sleeping on `marker`), a busy loop on the
+/// third; each says which call of its interpreter it is.
+fn session_attacks(marker: &str) -> String {
+    format!(
+        "import os\n\
+         n = globals().get('n', 0) + 1\n\
+         if n == 1:\n\
+         \x20   try:\n\
+         \x20       hog = bytearray(3 * 1024 ** 3)\n\
+         \x20   except MemoryError:\n\
+         \x20       print('balloon refused')\n\
+         elif n == 2:\n\
+         \x20   forks = 0\n\
+         \x20   while forks < 100:\n\
+         \x20       try:\n\
+         \x20           pid = os.fork()\n\
+         \x20       except OSError as error:\n\
+         \x20           print('forks refused', error.errno)\n\
+         \x20           break\n\
+         \x20       if pid == 0:\n\
+         \x20           os.execvp('sleep', ['sleep', '{marker}'])\n\
+         \x20       forks += 1\n\
+         elif n == 3:\n\
+         \x20   while True:\n\
+         \x20       pass\n\
+         print('call', n)\n"
+    )
+}
+
+#[test]
+fn a_python_session_keeps_its_rollout_s_state_and_a_balloon_a_fork_bomb_and_a_busy_loop_end_it_alone()
+ {
+    let case = case("python-session");
+    write_one_row(&case, "session");
+    let marker = format!("86400.{}", unique("0").replace('x', ""));
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nmax_turns = 5\nretries = 0\nmax_tokens = 4096\n\n\
+         [[tools]]\nname = \"python\"\nkind = \"python\"\nsession = \"rollout\"\ntimeout = \"3s\"\n\
+         limits = {{ memory_mib = 1024, processes = 32 }}\n\n\
+         [simulator]\ntool_rounds = 4\nanswer_tokens = 4\ntool_arguments = {{ code = {} }}\n",
+        toml_string(&session_attacks(&marker))
+    ));
+    let ran = run(&case, &mut case.command(&[]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut left = processes_with(&marker);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        left = processes_with(&marker);
+    }
+    kill_all(&left);
+    assert_eq!(ran.code, Some(0), "the run failed: {}", ran.stderr);
+    assert_eq!(ran.rows.len(), 2, "a row per rollout: {}", ran.stderr);
+    let timed_out = serde_json::json!({
+        "error": "tool 'python' failed: timed out after 3s: the interpreter was killed and the \
+                  session's state is lost; the next call starts a new interpreter"
+    })
+    .to_string();
+    for row in &ran.rows {
+        let results: Vec<&str> = row
+            .completion
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .filter_map(|m| m["content"].as_str())
+            .collect();
+        // Each rollout counts its own calls: its sibling's never reach its interpreter.
+        assert_eq!(
+            results,
+            [
+                "balloon refused\ncall 1",
+                "forks refused 11\ncall 2",
+                &timed_out,
+                "[a new Python interpreter: the previous call timed out after 3s, and what \
+                 earlier calls defined is gone]\nballoon refused\ncall 1",
+            ],
+            "{}",
+            ran.stderr
+        );
+    }
+    assert_eq!(
+        left,
+        Vec::<u32>::new(),
+        "the fork bomb's processes outlived their session by 10 s"
+    );
+}

@@ -244,6 +244,9 @@ pub struct PoolStats {
     pub cold_starts: u64,
     /// Interpreters that could not be started.
     pub start_failures: u64,
+    /// Sessions that lost their interpreter part-way (a call timed out, the interpreter
+    /// died), as their owners counted them ([`InterpreterPool::count_lost`]).
+    pub lost: u64,
     /// Interpreters waiting, ready, now.
     pub warm: usize,
     /// Interpreters lent out now.
@@ -273,6 +276,7 @@ struct PoolInner {
     warm_hits: AtomicU64,
     cold_starts: AtomicU64,
     start_failures: AtomicU64,
+    lost: AtomicU64,
     /// Wakes the refill task. Its own `Arc`: the task holds the pool weakly.
     wake: Arc<Notify>,
     refilling: std::sync::Once,
@@ -312,6 +316,7 @@ impl InterpreterPool {
                 warm_hits: AtomicU64::new(0),
                 cold_starts: AtomicU64::new(0),
                 start_failures: AtomicU64::new(0),
+                lost: AtomicU64::new(0),
                 wake: Arc::new(Notify::new()),
                 refilling: std::sync::Once::new(),
             }),
@@ -335,9 +340,15 @@ impl InterpreterPool {
             warm_hits: inner.warm_hits.load(Ordering::Relaxed),
             cold_starts: inner.cold_starts.load(Ordering::Relaxed),
             start_failures: inner.start_failures.load(Ordering::Relaxed),
+            lost: inner.lost.load(Ordering::Relaxed),
             warm: lock(&inner.waiting).len(),
             lent: inner.busy.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a session that lost its interpreter part-way (in [`PoolStats::lost`]).
+    pub fn count_lost(&self) {
+        self.inner.lost.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An interpreter for one session: a warm one when one waits, else one started now. It

@@ -138,6 +138,12 @@ impl Dispatch {
                 self.run_async(tool.as_ref(), args, &call.name, timeout)
                     .await
             }
+            // Not a rollout's own dispatcher: an instance for this call alone.
+            Runner::PerRollout(tool) => {
+                let instance = tool.open();
+                self.run_async(instance.as_ref(), args, &call.name, timeout)
+                    .await
+            }
         }
     }
 

@@ -123,6 +123,7 @@ pub use crate::{
     registry::Registry,
     service::{DispatcherConfig, ShutdownReport, ToolDispatcher},
     tool::{
-        Arguments, AsyncTool, Outcome, SyncTool, Tool, ToolCall, ToolError, ToolResult, ToolSpec,
+        Arguments, AsyncTool, Outcome, RolloutTool, SyncTool, Tool, ToolCall, ToolError,
+        ToolResult, ToolSpec,
     },
 };

@@ -70,6 +70,18 @@ impl Registry {
         self.tools.is_empty()
     }
 
+    /// The registry one rollout runs, each per-rollout tool an instance of its own; `None`
+    /// when no tool is per rollout.
+    pub(crate) fn for_rollout(&self) -> Option<Registry> {
+        self.tools
+            .iter()
+            .any(Tool::is_per_rollout)
+            .then(|| Registry {
+                tools: self.tools.iter().map(Tool::for_rollout).collect(),
+                by_name: self.by_name.clone(),
+            })
+    }
+
     pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }

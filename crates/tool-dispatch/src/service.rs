@@ -209,6 +209,16 @@ impl ToolDispatcher {
         self.with_metrics(registry, metrics)
     }
 
+    /// The dispatcher of one rollout, when a tool has an instance per rollout
+    /// ([`Tool::per_rollout`](crate::Tool::per_rollout)): the same tools, each per-rollout
+    /// one with an instance of its own, dropped with this dispatcher (hold it for the
+    /// rollout's life and drop it when the rollout ends in any way). On this one's pool,
+    /// counted in this one's metrics. `None` when no tool is per rollout: use this one.
+    pub fn for_rollout(&self) -> Option<ToolDispatcher> {
+        let registry = self.dispatch.registry.for_rollout()?;
+        Some(self.with_metrics(registry, self.dispatch.metrics.clone()))
+    }
+
     /// Like [`with_tools`](Self::with_tools), but its tools' calls are counted apart, in
     /// this new dispatcher's metrics only: for one-off work on the pool that is not a tool
     /// anyone called (a session's creation, say).

@@ -121,11 +121,26 @@ where
     }
 }
 
+/// A tool whose state lives as long as one rollout: a code interpreter's variables and
+/// files, a browser's page. Each rollout gets an instance of its own ([`RolloutTool::open`]),
+/// awaited as an [`AsyncTool`] and dropped when the rollout's dispatcher is (the rollout
+/// ended, failed or was cancelled): what it holds must be freed by its `Drop`.
+///
+/// A dispatcher runs such a tool per rollout when the rollout asks it for one
+/// ([`ToolDispatcher::for_rollout`](crate::ToolDispatcher::for_rollout)); called through any
+/// other dispatcher, each call gets an instance of its own.
+pub trait RolloutTool: Send + Sync + 'static {
+    /// An instance for one rollout. Called when the rollout starts, so it should be cheap:
+    /// start what it needs at its first call.
+    fn open(&self) -> Arc<dyn AsyncTool>;
+}
+
 /// How a tool runs.
 #[derive(Clone)]
 pub(crate) enum Runner {
     Sync(Arc<dyn SyncTool>),
     Async(Arc<dyn AsyncTool>),
+    PerRollout(Arc<dyn RolloutTool>),
 }
 
 /// A tool ready to register: its spec, how it runs, and its own timeout if it has one.
@@ -177,6 +192,15 @@ impl Tool {
         }
     }
 
+    /// A tool with an instance per rollout, from any [`RolloutTool`].
+    pub fn per_rollout(spec: ToolSpec, tool: impl RolloutTool) -> Tool {
+        Tool {
+            spec,
+            runner: Runner::PerRollout(Arc::new(tool)),
+            timeout: None,
+        }
+    }
+
     /// Overrides the dispatcher's default per-call timeout for this tool.
     pub fn timeout(mut self, timeout: Duration) -> Tool {
         self.timeout = Some(timeout);
@@ -192,13 +216,37 @@ impl Tool {
     pub fn is_sync(&self) -> bool {
         matches!(self.runner, Runner::Sync(_))
     }
+
+    /// Whether each rollout gets an instance of its own ([`Tool::per_rollout`]).
+    pub fn is_per_rollout(&self) -> bool {
+        matches!(self.runner, Runner::PerRollout(_))
+    }
+
+    /// This tool as one rollout runs it: its own instance when it is per rollout, else
+    /// itself.
+    pub(crate) fn for_rollout(&self) -> Tool {
+        match &self.runner {
+            Runner::PerRollout(tool) => Tool {
+                runner: Runner::Async(tool.open()),
+                ..self.clone()
+            },
+            Runner::Sync(_) | Runner::Async(_) => self.clone(),
+        }
+    }
 }
 
 impl fmt::Debug for Tool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tool")
             .field("name", &self.spec.name)
-            .field("kind", &if self.is_sync() { "sync" } else { "async" })
+            .field(
+                "kind",
+                &match self.runner {
+                    Runner::Sync(_) => "sync",
+                    Runner::Async(_) => "async",
+                    Runner::PerRollout(_) => "per rollout",
+                },
+            )
             .field("timeout", &self.timeout)
             .finish()
     }

@@ -5,6 +5,7 @@ mod blocking;
 mod builtins;
 mod order;
 mod outcomes;
+mod sessions;
 mod shutdown;
 
 use std::{

@@ -689,7 +689,10 @@ fn check_tools(tools: &[ToolConfig], places: &Places<'_>) -> anyhow::Result<()> 
             .source
             .and_then(|s| s.place_in_array("tools", i))
             .unwrap_or_else(|| format!("tools[{i}]"));
-        let built = tool.build().map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
+        // Sized for no rollout: a session-backed tool starts no interpreter for a check.
+        let built = tool
+            .build_for(&process::Sandbox::default(), 0)
+            .map_err(|e| anyhow::anyhow!("{place}: {e}"))?;
         if let Some(sandbox) = tool.sandbox_in(&process::Sandbox::default()) {
             sandbox
                 .check()

@@ -287,7 +287,7 @@ fn run_spec(
     let mut registry = Registry::new();
     let sandbox = resolved.sandbox();
     for tool in &settings.tools {
-        registry.add(tool.build_in(&sandbox)?)?;
+        registry.add(tool.build_for(&sandbox, settings.engine.max_inflight)?)?;
     }
     let mut spec = RunSpec::new(settings.engine.clone(), tokenizer, servers)
         .tools(registry)

@@ -51,6 +51,7 @@ pub(super) async fn converse<G: Generator>(
         finished: Finished::new(rollout_id, attempt),
         last: None,
         lease,
+        own_tools: None,
     };
     for turn in 0..shared.config.max_turns {
         let prompt_ids = conversation.prompt(turn).await?;
@@ -169,6 +170,11 @@ struct Conversation<'a, G> {
     last: Option<(Vec<u32>, usize, Option<u32>)>,
     /// The episode the rollout runs in, when the run has an environment.
     lease: Option<Lease<'a>>,
+    /// Without an environment, the run's tools as this rollout runs them when a tool has an
+    /// instance per rollout (a Python session): made at the first call, dropped with the
+    /// conversation however the attempt ends, and with it what the instances hold. Boxed:
+    /// most rollouts never have one.
+    own_tools: Option<Box<tool_dispatch::ToolDispatcher>>,
 }
 
 impl<G: Generator> Conversation<'_, G> {
@@ -287,9 +293,18 @@ impl<G: Generator> Conversation<'_, G> {
     /// `false` when there is nothing to run (no call, or no tools): the episode is over.
     async fn call_tools(&mut self, calls: Vec<ParsedCall>) -> Result<bool, Failure> {
         let shared = self.shared;
-        let tools = match &self.lease {
-            Some(lease) => Some(lease.get().tools()),
-            None => shared.wiring.tools.as_ref(),
+        if self.lease.is_none() && self.own_tools.is_none() && !calls.is_empty() {
+            self.own_tools = shared
+                .wiring
+                .tools
+                .as_ref()
+                .and_then(tool_dispatch::ToolDispatcher::for_rollout)
+                .map(Box::new);
+        }
+        let tools = match (&self.lease, &self.own_tools) {
+            (Some(lease), _) => Some(lease.get().tools()),
+            (None, Some(own)) => Some(&**own),
+            (None, None) => shared.wiring.tools.as_ref(),
         };
         let Some(tools) = tools.filter(|_| !calls.is_empty()) else {
             return Ok(false);

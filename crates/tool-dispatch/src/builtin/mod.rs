@@ -121,13 +121,34 @@ pub struct PythonSettings {
     /// The interpreter (default `python3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interpreter: Option<String>,
-    /// Bytes kept of stdout and of stderr each (default 16384).
+    /// Bytes kept of stdout and of stderr each (default 16384); in a session, of both
+    /// together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<usize>,
+    /// How long the interpreter lives: `"call"` (the default: a fresh one per call) or
+    /// `"rollout"` (one per rollout, which keeps its variables, imports and files from call
+    /// to call and is killed when the rollout ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionScope>,
+    /// With `session = "rollout"`: interpreters kept started and ready for the rollouts'
+    /// first calls (default 4), never more than the rollouts in flight can use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<usize>,
     /// The `sandbox` (`"bwrap"`, the default, or `"none"`), `network` (default false) and
     /// `limits` keys.
     #[serde(flatten)]
     pub keys: SandboxKeys,
+}
+
+/// How long a `python` tool's interpreter lives (`session`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionScope {
+    /// A fresh interpreter per call: nothing persists between calls.
+    #[default]
+    Call,
+    /// One interpreter per rollout.
+    Rollout,
 }
 
 /// `kind = "http"`.
@@ -154,9 +175,13 @@ impl Kinds for ToolKind {
             // A program kind's own keys and the sandbox keys it flattens (which serde does not
             // list for a flattened struct), those read apart.
             "command" => Some([&["command", "max_output_bytes"][..], &SandboxKeys::KEYS].concat()),
-            "python" => {
-                Some([&["interpreter", "max_output_bytes"][..], &SandboxKeys::KEYS].concat())
-            }
+            "python" => Some(
+                [
+                    &["interpreter", "max_output_bytes", "session", "warm"][..],
+                    &SandboxKeys::KEYS,
+                ]
+                .concat(),
+            ),
             "http" => Some(field_names::<HttpSettings>().to_vec()),
             "calculator" => Some(Vec::new()),
             _ => None,
@@ -212,6 +237,11 @@ impl<'de> Deserialize<'de> for ToolConfig {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_OUTPUT: usize = 16 * 1024;
+/// Interpreters a session-backed `python` tool keeps ready (`warm`).
+const DEFAULT_WARM: usize = 4;
+/// Rollouts in flight a tool built without knowing them is sized for (the engine's default
+/// `max_inflight`).
+const DEFAULT_SESSIONS: usize = 64;
 /// How much longer the dispatcher waits for a program than the tool's own timeout, so that a
 /// program is killed and reported before its caller gives up on it.
 const PROGRAM_MARGIN: Duration = Duration::from_secs(1);
@@ -249,13 +279,27 @@ impl ToolConfig {
 
     /// [`ToolConfig::build`] with `base` as the sandbox the table changes.
     pub fn build_in(&self, base: &Sandbox) -> Result<Tool, SettingError> {
+        self.build_for(base, DEFAULT_SESSIONS)
+    }
+
+    /// [`ToolConfig::build_in`] for a run of at most `rollouts` rollouts in flight: a
+    /// session-backed tool never has more interpreters than that, warm ones included.
+    pub fn build_for(&self, base: &Sandbox, rollouts: usize) -> Result<Tool, SettingError> {
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(self.error("timeout must be longer than 0s: no call could finish"));
         }
         match &self.kind {
             ToolKind::Calculator(_) => Ok(self.calculator_tool(timeout)),
-            ToolKind::Python(python) => Ok(self.python_tool(python, base, timeout)),
+            ToolKind::Python(python) => {
+                if python.warm.is_some() && python.session != Some(SessionScope::Rollout) {
+                    return Err(self.error(
+                        "`warm` keeps interpreters ready for sessions: it needs \
+                         `session = \"rollout\"`",
+                    ));
+                }
+                Ok(self.python_tool(python, base, timeout, rollouts))
+            }
             ToolKind::Command(command) => self.command_tool(command, base, timeout),
             ToolKind::Http(http) => {
                 let url = self.http_url(http)?;
@@ -286,25 +330,59 @@ impl ToolConfig {
 
     /// `python`: the code runs in the interpreter (default `python3`) in `base` as the table
     /// changes it.
-    fn python_tool(&self, settings: &PythonSettings, base: &Sandbox, timeout: Duration) -> Tool {
-        let python = program::PythonTool {
-            interpreter: settings
-                .interpreter
-                .clone()
-                .unwrap_or_else(|| "python3".to_owned()),
-            sandbox: settings.keys.apply(base.clone()),
-            timeout,
-            max_output: settings.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
-        };
-        Tool::new_async(
-            ToolSpec::new(
-                &self.name,
-                self.description_or("Run Python code and see its output"),
-            )
-            .parameters(self.parameters_or(program::PythonTool::parameters())),
-            move |args| python.clone().call(args),
+    fn python_tool(
+        &self,
+        settings: &PythonSettings,
+        base: &Sandbox,
+        timeout: Duration,
+        rollouts: usize,
+    ) -> Tool {
+        let interpreter = settings
+            .interpreter
+            .clone()
+            .unwrap_or_else(|| "python3".to_owned());
+        let sandbox = settings.keys.apply(base.clone());
+        let max_output = settings.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT);
+        let session = settings.session.unwrap_or_default();
+        let spec = ToolSpec::new(
+            &self.name,
+            self.description_or(match session {
+                SessionScope::Call => "Run Python code and see its output",
+                SessionScope::Rollout => {
+                    "Run Python code and see its output; variables, imports and files persist \
+                     from call to call, and the value of a last expression is shown"
+                }
+            }),
         )
-        .timeout(timeout + PROGRAM_MARGIN)
+        .parameters(self.parameters_or(program::PythonTool::parameters()));
+        let tool = match session {
+            SessionScope::Call => {
+                let python = program::PythonTool {
+                    interpreter,
+                    sandbox,
+                    timeout,
+                    max_output,
+                };
+                Tool::new_async(spec, move |args| python.clone().call(args))
+            }
+            SessionScope::Rollout => {
+                let warm = settings.warm.unwrap_or(DEFAULT_WARM).min(rollouts);
+                let pool = process::InterpreterPool::new(
+                    process::InterpreterSpec::new(interpreter, sandbox),
+                    warm,
+                    rollouts,
+                );
+                Tool::per_rollout(
+                    spec,
+                    program::PythonSessions {
+                        pool,
+                        timeout,
+                        max_output,
+                    },
+                )
+            }
+        };
+        tool.timeout(timeout + PROGRAM_MARGIN)
     }
 
     /// `command`: the program runs in `base` as the table changes it; the table must name it.

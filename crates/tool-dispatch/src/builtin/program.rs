@@ -8,12 +8,13 @@
 //! runtime shutting down). Waiting for a program is not work for a thread: both tools are
 //! async, and no pool thread is held.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use process::{Finished, Program, Sandbox};
+use futures::future::BoxFuture;
+use process::{Finished, InterpreterPool, Lent, Program, Sandbox};
 use serde_json::{Value, json};
 
-use crate::tool::{Arguments, ToolError};
+use crate::tool::{Arguments, AsyncTool, RolloutTool, ToolError};
 
 /// Runs `argv` in `sandbox` with `input` on stdin; kills it after `timeout`. Each of stdout
 /// and stderr keeps its first `max_output` bytes, and says how much more there was.
@@ -77,10 +78,7 @@ pub(crate) struct PythonTool {
 
 impl PythonTool {
     pub(crate) async fn call(self, args: Arguments) -> Result<Value, ToolError> {
-        let code = args
-            .get("code")
-            .and_then(Value::as_str)
-            .ok_or("the python tool needs {\"code\": \"...\"}")?;
+        let code = code(&args)?;
         let argv = [self.interpreter.clone(), "-I".to_owned(), "-".to_owned()];
         let finished = run(
             &argv,
@@ -112,6 +110,104 @@ impl PythonTool {
             "type": "object",
             "properties": { "code": { "type": "string", "description": "Python code; print what you want to see" } },
             "required": ["code"]
+        })
+    }
+}
+
+/// The code of a `python` call.
+fn code(args: &Arguments) -> Result<&str, ToolError> {
+    Ok(args
+        .get("code")
+        .and_then(Value::as_str)
+        .ok_or("the python tool needs {\"code\": \"...\"}")?)
+}
+
+/// `python` with `session = "rollout"`: one interpreter per rollout, from `pool` at its first
+/// call, whose variables, imports and files the rollout's next calls see; killed when the
+/// rollout's dispatcher is dropped (the rollout ended in any way).
+#[derive(Debug, Clone)]
+pub(crate) struct PythonSessions {
+    pub(crate) pool: InterpreterPool,
+    pub(crate) timeout: Duration,
+    pub(crate) max_output: usize,
+}
+
+impl RolloutTool for PythonSessions {
+    fn open(&self) -> Arc<dyn AsyncTool> {
+        Arc::new(PythonSession {
+            tools: self.clone(),
+            slot: Arc::new(tokio::sync::Mutex::new(Slot::default())),
+        })
+    }
+}
+
+/// One rollout's session.
+struct PythonSession {
+    tools: PythonSessions,
+    slot: Arc<tokio::sync::Mutex<Slot>>,
+}
+
+/// A session's interpreter, and why the last one was lost when it was.
+#[derive(Default)]
+struct Slot {
+    interpreter: Option<Lent>,
+    lost: Option<String>,
+}
+
+impl AsyncTool for PythonSession {
+    fn call(&self, args: Arguments) -> BoxFuture<'static, Result<Value, ToolError>> {
+        let (tools, slot) = (self.tools.clone(), Arc::clone(&self.slot));
+        Box::pin(async move {
+            let code = code(&args)?;
+            // One cell at a time; a call dropped part-way drops its interpreter, killed.
+            let mut slot = slot.lock().await;
+            let cell = tokio::time::timeout(tools.timeout, async {
+                let mut note = String::new();
+                let mut interpreter = match slot.interpreter.take() {
+                    Some(interpreter) => interpreter,
+                    None => {
+                        if let Some(why) = slot.lost.take() {
+                            note = format!(
+                                "[a new Python interpreter: {why}, and what earlier calls \
+                                 defined is gone]\n"
+                            );
+                        }
+                        tools.pool.acquire().await.map_err(|e| e.to_string())?
+                    }
+                };
+                slot.lost = Some("the previous call did not finish".to_owned());
+                let cell = interpreter.run(code, tools.max_output).await;
+                if cell.is_ok() {
+                    slot.interpreter = Some(interpreter);
+                    slot.lost = None;
+                } else {
+                    tools.pool.count_lost();
+                }
+                cell.map(|cell| (note, cell))
+                    .map_err(|lost| format!("{lost}: the session's state is lost"))
+            })
+            .await;
+            match cell {
+                Ok(Ok((note, cell))) => Ok(Value::String(
+                    format!("{note}{}", cell.output)
+                        .trim_end_matches('\n')
+                        .to_owned(),
+                )),
+                Ok(Err(why)) => {
+                    slot.lost.get_or_insert_with(|| why.clone());
+                    Err(format!("{why}; the next call starts a new interpreter").into())
+                }
+                Err(_) => {
+                    tools.pool.count_lost();
+                    let timeout = crate::call::human(tools.timeout);
+                    slot.lost = Some(format!("the previous call timed out after {timeout}"));
+                    Err(format!(
+                        "timed out after {timeout}: the interpreter was killed and the \
+                         session's state is lost; the next call starts a new interpreter"
+                    )
+                    .into())
+                }
+            }
         })
     }
 }
