@@ -19,7 +19,7 @@ use tokio::{
     sync::Notify,
 };
 
-use crate::{Error, ProcessGroup, Program, Sandbox};
+use crate::{Error, ProcessGroup, Program, Sandbox, cgroup::Cgroup};
 
 /// The driver each interpreter runs (`python3 -I -u -c DRIVER`): cells in one namespace.
 const DRIVER: &str = include_str!("driver.py");
@@ -66,7 +66,8 @@ impl InterpreterSpec {
                 .chain(self.args.iter().map(String::as_str)),
         )
         .sandbox(self.sandbox.clone());
-        let mut command = program.command()?;
+        let cgroup = program.cgroup();
+        let mut command = program.command_in(cgroup.as_ref())?;
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -85,6 +86,7 @@ impl InterpreterSpec {
         let mut interpreter = Interpreter {
             child,
             group,
+            cgroup,
             stdin,
             stdout: BufReader::new(stdout),
         };
@@ -132,6 +134,8 @@ pub struct Interpreter {
     child: Child,
     /// Killed with the interpreter: a sandbox's PID namespace takes what it started with it.
     group: ProcessGroup,
+    /// Its tree's memory and processes, where the machine lets the engine bound them.
+    cgroup: Option<Cgroup>,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
@@ -217,6 +221,7 @@ impl Interpreter {
     pub fn kill(&mut self) {
         self.group.kill();
         let _ = self.child.start_kill();
+        self.cgroup.take();
     }
 
     /// Why the interpreter stopped answering: how it ended, when it has.

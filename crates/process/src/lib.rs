@@ -39,12 +39,14 @@
 //! # }
 //! ```
 
+mod cgroup;
 mod interpreter;
 mod path;
 mod run;
 mod sandbox;
 
 pub use self::{
+    cgroup::CgroupSupport,
     interpreter::{Cell, Interpreter, InterpreterPool, InterpreterSpec, Lent, Lost, PoolStats},
     path::{check_program, program_path, resolve_command},
     run::{Finished, ProcessGroup, Program, tail},
@@ -64,6 +66,12 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     } else {
         "a non-string panic payload".to_owned()
     }
+}
+
+/// What bounds a sandboxed program's whole tree on this machine: a cgroup of its own (v2 or
+/// v1), or per-process limits only, and why (found once).
+pub fn cgroup_support() -> CgroupSupport {
+    cgroup::Cgroup::availability()
 }
 
 /// Why a program could not be run to its end.

@@ -14,7 +14,7 @@ use tokio::{
     process::Command,
 };
 
-use crate::{Error, Sandbox};
+use crate::{Error, Sandbox, cgroup::Cgroup};
 
 /// What a finished program left.
 #[derive(Debug)]
@@ -150,6 +150,19 @@ impl Program {
     /// ([`SANDBOX_UIDS`](crate::SANDBOX_UIDS)), to whom its directory, and everything in
     /// it, is given here (a walk of the directory: this call blocks for it).
     pub fn command(&self) -> Result<Command, Error> {
+        self.command_in(None)
+    }
+
+    /// A sandboxed program's cgroup (see [`CgroupSupport`](crate::CgroupSupport)), where one
+    /// can be made: hold it as long as the program runs.
+    pub(crate) fn cgroup(&self) -> Option<Cgroup> {
+        (self.sandbox.isolation == crate::Isolation::Bwrap)
+            .then(|| Cgroup::new(&self.sandbox.limits))
+            .flatten()
+    }
+
+    /// [`Program::command`], started in `cgroup` when given.
+    pub(crate) fn command_in(&self, cgroup: Option<&Cgroup>) -> Result<Command, Error> {
         if self.argv.is_empty() {
             return Err(Error::NoProgram);
         }
@@ -166,9 +179,12 @@ impl Program {
                 ),
             })?;
         }
-        let line = self
+        let mut line = self
             .sandbox
             .command_line(&self.argv, self.dir.as_deref(), user);
+        if let Some(cgroup) = cgroup {
+            line.splice(0..0, cgroup.prefix().into_iter().map(Into::into));
+        }
         if line.len() > self.argv.len() && self.sandbox.isolation == crate::Isolation::None {
             // A wrapper (setpriv, prlimit) would start and then fail to run a program that is
             // not there: say so as a program that could not start, as without the wrapper.
@@ -228,7 +244,9 @@ impl Program {
         max_output: usize,
     ) -> Result<Finished, Error> {
         let program = self.name().to_owned();
-        let mut command = self.command()?;
+        // Dropped last, on every way out: its processes killed, then removed.
+        let cgroup = self.cgroup();
+        let mut command = self.command_in(cgroup.as_ref())?;
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -98,11 +98,13 @@ pub enum Isolation {
 
 /// Resource limits of one program and everything it starts (`prlimit`, so per process: a
 /// child gets the same limits again; `tmp_mib` by the size of its private `/tmp`). `0` is no
-/// limit.
+/// limit. Where the engine can make cgroups ([`CgroupSupport`](crate::CgroupSupport)), a
+/// sandboxed program's whole tree also has one of its own, bounded by `memory_mib` in all and
+/// `processes` in all: a tree that forks cannot multiply them.
 ///
 /// | field | default | limit |
 /// |---|---|---|
-/// | `memory_mib` | 4096 | data segment (heap and private writable mappings: what a program allocates) |
+/// | `memory_mib` | 4096 | data segment (heap and private writable mappings: what a program allocates); with a cgroup, also the tree's memory in all (its private `/tmp` included) |
 /// | `cpu_seconds` | 600 | CPU time |
 /// | `processes` | 256 | processes of the program's user: in a sandbox, of the program's whole tree, which runs as a user of its own (see [`Sandbox`]); unsandboxed, of the engine's user, and not enforced when that is root |
 /// | `file_size_mib` | 1024 | size of a file it writes |

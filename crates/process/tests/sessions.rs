@@ -138,9 +138,46 @@ async fn a_dropped_interpreter_leaves_nothing_running() {
     )
     .await;
     until_running(&marker).await;
+    if !matches!(
+        async_grpo_process::cgroup_support(),
+        async_grpo_process::CgroupSupport::Unavailable(_)
+    ) {
+        assert!(!our_cgroups().is_empty(), "the session has a cgroup");
+    }
     drop(python);
     let left = left_with(&marker).await;
     assert!(left.is_empty(), "outlived its session: {left:?}");
+    for _ in 0..100 {
+        if our_cgroups().is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("cgroups outlived their session: {:?}", our_cgroups());
+}
+
+/// The cgroups this test's process made (`async-grpo-<pid>-<n>`), anywhere under
+/// `/sys/fs/cgroup`.
+fn our_cgroups() -> Vec<std::path::PathBuf> {
+    let prefix = format!("async-grpo-{}-", std::process::id());
+    let mut found = Vec::new();
+    let mut pending = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                found.push(entry.path());
+            } else if depth < 4 {
+                pending.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
 }
 
 #[tokio::test]
@@ -243,4 +280,52 @@ async fn the_pool_keeps_interpreters_warm_within_its_bound_and_kills_them_when_d
     drop(pool);
     let left = left_with(&marker).await;
     assert!(left.is_empty(), "outlived their pool: {left:?}");
+}
+
+#[tokio::test]
+async fn a_balloon_spread_over_processes_is_bounded_by_the_session_s_cgroup_where_there_is_one() {
+    // Each process may have 300 MiB; four children of 150 MiB each hold 600 MiB together.
+    let limits = Limits {
+        memory_mib: 300,
+        processes: 16,
+        ..Limits::default()
+    };
+    let mut python = InterpreterSpec::new("python3", sandbox().limits(limits))
+        .start()
+        .await
+        .expect("an interpreter starts");
+    let code = "import os, time, signal\n\
+                children = []\n\
+                for _ in range(4):\n\
+                \x20   pid = os.fork()\n\
+                \x20   if pid == 0:\n\
+                \x20       hog = b'x' * (150 * 1024 * 1024)\n\
+                \x20       time.sleep(2)\n\
+                \x20       os._exit(0)\n\
+                \x20   children.append(pid)\n\
+                killed = 0\n\
+                for pid in children:\n\
+                \x20   _, status = os.waitpid(pid, 0)\n\
+                \x20   killed += os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL\n\
+                print(4 - killed, killed)";
+    let output = cell(&mut python, code).await;
+    let counts: Vec<u32> = output
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let &[survived, killed] = &counts[..] else {
+        panic!("two counts: {output}");
+    };
+    match async_grpo_process::cgroup_support() {
+        async_grpo_process::CgroupSupport::Unavailable(why) => {
+            // The documented fallback: per-process limits, which this balloon stays within.
+            eprintln!("no cgroup here ({why}): limits stay per process");
+            assert_eq!((survived, killed), (4, 0), "{output}");
+        }
+        support => assert!(
+            killed >= 2,
+            "{support:?}: the session held {survived} x 150 MiB past its 300 MiB"
+        ),
+    }
+    assert_eq!(cell(&mut python, "'alive'").await, "'alive'");
 }
