@@ -259,7 +259,9 @@ impl ProgramConfig {
                 format!("expected a finite number, got {}", self.weight),
             ));
         }
-        Ok(())
+        self.keys
+            .check()
+            .map_err(|(key, problem)| SettingError::at(key, problem))
     }
 
     /// The agent, run against `proxy`, its programs in `sandbox` as the table changes it

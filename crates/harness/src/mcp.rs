@@ -299,7 +299,9 @@ impl McpEnvironment {
                     .to_owned(),
             );
         }
-        Ok(())
+        self.keys
+            .check()
+            .map_err(|(key, problem)| SettingError::at(key, problem))
     }
 
     /// The server: the command, else the URL (empty when neither is given: see

@@ -177,7 +177,8 @@ impl Limits {
     }
 }
 
-/// The `sandbox`, `network`, `limits` and `home` keys of a settings table that starts
+/// The `sandbox`, `network`, `limits`, `home`, `read_only` and `writable` keys of a settings
+/// table that starts
 /// programs (a tool, an agent, an MCP server, a reward program), declared once and flattened
 /// into each (`#[serde(flatten)]`): each key given changes the sandbox a run starts from, each
 /// left out keeps it.
@@ -187,6 +188,8 @@ impl Limits {
 /// network = false                   # true: the host's network
 /// limits = { memory_mib = 8192 }    # Limits; its unset fields keep their defaults
 /// home = [".cache/uv"]              # what of $HOME the programs see besides what PATH needs
+/// read_only = ["/data/corpus"]      # what else of the host they see
+/// writable = ["/scratch/shared"]    # what of the host they may write
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct SandboxKeys {
@@ -203,12 +206,25 @@ pub struct SandboxKeys {
     /// [`Sandbox`] shows of it by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<Vec<PathBuf>>,
+    /// Absolute paths outside `$HOME` the programs see, read-only (a corpus, a model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<Vec<PathBuf>>,
+    /// Absolute paths the programs may write (their user must be allowed to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writable: Option<Vec<PathBuf>>,
 }
 
 impl SandboxKeys {
     /// The keys, as a table writes them: what a struct that flattens these keys reads besides
     /// its own (for a list of a table's keys).
-    pub const KEYS: [&'static str; 4] = ["sandbox", "network", "limits", "home"];
+    pub const KEYS: [&'static str; 6] = [
+        "sandbox",
+        "network",
+        "limits",
+        "home",
+        "read_only",
+        "writable",
+    ];
 
     /// Whether any key is given.
     pub fn is_set(&self) -> bool {
@@ -216,6 +232,24 @@ impl SandboxKeys {
             || self.network.is_some()
             || self.limits.is_some()
             || self.home.is_some()
+            || self.read_only.is_some()
+            || self.writable.is_some()
+    }
+
+    /// What is wrong with the keys' values: a path of `read_only` or `writable` that is not
+    /// absolute, or that does not exist; the key and the problem.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        for (key, paths) in [("read_only", &self.read_only), ("writable", &self.writable)] {
+            for path in paths.iter().flatten() {
+                if !path.is_absolute() {
+                    return Err((key, format!("'{}' is not an absolute path", path.display())));
+                }
+                if !path.exists() {
+                    return Err((key, format!("'{}' does not exist", path.display())));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `base` as the keys change it: each key given replaces its value, each left out keeps
@@ -233,12 +267,18 @@ impl SandboxKeys {
         if let Some(home) = &self.home {
             base.home.clone_from(home);
         }
+        if let Some(read_only) = &self.read_only {
+            base.read_only.clone_from(read_only);
+        }
+        if let Some(writable) = &self.writable {
+            base.writable.clone_from(writable);
+        }
         base
     }
 
     /// The sandbox of a program the user wrote (an MCP server, a reward program), which runs
     /// with the engine's permissions unless `sandbox = "bwrap"`: then in `base` (the run's
-    /// sandbox, its files hidden). `network`, `limits` and `home` apply either way.
+    /// sandbox, its files hidden). The other keys apply either way.
     pub fn opt_in(&self, base: &Sandbox) -> Sandbox {
         let start = match self.sandbox {
             Some(Isolation::Bwrap) => base.clone(),
@@ -263,9 +303,13 @@ impl SandboxKeys {
 ///   bits grant it nothing of the host's (`/etc/shadow`, root's files) and `limits.processes`
 ///   binds its whole tree; otherwise, in a user namespace, as the engine's user;
 /// - no capabilities, a new session (no terminal to write into);
-/// - the file system read-only; a private, empty `/tmp` of at most `limits.tmp_mib` (and
-///   `/var/tmp`, `/dev/shm`, and `/run` when there is no network); the program's own
-///   directory writable;
+/// - of the file system, an allow-list: the system's runtime read-only (`/usr` and the links
+///   into it, and of `/etc` only what the C library, TLS, locales and interpreters read:
+///   `passwd`, `hosts`, `ld.so.*`, `ssl`, `python3*`...); outside `$HOME`, the folder of each file its command line names by an
+///   absolute path and each `PATH` entry (the folder above, for a `bin`), and what
+///   [`Sandbox::see`] and [`Sandbox::write`] add; a private, empty `/tmp` of at most
+///   `limits.tmp_mib` (and `/var/tmp`, `/dev/shm`, and `/run` when there is no network); the
+///   program's own directory writable; nothing else of the host;
 /// - of `$HOME`, nothing but the top directories under it of `PATH`'s entries (`~/.cargo`,
 ///   `~/.pyenv`), those of the files its command line names by absolute path (a venv's
 ///   Python, a script), and what [`Sandbox::see_in_home`] adds: an allow-list, read-only.
@@ -290,6 +334,8 @@ pub struct Sandbox {
     pub limits: Limits,
     hidden: Vec<PathBuf>,
     home: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+    writable: Vec<PathBuf>,
 }
 
 impl Default for Sandbox {
@@ -300,6 +346,8 @@ impl Default for Sandbox {
             limits: Limits::default(),
             hidden: Vec::new(),
             home: Vec::new(),
+            read_only: Vec::new(),
+            writable: Vec::new(),
         }
     }
 }
@@ -315,6 +363,8 @@ impl Sandbox {
             limits: Limits::none(),
             hidden: Vec::new(),
             home: Vec::new(),
+            read_only: Vec::new(),
+            writable: Vec::new(),
         }
     }
 
@@ -352,6 +402,29 @@ impl Sandbox {
     pub fn see_in_home(mut self, path: impl Into<PathBuf>) -> Sandbox {
         self.home.push(path.into());
         self
+    }
+
+    /// Lets the program see `path` (absolute), read-only: outside `$HOME` it sees nothing
+    /// but the system's runtime, its own directory and what its command line and `PATH`
+    /// name.
+    pub fn see(mut self, path: impl Into<PathBuf>) -> Sandbox {
+        self.read_only.push(path.into());
+        self
+    }
+
+    /// Lets the program write `path` (absolute), which its user must be allowed to write
+    /// (when the engine is root, a uid of [`SANDBOX_UIDS`]: a folder writable by all, say).
+    pub fn write(mut self, path: impl Into<PathBuf>) -> Sandbox {
+        self.writable.push(path.into());
+        self
+    }
+
+    /// The paths [`Sandbox::see`] and [`Sandbox::write`] added, and whether each is writable.
+    pub fn shown(&self) -> impl Iterator<Item = (&Path, bool)> {
+        self.read_only
+            .iter()
+            .map(|path| (path.as_path(), false))
+            .chain(self.writable.iter().map(|path| (path.as_path(), true)))
     }
 
     /// The paths [`Sandbox::see_in_home`] added.
@@ -453,15 +526,26 @@ impl Sandbox {
                 &"CAP_SETPCAP",
             ]);
         }
-        push(&[
-            &"--ro-bind",
-            &"/",
-            &"/",
-            &"--dev",
-            &"/dev",
-            &"--proc",
-            &"/proc",
-        ]);
+        // The folders bubblewrap makes on the way to a mount point are root's alone when it
+        // runs privileged: made here first, traversable by any user.
+        let mut made = BTreeSet::new();
+        // The system's runtime, read-only: nothing else of the host unless named below.
+        push(&[&"--perms", &"0755", &"--dir", &"/etc"]);
+        for (kind, source, target) in system_view() {
+            push(&[&kind, &source, &target]);
+        }
+        push(&[&"--dev", &"/dev", &"--proc", &"/proc"]);
+        let outside = self.shown_outside_home(argv);
+        // Where a hidden path must be covered: inside what the program is shown.
+        let mut visible: Vec<PathBuf> = SYSTEM.iter().chain(&["/etc"]).map(PathBuf::from).collect();
+        visible.extend(outside.iter().map(|(path, _)| path.clone()));
+        for (path, writable) in outside {
+            for dir in parents_to_make(&mut made, Path::new("/"), &path) {
+                push(&[&"--perms", &"0755", &"--dir", &dir]);
+            }
+            let bind = if writable { "--bind" } else { "--ro-bind" };
+            push(&[&bind, &path, &path]);
+        }
         // Private, in memory, writable by every user (sticky): at most `tmp_mib` each.
         let size = self.limits.tmp_mib.saturating_mul(1024 * 1024).to_string();
         let mut private = vec![PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
@@ -472,6 +556,9 @@ impl Sandbox {
             }
         }
         for tmp in &private {
+            for dir in parents_to_make(&mut made, Path::new("/"), tmp) {
+                push(&[&"--perms", &"0755", &"--dir", &dir]);
+            }
             push(&[&"--perms", &"1777"]);
             if self.limits.tmp_mib > 0 {
                 push(&[&"--size", &size]);
@@ -481,7 +568,6 @@ impl Sandbox {
         // A program or script named by its path in a private directory (a config's directory
         // under /tmp) is seen, read-only, with what lies beside it; what is hidden below is
         // hidden there too.
-        let mut made = BTreeSet::new();
         for arg in argv.iter().map(Path::new) {
             if let Some(root) = private.iter().find(|p| arg.starts_with(p))
                 && arg.is_absolute()
@@ -492,6 +578,7 @@ impl Sandbox {
                     push(&[&"--perms", &"0755", &"--dir", &dir]);
                 }
                 push(&[&"--ro-bind", &parent, &parent]);
+                visible.push(parent.to_path_buf());
             }
         }
         let home = std::env::var_os("HOME")
@@ -500,6 +587,9 @@ impl Sandbox {
         let mut shown = Vec::new();
         if let Some(home) = &home {
             // Nothing of $HOME but what is allowed, read-only, traversable by any user.
+            for dir in parents_to_make(&mut made, Path::new("/"), home) {
+                push(&[&"--perms", &"0755", &"--dir", &dir]);
+            }
             push(&[&"--perms", &"0755", &"--tmpfs", home]);
             shown = self.shown_of_home(home, argv);
             for seen in &shown {
@@ -510,11 +600,10 @@ impl Sandbox {
             }
         }
         // Credentials inside what is shown of $HOME stay hidden; so do the engine's paths
-        // (what lies in the rest of $HOME is not there to hide).
-        let unseen = |path: &PathBuf| {
-            home.as_ref().is_some_and(|home| path.starts_with(home))
-                && !shown.iter().any(|seen| path.starts_with(seen))
-        };
+        // inside what is shown (what is not shown is not there to hide).
+        visible.extend(shown.iter().cloned());
+        visible.extend(dir.map(Path::to_path_buf));
+        let unseen = |path: &PathBuf| !visible.iter().any(|seen| path.starts_with(seen));
         let secrets = home
             .iter()
             .flat_map(|home| HOME_SECRETS.iter().map(move |name| home.join(name)));
@@ -529,7 +618,12 @@ impl Sandbox {
             }
         }
         match dir {
-            Some(dir) => push(&[&"--bind", &dir, &dir, &"--chdir", &dir]),
+            Some(dir) => {
+                for parent in parents_to_make(&mut made, Path::new("/"), dir) {
+                    push(&[&"--perms", &"0755", &"--dir", &parent]);
+                }
+                push(&[&"--bind", &dir, &dir, &"--chdir", &dir]);
+            }
             None => push(&[&"--chdir", &"/tmp"]),
         }
         // Last: the mount points above are made in it first.
@@ -537,6 +631,57 @@ impl Sandbox {
             push(&[&"--remount-ro", home]);
         }
         options
+    }
+
+    /// What the program sees outside `$HOME` and the system's runtime, and whether it may
+    /// write there: the folder of each file its command line names by an absolute path (its
+    /// prefix when that folder is a `bin`: a venv, a Node install), each `PATH` entry (the
+    /// same way), and what [`Sandbox::see`] and [`Sandbox::write`] added; those that exist,
+    /// each once, a path inside another shown one left out.
+    fn shown_outside_home(&self, argv: &[String]) -> Vec<(PathBuf, bool)> {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let elsewhere = |path: &Path| {
+            path.is_absolute()
+                && !home.as_ref().is_some_and(|home| path.starts_with(home))
+                && !SYSTEM.iter().any(|system| path.starts_with(system))
+                && !["/tmp", "/var/tmp", "/dev", "/proc", "/run"]
+                    .iter()
+                    .any(|private| path.starts_with(private))
+        };
+        let prefix = |folder: &Path| -> PathBuf {
+            match (folder.file_name(), folder.parent()) {
+                (Some(name), Some(parent)) if name == "bin" && parent != Path::new("/") => {
+                    parent.to_path_buf()
+                }
+                _ => folder.to_path_buf(),
+            }
+        };
+        let path_var = std::env::var_os("PATH").unwrap_or_default();
+        let files = argv
+            .iter()
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute() && path.is_file())
+            .filter_map(|path| path.parent().map(Path::to_path_buf));
+        let mut shown: BTreeMap<PathBuf, bool> = std::env::split_paths(&path_var)
+            .chain(files)
+            .filter(|path| elsewhere(path) && path.is_dir())
+            .map(|path| (prefix(&path), false))
+            .collect();
+        shown.extend(self.read_only.iter().map(|path| (path.clone(), false)));
+        shown.extend(self.writable.iter().map(|path| (path.clone(), true)));
+        let shown: Vec<(PathBuf, bool)> = shown
+            .into_iter()
+            .filter(|(path, _)| path.is_absolute() && path.exists())
+            .collect();
+        shown
+            .iter()
+            .filter(|(path, writable)| {
+                !shown.iter().any(|(other, other_writable)| {
+                    other != path && path.starts_with(other) && (other_writable >= writable)
+                })
+            })
+            .cloned()
+            .collect()
     }
 
     /// What the program sees of `home`: the top directory under it of each `PATH` entry
@@ -599,6 +744,84 @@ impl Sandbox {
         }
         Some(env.into_iter().collect())
     }
+}
+
+/// The system's runtime, shown read-only to every sandboxed program: `/usr` and the folders
+/// that are links into it (or folders of their own) on a system whose `/usr` is not merged.
+const SYSTEM: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// What a sandboxed program sees of `/etc`: what the C library, the dynamic linker, TLS,
+/// locales and the interpreters read; not the host's users' secrets, package managers'
+/// credentials (`pip.conf`, `npmrc`), `gitconfig`, `ssh`, `machine-id`, nor anything else.
+const ETC: &[&str] = &[
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "fonts",
+    "gai.conf",
+    "group",
+    "host.conf",
+    "hostname",
+    "hosts",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "passwd",
+    "pki",
+    "protocols",
+    "resolv.conf",
+    "services",
+    "shells",
+    "ssl",
+    "terminfo",
+    "timezone",
+];
+
+/// The mounts of the system's runtime: (`--ro-bind` or `--symlink`, source, target) for each
+/// of [`SYSTEM`] and [`ETC`] (and `/etc/python3*`) that exists. A link in `/etc` is shown as
+/// what it points to (`resolv.conf` into `/run`, which the sandbox does not show).
+fn system_view() -> Vec<(&'static str, PathBuf, PathBuf)> {
+    let mut view = Vec::new();
+    for path in SYSTEM.iter().map(PathBuf::from) {
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(&path) {
+                    view.push(("--symlink", target, path));
+                }
+            }
+            Ok(meta) if meta.is_dir() => view.push(("--ro-bind", path.clone(), path)),
+            _ => {}
+        }
+    }
+    let etc = Path::new("/etc");
+    let pythons = std::fs::read_dir(etc)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("python3"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let names = ETC.iter().map(|name| (*name).to_owned()).chain(pythons);
+    for name in names {
+        let target = etc.join(&name);
+        if let Ok(source) = std::fs::canonicalize(&target) {
+            view.push(("--ro-bind", source, target));
+        }
+    }
+    view
 }
 
 /// The folders strictly between `outer` and `inner` (inside it), outermost first, that
@@ -875,8 +1098,7 @@ mod tests {
 
     #[test]
     fn the_keys_listed_are_the_keys_read() {
-        let all =
-            serde_json::json!({"sandbox": "bwrap", "network": false, "limits": {}, "home": []});
+        let all = serde_json::json!({"sandbox": "bwrap", "network": false, "limits": {}, "home": [], "read_only": [], "writable": []});
         let read = keys(all.clone());
         assert!(read.is_set());
         let written = serde_json::to_value(read).expect("the keys write");

@@ -137,7 +137,8 @@ async fn the_file_system_is_read_only_but_for_the_programs_own_directory() {
     let own = Scratch::new("own");
     let outside = host.0.join("written");
     let script = format!(
-        "echo x > {outside}; echo x > /tmp/private-{pid}; echo ok > {own}/mine; pwd",
+        "echo x > {outside}; echo x > /usr/written-{pid}; echo x > /tmp/private-{pid}; \
+         echo ok > {own}/mine; pwd",
         outside = outside.display(),
         pid = std::process::id(),
         own = own.0.display()
@@ -159,8 +160,90 @@ async fn the_file_system_is_read_only_but_for_the_programs_own_directory() {
     );
     assert_eq!(finished.stdout.trim(), own.0.display().to_string());
     assert!(
-        finished.stderr.contains("Read-only file system"),
-        "{finished:?}"
+        !Path::new(&format!("/usr/written-{}", std::process::id())).exists(),
+        "wrote into the system"
+    );
+    assert!(
+        finished.stderr.contains("Read-only file system")
+            && finished.stderr.contains("Directory nonexistent"),
+        "the system is read-only, the rest of the host absent: {finished:?}"
+    );
+}
+
+/// What `find` lists at depth `depth` under `root` in the default sandbox, run in `own`.
+async fn listed(root: &str, depth: usize, own: &Path) -> Vec<String> {
+    let script = format!("find {root} -mindepth 1 -maxdepth {depth} 2>/dev/null | sort");
+    let finished = Program::new(["sh", "-c", &script])
+        .dir(own)
+        .sandbox(sandbox())
+        .run(Vec::new(), TIMEOUT, 1 << 20)
+        .await
+        .expect("runs");
+    finished.stdout.lines().map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn a_sandboxed_program_sees_the_system_s_runtime_its_own_directory_and_nothing_else() {
+    let own = Scratch::new("sees");
+    let top: Vec<String> = listed("/", 1, &own.0).await;
+    // The checkout, the other top folders of the host (/work, /opt, /srv, /mnt, /home...)
+    // are not there: only the runtime, the private folders and the ways to the own
+    // directory and $HOME.
+    let home = std::env::var("HOME").unwrap_or_default();
+    let on_the_way = |path: &str| {
+        own.0.starts_with(path) || (!home.is_empty() && Path::new(&home).starts_with(path))
+    };
+    let expected = [
+        "/bin", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+        "/tmp", "/usr", "/var",
+    ];
+    for path in &top {
+        assert!(
+            expected.contains(&path.as_str()) || on_the_way(path),
+            "{path} is visible: {top:?}"
+        );
+    }
+    let etc: Vec<String> = listed("/etc", 1, &own.0).await;
+    for secret in [
+        "/etc/shadow",
+        "/etc/pip.conf",
+        "/etc/npmrc",
+        "/etc/gitconfig",
+        "/etc/ssh",
+    ] {
+        assert!(
+            !etc.iter().any(|path| path == secret),
+            "{secret} in {etc:?}"
+        );
+    }
+    assert!(etc.iter().any(|path| path == "/etc/passwd"), "{etc:?}");
+    // The checkout this test runs from: its manifest is not there.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let cat = sh(&format!("cat {}", manifest.display()), sandbox()).await;
+    assert!(!cat.status.success() && cat.stdout.is_empty(), "{cat:?}");
+    // What a setting names is seen, read-only or writable.
+    let data = Scratch::new("data");
+    std::fs::write(data.0.join("corpus.txt"), "shared").expect("written");
+    let scratch = Scratch::new("writable");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+    }
+    let script = format!(
+        "cat {data}/corpus.txt; echo x > {data}/new; echo kept > {scratch}/out",
+        data = data.0.display(),
+        scratch = scratch.0.display()
+    );
+    let named = sh(&script, sandbox().see(&data.0).write(&scratch.0)).await;
+    assert_eq!(named.stdout, "shared", "{named:?}");
+    assert!(named.stderr.contains("Read-only file system"), "{named:?}");
+    assert_eq!(
+        std::fs::read_to_string(scratch.0.join("out"))
+            .ok()
+            .as_deref(),
+        Some("kept\n")
     );
 }
 
@@ -313,7 +396,12 @@ async fn a_script_named_in_a_private_directory_is_seen_with_its_neighbours_but_n
 
 #[tokio::test]
 async fn a_program_runs_as_a_user_of_its_own_and_root_only_files_stay_closed() {
-    let finished = sh("id -u; id -g; id -G; cat /etc/shadow", sandbox()).await;
+    // Not shown by default: shown on purpose, its owner bits still keep it closed.
+    let finished = sh(
+        "id -u; id -g; id -G; cat /etc/shadow",
+        sandbox().see("/etc/shadow"),
+    )
+    .await;
     let mut ids = finished.stdout.lines();
     let (uid, gid, groups) = (ids.next(), ids.next(), ids.next());
     assert!(!finished.stdout.contains("root:"), "{finished:?}");

@@ -234,6 +234,9 @@ impl CommandSettings {
         };
         // The user's own program runs unsandboxed unless the table asks; sandboxed, it
         // starts from the run's sandbox (its files hidden).
+        if let Err((key, problem)) = self.keys.check() {
+            bail!("`{key}`: {problem}");
+        }
         let sandbox = self.keys.opt_in(at.sandbox);
         sandbox.check().map_err(|e| error!("{e}"))?;
         Ok(builtin::command_in(

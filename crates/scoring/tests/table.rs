@@ -55,7 +55,8 @@ fn a_key_of_another_kind_is_refused_with_the_keys_the_kind_takes() {
     // The sandbox keys are flattened into `command`'s settings, and listed with its own.
     refused(
         json!({"kind": "command", "program": ["./score.py"], "url": "http://x"}),
-        "`url` is not a field of kind \"command\" (it takes program, sandbox, network, limits, home)",
+        "`url` is not a field of kind \"command\" (it takes program, sandbox, network, limits, home, read_only, \
+         writable)",
     );
 }
 

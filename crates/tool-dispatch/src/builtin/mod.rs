@@ -4,6 +4,7 @@
 //! |---|---|---|---|
 //! | `calculator` | sync, in-process | `{"expression": "17 * 23"}` | the value (`391`) |
 //! | `python` | async, `python3 -I -` in a sandboxed subprocess | `{"code": "..."}` | stdout, then stderr and the exit code if any |
+//! | `python`, `session = "rollout"` | async, one sandboxed interpreter per rollout ([`crate::RolloutTool`]) | `{"code": "..."}` | stdout and stderr as written, the last expression's value, a traceback |
 //! | `command` | async, any program, sandboxed | the JSON arguments on its stdin | its stdout (a non-zero exit is an error) |
 //! | `http` (feature `http`) | async | POSTed as JSON to `url` | the response body (a non-2xx is an error) |
 //!
@@ -285,6 +286,12 @@ impl ToolConfig {
     /// [`ToolConfig::build_in`] for a run of at most `rollouts` rollouts in flight: a
     /// session-backed tool never has more interpreters than that, warm ones included.
     pub fn build_for(&self, base: &Sandbox, rollouts: usize) -> Result<Tool, SettingError> {
+        if let ToolKind::Command(CommandSettings { keys, .. })
+        | ToolKind::Python(PythonSettings { keys, .. }) = &self.kind
+            && let Err((key, problem)) = keys.check()
+        {
+            return Err(self.error(format!("`{key}`: {problem}")));
+        }
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(self.error("timeout must be longer than 0s: no call could finish"));
@@ -536,11 +543,11 @@ mod tests {
         for (kind, table) in [
             (
                 "command",
-                json!({"command": ["./a"], "max_output_bytes": 1, "sandbox": "none", "network": true, "limits": {"processes": 2}, "home": [".cache/uv"]}),
+                json!({"command": ["./a"], "max_output_bytes": 1, "sandbox": "none", "network": true, "limits": {"processes": 2}, "home": [".cache/uv"], "read_only": ["/data"], "writable": ["/scratch"]}),
             ),
             (
                 "python",
-                json!({"interpreter": "python3.11", "max_output_bytes": 1, "sandbox": "bwrap", "network": false, "limits": {"processes": 2}, "home": []}),
+                json!({"interpreter": "python3.11", "max_output_bytes": 1, "session": "rollout", "warm": 2, "sandbox": "bwrap", "network": false, "limits": {"processes": 2}, "home": [], "read_only": [], "writable": []}),
             ),
             ("http", json!({"url": "http://x", "max_output_bytes": 1})),
             ("calculator", json!({})),
