@@ -37,6 +37,7 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
         ("async-grpo-harness", "sessions", ""),
         ("async-grpo-harness", "proxy", ""),
         ("async-grpo-process", "spawn", ""),
+        ("async-grpo-process", "sessions", ""),
     ];
     for (package, bench, features) in benches {
         if bench == "turns" {
