@@ -722,3 +722,114 @@ fn an_https_server_works_with_a_certificate_the_run_is_told_to_trust() {
         untrusted.stderr
     );
 }
+
+/// A run of two rollouts whose `python` session (`session = "rollout"`) starts a `sleep` and
+/// waits: every process it starts is marked `marker`. Returns the running engine once both
+/// sessions' `sleep`s run.
+fn engine_holding_two_sessions(case: &Case, marker: &str) -> std::process::Child {
+    case.write_dataset(1);
+    case.write_config(&format!(
+        "num_generations = 2\nmax_inflight = 2\nretries = 0\n\n\
+         [[tools]]\nname = \"python\"\nkind = \"python\"\nsession = \"rollout\"\ntimeout = \"60s\"\n\n\
+         [simulator]\ntool_rounds = 1\nanswer_tokens = 4\n\
+         tool_arguments = {{ code = \"import subprocess, time\\nsubprocess.Popen(['sleep', '4246'])\\ntime.sleep(60)\" }}\n"
+    ));
+    let mut child = case
+        .command(&[])
+        .env(MARKER, marker)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the binary starts");
+    let is_sleep = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| line.starts_with(b"sleep\0"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while marked_processes(marker)
+        .iter()
+        .filter(|pid| is_sleep(pid))
+        .count()
+        < 2
+    {
+        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+            let _ = child.kill();
+            kill_all(&marked_processes(marker));
+            panic!("the two sessions' processes did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// The cgroups an engine of pid `engine` made (`async-grpo-<pid>-<n>`), anywhere under
+/// `/sys/fs/cgroup`.
+fn cgroups_of(engine: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("async-grpo-{engine}-");
+    let mut found = Vec::new();
+    let mut pending = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                found.push(entry.path());
+            } else if depth < 4 {
+                pending.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn python_sessions_die_with_an_engine_killed_by_sigkill_and_the_next_run_removes_their_cgroups() {
+    let marker = format!("session-sigkill-{}", std::process::id());
+    let case = Case::new("session-sigkill");
+    let mut child = engine_holding_two_sessions(&case, &marker);
+    let engine = child.id();
+    let had_cgroups = !cgroups_of(engine).is_empty();
+    child.kill().expect("SIGKILL sent");
+    let _ = child.wait();
+    let left = survivors(&marker);
+    kill_all(&left);
+    assert_eq!(left, Vec::<u32>::new(), "sessions outlived the engine");
+    // What a killed engine could not remove, the next one does when it makes its first.
+    let next = Case::new("session-sigkill-next");
+    next.write_dataset(1);
+    next.write_config(
+        "num_generations = 2\n\n[[tools]]\nname = \"python\"\nkind = \"python\"\n\n\
+         [simulator]\ntool_rounds = 1\nanswer_tokens = 4\ntool_arguments = { code = \"print(1)\" }\n",
+    );
+    let outcome = next.rollout(&[]);
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stderr);
+    if had_cgroups {
+        assert_eq!(cgroups_of(engine), Vec::<std::path::PathBuf>::new());
+    }
+}
+
+#[test]
+fn python_sessions_end_with_a_run_stopped_by_ctrl_c() {
+    let marker = format!("session-sigint-{}", std::process::id());
+    let case = Case::new("session-sigint");
+    let mut child = engine_holding_two_sessions(&case, &marker);
+    let engine = child.id();
+    let _ = Command::new("kill")
+        .args(["-INT", &engine.to_string()])
+        .status();
+    let code = exit_within(
+        &mut child,
+        Duration::from_secs(60),
+        "a run stopped by Ctrl-C",
+    );
+    let left = survivors(&marker);
+    kill_all(&left);
+    assert!(code.is_some(), "the run did not stop");
+    assert_eq!(left, Vec::<u32>::new(), "sessions outlived their run");
+    assert_eq!(
+        cgroups_of(engine),
+        Vec::<std::path::PathBuf>::new(),
+        "cgroups outlived their run"
+    );
+}

@@ -39,7 +39,7 @@ use rollout_core::{ExpertDtype, TrainingSample};
 use scoring::{Reward, ScorerConfig};
 use serde_json::Value;
 use tokio::{runtime::Runtime, sync::mpsc, task::JoinHandle};
-use tool_dispatch::{Registry, Tool, ToolSpec};
+use tool_dispatch::{Registry, Tool, ToolSpec, builtin::ToolConfig};
 use vllm_client::Client;
 
 use crate::{
@@ -161,13 +161,17 @@ type AgentFunctionTuple = (String, Py<PyAny>, bool, f64);
 /// weight for it if that was given.
 type RewardTableTuple = (usize, String, Option<f64>);
 
+/// A built-in tool given as a table among `tools=` (a dict with a `kind`): its place among
+/// them, and its settings as JSON (the keys of a `[[tools]]` table).
+type ToolTableTuple = (usize, String);
+
 #[pymethods]
 impl NativeEngine {
     #[new]
     #[pyo3(signature = (
         *, bridge, tokenizer, servers, model, dataset_rows, dataset_path, tools, rewards,
         environment, settings, pool = None, agent_program = None, agent_function = None,
-        reward_tables = Vec::new()
+        reward_tables = Vec::new(), tool_tables = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -186,6 +190,7 @@ impl NativeEngine {
         agent_program: Option<AgentProgramTuple>,
         agent_function: Option<AgentFunctionTuple>,
         reward_tables: Vec<RewardTableTuple>,
+        tool_tables: Vec<ToolTableTuple>,
     ) -> PyResult<NativeEngine> {
         if servers.is_empty() {
             return Err(bad("vllm_server_url", "give at least one server URL"));
@@ -230,13 +235,20 @@ impl NativeEngine {
             pool: pool.as_ref(),
             lane: lane.as_ref(),
         };
-        let registry = tool_registry(&bridge, tools, &places)?;
-        // What an agent's programs (and a sandboxed `command` reward) must not read: the
-        // worker's dataset (its answers) and output.
+        // What an agent's programs, a built-in tool's (and a sandboxed `command` reward) must
+        // not read: the worker's dataset (its answers) and output.
         let sandbox = hidden_dataset
             .into_iter()
             .chain(destination.iter().flat_map(Destination::files))
             .fold(Sandbox::default(), Sandbox::hide);
+        let registry = tool_registry(
+            &bridge,
+            tools,
+            tool_tables,
+            &places,
+            &sandbox,
+            config.max_inflight,
+        )?;
         let callables = reward_functions(&bridge, rewards, &places, settings.reward_timeout)?;
         let mut scored = with_tables(callables, reward_tables, &sandbox, settings.reward_timeout)?;
         data::check_columns(&scanned, &scored).map_err(PyValueError::new_err)?;
@@ -724,23 +736,57 @@ impl Places<'_> {
     }
 }
 
-/// The Python tools as the dispatcher's.
+/// The tools as the dispatcher's, in `tools=`' order: the Python callables, and the tables
+/// (`{"kind": "python", "session": "rollout"}`) at their places among them, each built as
+/// the binary builds a `[[tools]]` table, its programs in `sandbox`, a session-backed one
+/// sized for `rollouts` in flight.
 fn tool_registry(
     bridge: &Arc<Py<PyAny>>,
     tools: Vec<ToolSpecTuple>,
+    tables: Vec<ToolTableTuple>,
     places: &Places<'_>,
+    sandbox: &Sandbox,
+    rollouts: usize,
 ) -> PyResult<Registry> {
-    let mut registry = Registry::new();
+    let mut callables = Vec::with_capacity(tools.len());
     for (name, description, parameters, function, is_async, index) in tools {
         let parameters: Value = serde_json::from_str(&parameters)
             .map_err(|e| bad("tools", format!("{name}: the JSON schema is not JSON: {e}")))?;
         let spec = ToolSpec::new(name.clone(), description).parameters(parameters);
         let function = PyFunction::new(Arc::clone(bridge), function, &name);
-        let tool = if is_async {
+        callables.push(if is_async {
             Tool::from_async(spec, AsyncPyTool(function))
         } else {
             Tool::from_sync(spec, SyncPyTool(function, places.of(&name, index)?))
+        });
+    }
+    let mut built = std::collections::BTreeMap::new();
+    for (index, json) in tables {
+        let place = format!("tools[{index}]");
+        let config: ToolConfig =
+            serde_json::from_str(&json).map_err(|e| bad(&place, e.to_string()))?;
+        let tool = config
+            .build_for(sandbox, rollouts)
+            .map_err(|e| bad(&place, e.to_string()))?;
+        if let Some(program) = config.sandbox_in(sandbox) {
+            program.check().map_err(|e| bad(&place, e.to_string()))?;
+        }
+        built.insert(index, tool);
+    }
+    let mut callables = callables.into_iter();
+    let mut registry = Registry::new();
+    for position in 0..callables.len() + built.len() {
+        let tool = match built.remove(&position) {
+            Some(table) => table,
+            None => match callables.next() {
+                Some(callable) => callable,
+                None => break,
+            },
         };
+        registry.add(tool).map_err(|e| bad("tools", e))?;
+    }
+    // A table placed past the end (not from the Python side): after the rest.
+    for tool in built.into_values().chain(callables) {
         registry.add(tool).map_err(|e| bad("tools", e))?;
     }
     Ok(registry)

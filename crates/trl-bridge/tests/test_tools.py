@@ -258,3 +258,31 @@ def test_a_sync_tool_that_returns_an_awaitable_is_an_error_naming_it(simulator, 
     worker.start()
     [sample, *_] = take(worker, 2)
     assert "'sneaky'" in error_of(sample) and "async def" in error_of(sample)
+
+
+def test_a_session_backed_python_tool_keeps_each_rollouts_state_without_a_sandbox_of_ours(
+    simulator, make_worker
+) -> None:
+    """A table among tools= is the binary's [[tools]]: one sandboxed interpreter per rollout."""
+    code = "n = globals().get('n', 0) + 1\nimport os\nprint('call', n, os.getuid() != 0 or 'root')"
+    sim = simulator(tool_rounds=3, tool_name="python", tool_arguments={"code": code})
+    worker = make_worker(
+        sim,
+        tools=[{"name": "python", "kind": "python", "session": "rollout", "timeout": "20s"}],
+        dataset=[{"prompt": "What is 6 * 7?"}],
+        num_generations=2,
+        epochs=1,
+        max_turns=5,
+    )
+    worker.start()
+    samples = take(worker, 2, within=60.0)
+    for sample in samples:
+        results = [m["content"] for m in sample.completion if m["role"] == "tool"]
+        # Each rollout counts its own calls: its interpreter kept n, its sibling's is apart.
+        assert results == ["call 1 True", "call 2 True", "call 3 True"], sample.completion
+
+
+def test_a_tool_table_is_refused_at_construction_naming_the_key(simulator, make_worker) -> None:
+    sim = simulator()
+    with pytest.raises(ValueError, match=r"tools\[1\].*`warm` keeps interpreters ready"):
+        make_worker(sim, tools=[sync_function, {"name": "py", "kind": "python", "warm": 2}])

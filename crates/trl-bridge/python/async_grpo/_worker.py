@@ -161,6 +161,11 @@ class RolloutWorker:
     and meanings, plus the engine's own (from ``estimator`` on). A wrong argument raises
     ``TypeError`` or ``ValueError`` naming it here, at construction.
 
+    ``tools`` holds Python callables (sync or ``async def``) and built-in tools given as
+    tables, the keys of the binary's ``[[tools]]``: ``{"name": "python", "kind": "python",
+    "session": "rollout"}`` is a sandboxed Python interpreter per rollout whose variables,
+    imports and files persist from call to call, killed when the rollout ends.
+
     ``environment`` is an object of OpenEnv's session-factory shape (see
     ``async_grpo._environment``): each rollout gets a session of its own, the session's
     tools are the rollout's (instead of ``tools``), a tool result with ``done`` ends the
@@ -329,8 +334,21 @@ class RolloutWorker:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"reward_funcs: two reward functions are named {duplicates[0]!r}; give one a name attribute")
-        entries = [tool_entry(item, i) for i, item in enumerate(tools or [])]
-        tool_names = [t.name for t in entries]
+        # A table ({"kind": "python", "session": "rollout"}) is a built-in tool the engine
+        # builds, as the binary builds its [[tools]]; anything else a Python callable.
+        entries = []
+        tool_tables: list[tuple[int, str]] = []
+        table_names: list[str] = []
+        for i, item in enumerate(tools or []):
+            if isinstance(item, Mapping) and "kind" in item:
+                try:
+                    tool_tables.append((i, json.dumps(dict(item))))
+                except (TypeError, ValueError) as error:
+                    raise TypeError(f"tools[{i}]: a tool table must be JSON: {error}") from None
+                table_names.append(str(item.get("name")))
+            else:
+                entries.append(tool_entry(item, i))
+        tool_names = [t.name for t in entries] + table_names
         if len(set(tool_names)) != len(tool_names):
             raise ValueError(f"tools: two tools share a name: {tool_names}")
         num_generations = _positive_int("num_generations", num_generations)
@@ -402,6 +420,7 @@ class RolloutWorker:
         self.max_staleness = max_staleness
         self.reward_func_names = names
         self.tools = entries
+        self._tool_tables = tool_tables
         self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue[dict[str, MetricValue]] = queue.Queue(maxsize=4096)
         self._drain_timeout = float(drain_timeout)
@@ -507,6 +526,7 @@ class RolloutWorker:
             agent_program=agent_program,
             agent_function=agent_function,
             reward_tables=reward_tables,
+            tool_tables=tool_tables,
         )
         self.reward_func_names = list(self._engine.reward_names)
         self._model_version = 0
@@ -670,7 +690,7 @@ class RolloutWorker:
             for name, value in json.loads(raw["rewards"]).items():
                 metrics[f"rewards/{name}"] = math.nan if value is None else float(value)
             calls = raw["metrics"].get("tool_calls", 0.0)
-            if self.tools:
+            if self.tools or self._tool_tables:
                 metrics["tools/call_frequency"] = calls
                 metrics["tools/failure_frequency"] = raw["metrics"].get("tool_errors", 0.0) / calls if calls else 0.0
             for key, source in (("rollout/turns_mean", "turns"), ("completions/mean_length", "completion_tokens")):
