@@ -728,12 +728,12 @@ fn an_https_server_works_with_a_certificate_the_run_is_told_to_trust() {
 /// sessions' `sleep`s run.
 fn engine_holding_two_sessions(case: &Case, marker: &str) -> std::process::Child {
     case.write_dataset(1);
-    case.write_config(&format!(
+    case.write_config(
         "num_generations = 2\nmax_inflight = 2\nretries = 0\n\n\
          [[tools]]\nname = \"python\"\nkind = \"python\"\nsession = \"rollout\"\ntimeout = \"60s\"\n\n\
          [simulator]\ntool_rounds = 1\nanswer_tokens = 4\n\
-         tool_arguments = {{ code = \"import subprocess, time\\nsubprocess.Popen(['sleep', '4246'])\\ntime.sleep(60)\" }}\n"
-    ));
+         tool_arguments = { code = \"import subprocess, time\\nsubprocess.Popen(['sleep', '4246'])\\ntime.sleep(60)\" }\n",
+    );
     let mut child = case
         .command(&[])
         .env(MARKER, marker)
