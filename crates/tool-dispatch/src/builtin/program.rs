@@ -8,13 +8,16 @@
 //! runtime shutting down). Waiting for a program is not work for a thread: both tools are
 //! async, and no pool thread is held.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use process::{Finished, InterpreterPool, Lent, Program, Sandbox};
 use serde_json::{Value, json};
 
-use crate::tool::{Arguments, AsyncTool, RolloutTool, ToolError};
+use crate::{
+    sync::Arc,
+    tool::{Arguments, AsyncTool, RolloutTool, ToolError},
+};
 
 /// Runs `argv` in `sandbox` with `input` on stdin; kills it after `timeout`. Each of stdout
 /// and stderr keeps its first `max_output` bytes, and says how much more there was.
