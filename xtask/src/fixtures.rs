@@ -12,6 +12,8 @@
 //!   Python MCP SDK in `<cache>/venv-mcp/`;
 //! - for the agents of the proxy's tests, a venv with OpenAI's pinned Python client
 //!   (`openai`) in `<cache>/venv-agents/`;
+//! - for the kernels' tests (the remote Python sessions), a venv with pinned Jupyter Kernel
+//!   Gateway and ipykernel in `<cache>/venv-jupyter/`;
 //! - npm `opencode-ai@1.18.33` (a coding agent, for the agent example and its test) into
 //!   `<cache>/opencode/`, its plugin package into `<cache>/opencode-config/`.
 //!
@@ -38,6 +40,8 @@ pub(crate) const PYTHON_PACKAGES: &[&str] = &["transformers==5.24.0", "jinja2==3
 const MCP_PACKAGES: &[&str] = &["mcp==2.3.0"];
 /// What the agents of the proxy's tests run on: OpenAI's own Python client.
 const AGENT_PACKAGES: &[&str] = &["openai==3.57.0"];
+/// What the kernels' tests run: a Jupyter Kernel Gateway and the Python kernel it starts.
+const JUPYTER_PACKAGES: &[&str] = &["jupyter-kernel-gateway==3.0.1", "ipykernel==7.4.0"];
 /// The coding agent of the agent example and its test (npm; its platform binary comes as an
 /// optional dependency), and the plugin package it would otherwise fetch when it starts.
 const OPENCODE_PACKAGE: &str = "opencode-ai@1.18.33";
@@ -51,6 +55,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
     parity_expected(&cache)?;
     mcp_python()?;
     agent_python()?;
+    jupyter_python()?;
     opencode(&cache)?;
     eprintln!("fixtures: ready in {}", cache.display());
     Ok(())
@@ -253,6 +258,16 @@ pub(crate) fn agent_python() -> anyhow::Result<PathBuf> {
         "venv-agents",
         AGENT_PACKAGES,
         "the agents of the proxy's tests",
+    )
+}
+
+/// The Jupyter venv's python (`<cache>/venv-jupyter`: `jupyter kernelgateway` and the
+/// `python3` kernel), created and filled on first use.
+pub(crate) fn jupyter_python() -> anyhow::Result<PathBuf> {
+    venv_python(
+        "venv-jupyter",
+        JUPYTER_PACKAGES,
+        "the kernels' tests (a Jupyter Kernel Gateway)",
     )
 }
 
