@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     /// For `https://` gateways: rustls with the platform's verifier, for the WebSocket.
     tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) leases: Option<Arc<Leases>>,
+    /// Deletes of dropped kernels in flight.
+    pub(crate) deleting: Arc<InFlight>,
     request_timeout: Duration,
     pub(crate) start_timeout: Duration,
     max_message: usize,
@@ -72,7 +74,7 @@ impl fmt::Debug for Gateway {
         f.debug_struct("Gateway")
             .field("url", &self.shared.shown)
             .field("token", &self.shared.auth.as_ref().map(|_| "…"))
-            .field("leases", &self.shared.leases.as_ref().map(|l| l.path()))
+            .field("leases", &self.shared.leases.as_ref().map(|l| l.dir()))
             .finish_non_exhaustive()
     }
 }
@@ -136,6 +138,7 @@ impl Gateway {
                 http: http_client()?,
                 tls,
                 leases: None,
+                deleting: Arc::default(),
                 request_timeout: REQUEST_TIMEOUT,
                 start_timeout: START_TIMEOUT,
                 max_message: MAX_MESSAGE,
@@ -143,11 +146,12 @@ impl Gateway {
         })
     }
 
-    /// With the lease file `path`: each kernel is recorded there when it starts and removed
-    /// when it is deleted, and [`reap_leases`](Self::reap_leases) deletes those an earlier run
-    /// left. Its folder must exist. One engine per file.
-    pub fn with_leases(mut self, path: impl Into<PathBuf>) -> Gateway {
-        Arc::make_mut(&mut self.shared).leases = Some(Arc::new(Leases::new(path.into())));
+    /// With the lease folder `dir`: each kernel is recorded in this engine's file there when
+    /// it starts and released when it is deleted, and [`reap_leases`](Self::reap_leases)
+    /// deletes those that engines which are gone left. The folder is made if it is missing.
+    /// Engines may share a folder: none reaps a live one's kernels.
+    pub fn with_lease_dir(mut self, dir: impl Into<PathBuf>) -> Gateway {
+        Arc::make_mut(&mut self.shared).leases = Some(Arc::new(Leases::new(dir.into())));
         self
     }
 
@@ -245,41 +249,54 @@ impl Gateway {
         Ok(kernel)
     }
 
-    /// Deletes the kernels the lease file lists that this engine does not hold (those an
-    /// earlier run left, killed before it could delete them) and removes them from the
-    /// file; says how many the gateway still had. Call it before the run starts kernels.
-    /// Without a lease file it deletes nothing.
+    /// Deletes the kernels that engines which are gone (killed before they could delete them)
+    /// left in the lease folder, and their lease files; says how many the gateway still had.
+    /// Call it before the run starts kernels. Without a lease folder it deletes nothing.
     pub async fn reap_leases(&self) -> Result<usize, KernelError> {
         let shared = &self.shared;
         let Some(leases) = &shared.leases else {
             return Ok(0);
         };
-        let left = leases.left()?;
-        let outcomes: Vec<(String, Result<bool, KernelError>)> =
-            futures::stream::iter(left.into_iter().map(|id| async move {
-                let outcome = shared.delete(&shared.http, &id).await;
-                (id, outcome)
-            }))
+        std::fs::create_dir_all(leases.dir()).map_err(|source| KernelError::Leases {
+            path: leases.dir().to_owned(),
+            source,
+        })?;
+        let mut reaped = 0;
+        let mut failure = None;
+        for left in leases.left()? {
+            let outcomes: Vec<(&String, Result<bool, KernelError>)> = futures::stream::iter(
+                left.held
+                    .iter()
+                    .map(|id| async move { (id, shared.delete(&shared.http, id).await) }),
+            )
             .buffer_unordered(REAP_CONCURRENCY)
             .collect()
             .await;
-        let mut reaped = 0;
-        let mut gone = Vec::new();
-        let mut failure = None;
-        for (id, outcome) in outcomes {
-            match outcome {
-                Ok(deleted) => {
-                    reaped += usize::from(deleted);
-                    gone.push(id);
+            let mut still_held = std::collections::BTreeSet::new();
+            for (id, outcome) in outcomes {
+                match outcome {
+                    Ok(deleted) => reaped += usize::from(deleted),
+                    Err(error) => {
+                        still_held.insert(id.clone());
+                        failure = failure.or(Some(error));
+                    }
                 }
-                Err(error) => failure = failure.or(Some(error)),
+            }
+            if let Err(error) = left.finish(&still_held) {
+                failure = failure.or(Some(error));
             }
         }
-        leases.forget(&gone)?;
         match failure {
             Some(error) => Err(error),
             None => Ok(reaped),
         }
+    }
+
+    /// Waits until the kernels dropped without [`Kernel::close`] are deleted (their deletes
+    /// run in the background): call it before the runtime shuts down, bounded by a timeout of
+    /// the caller's, so that the last rollouts' kernels do not outlive the engine.
+    pub async fn settle(&self) {
+        self.shared.deleting.settled().await;
     }
 }
 
@@ -458,6 +475,49 @@ impl Shared {
                 request: request.clone(),
                 timeout: self.request_timeout,
             })?
+    }
+}
+
+/// A count of background work, and a wait for it to be none.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    none: tokio::sync::Notify,
+}
+
+impl InFlight {
+    /// One more, until the guard is dropped.
+    pub(crate) fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(Arc::clone(self))
+    }
+
+    async fn settled(&self) {
+        loop {
+            let none = self.none.notified();
+            tokio::pin!(none);
+            none.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            none.await;
+        }
+    }
+}
+
+/// One piece of background work of an [`InFlight`].
+pub(crate) struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.none.notify_waiters();
+        }
     }
 }
 

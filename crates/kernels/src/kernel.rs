@@ -494,6 +494,7 @@ impl Drop for Owned {
         let shared = Arc::clone(&self.shared);
         let id = std::mem::take(&mut self.id);
         let leased = self.leased;
+        let deleting = self.shared.deleting.enter();
         let warn = |error: KernelError| {
             tracing::warn!("a kernel dropped without being closed could not be deleted: {error}");
         };
@@ -502,6 +503,7 @@ impl Drop for Owned {
                 if let Err(error) = delete(&shared, &shared.http, &id, leased).await {
                     warn(error);
                 }
+                drop(deleting);
             });
             return;
         }
@@ -521,6 +523,7 @@ impl Drop for Owned {
                 if let Err(error) = deleted {
                     warn(error);
                 }
+                drop(deleting);
             });
         if let Err(error) = spawned {
             tracing::warn!("a kernel dropped without being closed could not be deleted: {error}");

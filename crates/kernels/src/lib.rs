@@ -6,9 +6,12 @@
 //! same kernel sees, and nothing of it reaches another kernel's variables (kernels of one Kernel
 //! Gateway share its machine's files; Enterprise Gateway's pods do not). The kernel is deleted
 //! when the rollout ends, by [`Kernel::close`] or, if it was not closed, when it is dropped.
-//! A [lease file](Gateway::with_leases) lists the kernels the engine holds, so that
-//! [`Gateway::reap_leases`] deletes what a run that was killed left; the gateway's idle cull
-//! (`--MappingKernelManager.cull_idle_timeout`) is the last resort for a kernel no lease covers.
+//! A [lease folder](Gateway::with_lease_dir) holds a file per engine listing the kernels it
+//! holds, locked while the engine lives, so that [`Gateway::reap_leases`] deletes what an
+//! engine that was killed left (and never a live engine's); the gateway's idle cull
+//! (`--MappingKernelManager.cull_idle_timeout`) is the last resort for a kernel no lease
+//! covers. Kernels dropped without [`Kernel::close`] are deleted in the background, and
+//! [`Gateway::settle`] waits for those deletes before the engine exits.
 //!
 //! Everything a kernel sends is untrusted: its WebSocket messages are bounded in size, a
 //! malformed message is an error (never a panic), and a cell's output is capped.
@@ -17,7 +20,7 @@
 //! # async fn example() -> Result<(), async_grpo_kernels::KernelError> {
 //! use async_grpo_kernels::Gateway;
 //!
-//! let gateway = Gateway::new("http://127.0.0.1:8888", None)?.with_leases("kernels.leases");
+//! let gateway = Gateway::new("http://127.0.0.1:8888", None)?.with_lease_dir("kernel-leases");
 //! let left = gateway.reap_leases().await?;
 //! println!("deleted {left} kernels an earlier run left");
 //! let mut kernel = gateway.start(None).await?;

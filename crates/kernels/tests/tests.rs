@@ -3,171 +3,21 @@
 //! port, with a token, and stops it when it ends. Without the venv, each test fails saying to
 //! run `cargo xtask fixtures`.
 
-use std::{
-    io::Write,
-    path::{Path, PathBuf},
-    process::Stdio,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use async_grpo_kernels::{Gateway, Kernel, KernelError};
-use test_support::{ScratchDir, cache_dir, within};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use test_support::{
+    ScratchDir,
+    jupyter::{JupyterGateway, TOKEN},
+    within,
+};
 
-const TOKEN: &str = "test-token-3f9c";
 /// The longest a test waits for one thing.
 const PATIENCE: Duration = Duration::from_secs(60);
-/// The environment variables of the child engine of `hold_kernels`.
-const HOLD_URL: &str = "KERNELS_TEST_HOLD_URL";
-const HOLD_LEASES: &str = "KERNELS_TEST_HOLD_LEASES";
-const HOLD_COUNT: &str = "KERNELS_TEST_HOLD_COUNT";
 
-/// A `jupyter kernelgateway` of the test's own, stopped when dropped.
-struct GatewayProcess {
-    child: std::process::Child,
-    url: String,
-    dir: ScratchDir,
-}
-
-impl GatewayProcess {
-    /// A gateway with the extra options `options`.
-    async fn start(name: &str, options: &[&str]) -> GatewayProcess {
-        let jupyter = cache_dir().join("venv-jupyter").join("bin").join("jupyter");
-        assert!(
-            jupyter.is_file(),
-            "{} is missing: run `cargo xtask fixtures` to make the venv with Jupyter Kernel \
-             Gateway (the `fixtures` nextest profile runs these tests)",
-            jupyter.display()
-        );
-        let dir = ScratchDir::new(&format!("kernels-{name}"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
-        let log = std::fs::File::create(dir.join("gateway.log")).expect("the gateway's log");
-        let mut command = std::process::Command::new("timeout");
-        // Bounded even if this test process dies without stopping it.
-        command
-            .args(["--kill-after=5", "600"])
-            .arg(&jupyter)
-            .arg("kernelgateway")
-            .arg("--KernelGatewayApp.ip=127.0.0.1")
-            .arg(format!("--KernelGatewayApp.port={port}"))
-            .arg("--KernelGatewayApp.port_retries=0")
-            .arg(format!("--KernelGatewayApp.auth_token={TOKEN}"))
-            .arg("--JupyterWebsocketPersonality.list_kernels=True");
-        command.args(options);
-        for (variable, sub) in [
-            ("JUPYTER_RUNTIME_DIR", "runtime"),
-            ("JUPYTER_CONFIG_DIR", "config"),
-            ("JUPYTER_DATA_DIR", "data"),
-            ("IPYTHONDIR", "ipython"),
-        ] {
-            command.env(variable, dir.join(sub));
-        }
-        command
-            .current_dir(&*dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("the log, twice"))
-            .stderr(log);
-        let child = command.spawn().expect("`timeout` starts the gateway");
-        let mut gateway = GatewayProcess {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            dir,
-        };
-        gateway.wait_until_up().await;
-        gateway
-    }
-
-    async fn wait_until_up(&mut self) {
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let answer = client
-                .get(format!("{}/api", self.url))
-                .header("Authorization", format!("token {TOKEN}"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await;
-            if answer.is_ok_and(|a| a.status().is_success()) {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "the gateway ended ({status}) before it answered:\n{}",
-                    self.log()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the gateway did not answer within {PATIENCE:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
-    }
-
-    /// The engine's view of this gateway, with its token.
-    fn gateway(&self) -> Gateway {
-        Gateway::new(&self.url, Some(TOKEN.to_owned())).expect("a gateway")
-    }
-
-    /// The kernels the gateway has (`GET /api/kernels`).
-    async fn kernels(&self) -> Vec<String> {
-        let answer = reqwest::Client::new()
-            .get(format!("{}/api/kernels", self.url))
-            .header("Authorization", format!("token {TOKEN}"))
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .expect("GET /api/kernels");
-        assert!(
-            answer.status().is_success(),
-            "GET /api/kernels: {}",
-            answer.status()
-        );
-        let listed: Vec<serde_json::Value> = answer.json().await.expect("a list of kernels");
-        listed
-            .iter()
-            .filter_map(|kernel| kernel["id"].as_str().map(str::to_owned))
-            .collect()
-    }
-
-    /// Waits until the gateway no longer has `id`.
-    async fn wait_until_gone(&self, id: &str, patience: Duration, what: &str) {
-        let deadline = Instant::now() + patience;
-        while self.kernels().await.iter().any(|k| k == id) {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: kernel {id} still there after {patience:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        // SIGTERM: `timeout` passes it on, and the gateway shuts its kernels down.
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The engine's view of `process`, with its token.
+fn gateway_of(process: &JupyterGateway) -> Gateway {
+    Gateway::new(&process.url, Some(TOKEN.to_owned())).expect("a gateway")
 }
 
 async fn start(gateway: &Gateway) -> Kernel {
@@ -185,8 +35,8 @@ async fn run(kernel: &mut Kernel, code: &str, max_output: usize) -> (String, boo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_persists_in_a_kernel_and_kernels_share_none() {
-    let process = GatewayProcess::start("state", &[]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("state", &[]);
+    let gateway = gateway_of(&process);
     let mut a = start(&gateway).await;
     let mut b = start(&gateway).await;
     assert_ne!(a.id(), b.id());
@@ -220,8 +70,8 @@ async fn state_persists_in_a_kernel_and_kernels_share_none() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_comes_in_order_and_is_capped() {
-    let process = GatewayProcess::start("output", &[]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("output", &[]);
+    let gateway = gateway_of(&process);
     let mut kernel = start(&gateway).await;
     let code = "import sys\n\
                 for i in range(3):\n    \
@@ -270,8 +120,8 @@ async fn output_comes_in_order_and_is_capped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_past_the_bound_loses_the_kernel() {
-    let process = GatewayProcess::start("bound", &[]).await;
-    let gateway = process.gateway().with_max_message(1 << 20);
+    let process = JupyterGateway::start("bound", &[]);
+    let gateway = gateway_of(&process).with_max_message(1 << 20);
     let mut kernel = start(&gateway).await;
     let error = within(
         PATIENCE,
@@ -284,13 +134,13 @@ async fn a_message_past_the_bound_loses_the_kernel() {
     assert!(error.to_string().contains("WebSocket failed"), "{error}");
     let id = kernel.id().to_owned();
     kernel.close().await.expect("closed");
-    assert!(!process.kernels().await.contains(&id));
+    assert!(!process.kernels().contains(&id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exception_gives_its_traceback() {
-    let process = GatewayProcess::start("traceback", &[]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("traceback", &[]);
+    let gateway = gateway_of(&process);
     let mut kernel = start(&gateway).await;
     let (output, raised) = run(
         &mut kernel,
@@ -317,30 +167,35 @@ async fn an_exception_gives_its_traceback() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_is_deleted_when_closed_and_when_dropped() {
-    let process = GatewayProcess::start("delete", &[]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("delete", &[]);
+    let gateway = gateway_of(&process);
     let closed = start(&gateway).await;
     let dropped = start(&gateway).await;
     let dropped_off_runtime = start(&gateway).await;
     let ids = [closed.id(), dropped.id(), dropped_off_runtime.id()].map(str::to_owned);
-    let listed = process.kernels().await;
+    let listed = process.kernels();
     assert!(ids.iter().all(|id| listed.contains(id)), "{listed:?}");
 
     closed.close().await.expect("closed");
     assert!(
-        !process.kernels().await.contains(&ids[0]),
+        !process.kernels().contains(&ids[0]),
         "gone as soon as close returns"
     );
+    // A dropped kernel is deleted in the background; `settle` waits for that.
     drop(dropped);
-    process
-        .wait_until_gone(&ids[1], Duration::from_secs(10), "dropped")
-        .await;
+    within(PATIENCE, "settling", gateway.settle()).await;
+    assert!(
+        !process.kernels().contains(&ids[1]),
+        "gone once settled after a drop"
+    );
     std::thread::spawn(move || drop(dropped_off_runtime))
         .join()
         .expect("dropped on a thread with no runtime");
-    process
-        .wait_until_gone(&ids[2], Duration::from_secs(10), "dropped with no runtime")
-        .await;
+    within(PATIENCE, "settling", gateway.settle()).await;
+    assert!(
+        !process.kernels().contains(&ids[2]),
+        "gone once settled after a drop with no runtime"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,8 +203,8 @@ async fn an_idle_kernel_keeps_its_connection() {
     // The gateway pings each WebSocket every second and closes one that has not answered
     // for 30 s (jupyter_server's floor): a rollout's kernel waits that long and more between
     // two calls while the model writes.
-    let process = GatewayProcess::start("idle", &["--KernelGatewayApp.ws_ping_interval=1"]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("idle", &["--KernelGatewayApp.ws_ping_interval=1"]);
+    let gateway = gateway_of(&process);
     let mut kernel = start(&gateway).await;
     run(&mut kernel, "x = 7", 100).await;
     tokio::time::sleep(Duration::from_secs(36)).await;
@@ -360,8 +215,8 @@ async fn an_idle_kernel_keeps_its_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_that_dies_mid_call_or_between_calls_is_an_error() {
-    let process = GatewayProcess::start("dies", &[]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("dies", &[]);
+    let gateway = gateway_of(&process);
     let mut kernel = start(&gateway).await;
     run(&mut kernel, "x = 1", 100).await;
     let error = within(
@@ -379,7 +234,7 @@ async fn a_kernel_that_dies_mid_call_or_between_calls_is_an_error() {
     assert!(again.is_lost(), "{again}");
     let id = kernel.id().to_owned();
     kernel.close().await.expect("closed");
-    assert!(!process.kernels().await.contains(&id));
+    assert!(!process.kernels().contains(&id));
 
     // One that dies between two calls (the gateway restarts it, empty): the next call says so.
     let mut kernel = start(&gateway).await;
@@ -405,13 +260,13 @@ async fn a_kernel_that_dies_mid_call_or_between_calls_is_an_error() {
     );
     let id = kernel.id().to_owned();
     kernel.close().await.expect("closed");
-    assert!(!process.kernels().await.contains(&id));
+    assert!(!process.kernels().contains(&id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_abandoned_part_way_loses_the_kernel() {
-    let process = GatewayProcess::start("abandoned", &[]).await;
-    let gateway = process.gateway();
+    let process = JupyterGateway::start("abandoned", &[]);
+    let gateway = gateway_of(&process);
     let mut kernel = start(&gateway).await;
     let abandoned = tokio::time::timeout(
         Duration::from_secs(1),
@@ -430,12 +285,12 @@ async fn a_call_abandoned_part_way_loses_the_kernel() {
     )
     .await
     .expect("closed");
-    assert!(!process.kernels().await.contains(&id));
+    assert!(!process.kernels().contains(&id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_token_is_a_clear_error() {
-    let process = GatewayProcess::start("token", &[]).await;
+    let process = JupyterGateway::start("token", &[]);
     let gateway = Gateway::new(&process.url, Some("wrong-token".to_owned())).expect("a gateway");
     let error = within(PATIENCE, "a start with a wrong token", gateway.start(None))
         .await
@@ -455,7 +310,7 @@ async fn a_wrong_token_is_a_clear_error() {
         message.contains("token") && !message.contains("wrong-token"),
         "{message}"
     );
-    assert!(process.kernels().await.is_empty());
+    assert!(process.kernels().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,10 +358,12 @@ async fn a_gateway_that_is_down_is_a_clear_error_within_seconds() {
     });
     let scratch = ScratchDir::new("kernels-silent");
     let leases = scratch.join("leases");
-    std::fs::write(&leases, "+0000-left-by-an-earlier-run\n").expect("a lease");
+    std::fs::create_dir_all(&leases).expect("the lease folder");
+    let left = leases.join("4000000-0123456789ab.leases");
+    std::fs::write(&left, "+0000-left-by-an-earlier-run\n").expect("a lease");
     let gateway = Gateway::new(&silent, None)
         .expect("a gateway")
-        .with_leases(&leases)
+        .with_lease_dir(&leases)
         .with_request_timeout(Duration::from_secs(1))
         .with_start_timeout(Duration::from_secs(2));
     let started = Instant::now();
@@ -533,149 +390,89 @@ async fn a_gateway_that_is_down_is_a_clear_error_within_seconds() {
     .expect_err("no answer");
     assert!(matches!(error, KernelError::TimedOut { .. }), "{error}");
     assert_eq!(
-        std::fs::read_to_string(&leases).expect("the leases"),
+        std::fs::read_to_string(&left).expect("the leases"),
         "+0000-left-by-an-earlier-run\n",
         "a lease not reaped stays"
     );
     held.abort();
 }
 
-/// Not a test on its own: the engine that `a_killed_engine_*` and `reap_leases_*` run as a
-/// child process and kill. It starts `$KERNELS_TEST_HOLD_COUNT` kernels on the gateway at
-/// `$KERNELS_TEST_HOLD_URL` (with the lease file `$KERNELS_TEST_HOLD_LEASES`), says `held ID`
-/// for each, and waits to be killed (for two minutes at most).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by other tests as a child process"]
-async fn hold_kernels() {
-    let url = std::env::var(HOLD_URL).expect("run only by the tests that kill it");
-    let leases = std::env::var(HOLD_LEASES).expect("a lease file");
-    let count: usize = std::env::var(HOLD_COUNT)
-        .expect("a count")
-        .parse()
-        .expect("a number");
-    let gateway = Gateway::new(&url, Some(TOKEN.to_owned()))
-        .expect("a gateway")
-        .with_leases(leases);
-    let mut kernels = Vec::new();
-    for _ in 0..count {
-        let mut kernel = start(&gateway).await;
-        run(&mut kernel, "x = 1", 100).await;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "held {}", kernel.id()).expect("stdout");
-        stdout.flush().expect("stdout");
-        kernels.push(kernel);
-    }
-    tokio::time::sleep(Duration::from_secs(120)).await;
-    panic!("not killed");
-}
-
-/// Runs `hold_kernels` as a child engine holding `count` kernels; returns it (killed when
-/// dropped) and their ids.
-async fn child_engine(
-    process: &GatewayProcess,
-    leases: &Path,
+/// What an engine killed while it held kernels leaves: its kernels on the gateway, and its
+/// lease file, unlocked now that its process is gone (the binary's tests kill a real engine).
+fn left_by_a_killed_engine(
+    process: &JupyterGateway,
+    leases: &std::path::Path,
     count: usize,
-) -> (tokio::process::Child, Vec<String>) {
-    let mut child = tokio::process::Command::new(std::env::current_exe().expect("this test"))
-        .args(["hold_kernels", "--exact", "--ignored", "--nocapture"])
-        .env(HOLD_URL, &process.url)
-        .env(HOLD_LEASES, leases)
-        .env(HOLD_COUNT, count.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the child engine starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("its stdout")).lines();
-    let mut ids = Vec::new();
-    while ids.len() < count {
-        let line = within(PATIENCE, "the child engine's kernels", lines.next_line())
-            .await
-            .expect("its stdout")
-            .unwrap_or_else(|| panic!("the child engine ended before holding {count} kernels"));
-        if let Some(id) = line.strip_prefix("held ") {
-            ids.push(id.to_owned());
-        }
-    }
-    (child, ids)
-}
-
-async fn kill(mut child: tokio::process::Child) {
-    child.start_kill().expect("SIGKILL");
-    within(PATIENCE, "the killed child", child.wait())
-        .await
-        .expect("reaped");
-}
-
-fn lease_file(dir: &Path) -> PathBuf {
-    dir.join("kernels.leases")
+) -> Vec<String> {
+    let ids: Vec<String> = (0..count)
+        .map(|_| {
+            let (status, body) = process.request("POST", "/api/kernels").expect("POST");
+            assert_eq!(status, 201, "POST /api/kernels: {body}");
+            let model: serde_json::Value = serde_json::from_str(&body).expect("a kernel");
+            model["id"].as_str().expect("an id").to_owned()
+        })
+        .collect();
+    std::fs::create_dir_all(leases).expect("the lease folder");
+    let journal: String = ids.iter().map(|id| format!("+{id}\n")).collect();
+    std::fs::write(leases.join("4000000-0123456789ab.leases"), journal).expect("a lease file");
+    ids
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_engine_leaves_no_kernel_after_the_cull_timeout() {
-    // Idle kernels with no connection culled after 3 s, checked every second.
-    let process = GatewayProcess::start(
-        "killed",
-        &[
-            "--MappingKernelManager.cull_idle_timeout=3",
-            "--MappingKernelManager.cull_interval=1",
-        ],
-    )
-    .await;
-    let leases = lease_file(&process.dir);
-    let (child, ids) = child_engine(&process, &leases, 2).await;
-    // Held (connected) kernels are not culled, however idle.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let listed = process.kernels().await;
-    assert!(ids.iter().all(|id| listed.contains(id)), "{listed:?}");
-    let leased = std::fs::read_to_string(&leases).expect("the lease file");
-    assert!(
-        ids.iter().all(|id| leased.contains(&format!("+{id}\n"))),
-        "{leased}"
-    );
-    kill(child).await;
-    for id in &ids {
-        process
-            .wait_until_gone(id, Duration::from_secs(15), "culled")
-            .await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reap_leases_deletes_what_an_earlier_run_left() {
-    let process = GatewayProcess::start("reap", &[]).await;
-    let leases = lease_file(&process.dir);
-    let (child, ids) = child_engine(&process, &leases, 3).await;
-    kill(child).await;
+async fn reap_leases_deletes_what_a_killed_engine_left_and_nothing_of_a_live_one() {
+    let process = JupyterGateway::start("reap", &[]);
+    let leases = process.dir.join("leases");
+    let ids = left_by_a_killed_engine(&process, &leases, 3);
     // One of them gone already (culled, deleted by hand): not counted.
-    let deleted = reqwest::Client::new()
-        .delete(format!("{}/api/kernels/{}", process.url, ids[0]))
-        .header("Authorization", format!("token {TOKEN}"))
-        .send()
-        .await
-        .expect("DELETE");
-    assert!(deleted.status().is_success());
-    let gateway = process.gateway().with_leases(&leases);
-    // A kernel of this run, in the same file, is not reaped.
-    let mut own = start(&gateway).await;
-    run(&mut own, "y = 2", 100).await;
+    assert!(process.delete(&ids[0]));
+    // A live engine sharing the folder: its kernel is not reaped.
+    let live = gateway_of(&process).with_lease_dir(&leases);
+    let mut theirs = start(&live).await;
+    run(&mut theirs, "y = 2", 100).await;
+    let gateway = gateway_of(&process).with_lease_dir(&leases);
+    let own = start(&gateway).await;
     let reaped = within(PATIENCE, "reaping", gateway.reap_leases())
         .await
         .expect("reaped");
     assert_eq!(reaped, 2);
-    assert_eq!(process.kernels().await, [own.id().to_owned()]);
-    let (output, _) = run(&mut own, "y", 100).await;
-    assert_eq!(output, "2\n", "this run's kernel is untouched");
+    let mut listed = process.kernels();
+    listed.sort();
+    let mut expected = vec![theirs.id().to_owned(), own.id().to_owned()];
+    expected.sort();
+    assert_eq!(listed, expected);
+    let (output, _) = run(&mut theirs, "y", 100).await;
+    assert_eq!(output, "2\n", "the live engine's kernel is untouched");
+    let files = |dir: &std::path::Path| std::fs::read_dir(dir).expect("the folder").count();
     assert_eq!(
-        std::fs::read_to_string(&leases).expect("the lease file"),
-        format!("+{}\n", own.id())
+        files(&leases),
+        2,
+        "the killed engine's file is gone, the live ones stay"
     );
     assert_eq!(gateway.reap_leases().await.expect("reaped"), 0);
-    let own_id = own.id().to_owned();
     own.close().await.expect("closed");
-    assert_eq!(
-        std::fs::read_to_string(&leases).expect("the lease file"),
-        format!("+{own_id}\n-{own_id}\n"),
-        "a closed kernel's lease is released"
+    theirs.close().await.expect("closed");
+    assert!(process.kernels().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_kernels_with_no_connection_are_culled() {
+    // What `--MappingKernelManager.cull_idle_timeout` does for kernels no lease covers: idle
+    // kernels with no connection culled after 3 s, checked every second.
+    let process = JupyterGateway::start(
+        "culled",
+        &[
+            "--MappingKernelManager.cull_idle_timeout=3",
+            "--MappingKernelManager.cull_interval=1",
+        ],
     );
+    let gateway = gateway_of(&process);
+    let mut held = start(&gateway).await;
+    let leases = process.dir.join("leases");
+    let orphans = left_by_a_killed_engine(&process, &leases, 2);
+    // A connected kernel is not culled, however idle.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    process.wait_until_gone(&orphans, Duration::from_secs(15), "culled");
+    assert_eq!(process.kernels(), [held.id().to_owned()]);
+    run(&mut held, "1", 100).await;
+    held.close().await.expect("closed");
 }

@@ -9,8 +9,11 @@
 //! - [`ScratchDir`]: a test's working directory, removed when the test passes;
 //! - [`is_root`] and [`PlantedInHome`]: for the sandbox's tests, whether the tests run as
 //!   root, and a credential planted under `$HOME`;
-//! - [`tokenizers`] (feature `tokenizers`): the real tokenizers and templates the tests load.
+//! - [`tokenizers`] (feature `tokenizers`): the real tokenizers and templates the tests load;
+//! - [`jupyter`] (feature `jupyter`): a real Jupyter Kernel Gateway, for the remote sessions.
 
+#[cfg(feature = "jupyter")]
+pub mod jupyter;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizers;
 
