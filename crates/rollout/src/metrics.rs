@@ -38,7 +38,7 @@ impl Metrics {
     /// `queued`, `model_version`, `paused`, `admission_closed`, `heartbeat_age_s`,
     /// `scheduler_lag_p99_s`, `scheduler_lag_max_s`), the generator's (`server_retries`,
     /// `server_failures`, `server_ejections`) and, per tool, `tools/NAME/calls`,
-    /// `tools/NAME/failed`, `tools/NAME/timed_out`, with `tools/unknown_name` and
+    /// `tools/NAME/failed`, `tools/NAME/timed_out`, `tools/NAME/unavailable`, with `tools/unknown_name` and
     /// `tool_threads_stuck`, and per reward function `reward_functions/NAME/groups` and
     /// `reward_functions/NAME/CAUSE` for the groups it failed on (`errors`, `panics`,
     /// `timeouts`, `wrong_length`), and for one that calls a service (a judge)
@@ -89,6 +89,7 @@ impl Metrics {
                 values.push((format!("tools/{name}/calls"), tool.calls as f64));
                 values.push((format!("tools/{name}/failed"), tool.failed as f64));
                 values.push((format!("tools/{name}/timed_out"), tool.timed_out as f64));
+                values.push((format!("tools/{name}/unavailable"), tool.unavailable as f64));
             }
             values.push(("tools/unknown_name".to_owned(), tools.unknown_tool as f64));
             values.push(("tool_threads_stuck".to_owned(), tools.pool.stuck as f64));
@@ -544,6 +545,7 @@ mod prometheus {
                     ("panicked", tool.panicked),
                     ("timed_out", tool.timed_out),
                     ("cancelled", tool.cancelled),
+                    ("unavailable", tool.unavailable),
                 ] {
                     let labels = [("tool", tool.name.as_str()), ("outcome", outcome)];
                     let mut family = metric.encode_family(&labels)?;

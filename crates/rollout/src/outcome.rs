@@ -138,11 +138,14 @@ pub enum FailureCause {
     /// With routing replay, the server's routed experts were missing or did not fit the
     /// tokens.
     Routing,
+    /// A tool's backend could not serve a call (a Jupyter gateway down or refusing a kernel):
+    /// not the model's doing, so not trained on.
+    ToolBackend,
 }
 
 impl FailureCause {
     /// Every cause, in declaration order.
-    pub const ALL: [FailureCause; 14] = [
+    pub const ALL: [FailureCause; 15] = [
         FailureCause::Generation,
         FailureCause::Unavailable,
         FailureCause::PromptTooLong,
@@ -157,6 +160,7 @@ impl FailureCause {
         FailureCause::Agent,
         FailureCause::EmptyTrace,
         FailureCause::Routing,
+        FailureCause::ToolBackend,
     ];
 
     /// The cause's place in [`FailureCause::ALL`] (a match, so that a new cause cannot be
@@ -177,6 +181,7 @@ impl FailureCause {
             FailureCause::Agent => 11,
             FailureCause::EmptyTrace => 12,
             FailureCause::Routing => 13,
+            FailureCause::ToolBackend => 14,
         }
     }
 
@@ -197,6 +202,7 @@ impl FailureCause {
             FailureCause::Agent => "agent",
             FailureCause::EmptyTrace => "empty_trace",
             FailureCause::Routing => "routing",
+            FailureCause::ToolBackend => "tool_backend",
         }
     }
 

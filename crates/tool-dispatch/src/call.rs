@@ -20,7 +20,7 @@ use crate::{
     sync::{Arc, Mutex, Ordering, OwnedSemaphorePermit, Semaphore},
     tool::{
         Arguments, AsyncTool, Outcome, Runner, SyncTool, ToolCall, ToolError, ToolResult,
-        error_content, value_content,
+        Unavailable, error_content, value_content,
     },
 };
 
@@ -360,6 +360,10 @@ fn finished(
 fn returned(name: &str, result: Result<Value, ToolError>) -> Ended {
     match result {
         Ok(value) => Ended::new(Outcome::Ok, value_content(value)),
+        Err(error) if error.is::<Unavailable>() => Ended::error(
+            Outcome::Unavailable,
+            &format!("tool '{name}' is unavailable: {error}"),
+        ),
         Err(error) => Ended::error(Outcome::Failed, &format!("tool '{name}' failed: {error}")),
     }
 }

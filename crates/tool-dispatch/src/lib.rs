@@ -124,6 +124,6 @@ pub use crate::{
     service::{DispatcherConfig, ShutdownReport, ToolDispatcher},
     tool::{
         Arguments, AsyncTool, Outcome, RolloutTool, SyncTool, Tool, ToolCall, ToolError,
-        ToolResult, ToolSpec,
+        ToolResult, ToolSpec, Unavailable,
     },
 };

@@ -48,7 +48,7 @@ struct Histograms {
     queue_wait: Histogram<u64>,
 }
 
-const OUTCOMES: [Outcome; 7] = [
+const OUTCOMES: [Outcome; 8] = [
     Outcome::Ok,
     Outcome::UnknownTool,
     Outcome::InvalidArguments,
@@ -56,6 +56,7 @@ const OUTCOMES: [Outcome; 7] = [
     Outcome::Panicked,
     Outcome::TimedOut,
     Outcome::Cancelled,
+    Outcome::Unavailable,
 ];
 
 fn slot(outcome: Outcome) -> usize {
@@ -105,6 +106,7 @@ impl ToolMetrics {
             panicked: self.count(Outcome::Panicked),
             timed_out: self.count(Outcome::TimedOut),
             cancelled: self.count(Outcome::Cancelled),
+            unavailable: self.count(Outcome::Unavailable),
             latency: Percentiles::of(&histograms.latency),
             latency_buckets: buckets(&histograms.latency),
             latency_sum: Duration::from_micros(
@@ -195,6 +197,8 @@ pub struct ToolSnapshot {
     pub timed_out: u64,
     /// Calls cancelled by shutdown.
     pub cancelled: u64,
+    /// Calls whose tool's backend could not serve them.
+    pub unavailable: u64,
     /// From call start to result.
     pub latency: Percentiles,
     /// The same latencies as cumulative counts: calls at most as long as each of

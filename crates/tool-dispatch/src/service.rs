@@ -21,7 +21,7 @@ use crate::{
     pool::{Pool, PoolConfig, PoolReport},
     registry::Registry,
     sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore, lock, oneshot},
-    tool::{ToolCall, ToolResult},
+    tool::{Tool, ToolCall, ToolResult},
 };
 
 /// How a [`ToolDispatcher`] is sized.
@@ -386,6 +386,15 @@ async fn drain(dispatch: Arc<Dispatch>, shared: Arc<Shared>, timeout: Duration) 
         gauges.running_calls.load(Ordering::Relaxed)
     };
 
+    // What per-rollout tools release in the background (remote kernels being deleted).
+    let settled =
+        futures::future::join_all(dispatch.registry.tools().iter().filter_map(Tool::settle));
+    if tokio::time::timeout_at(deadline, settled).await.is_err() {
+        tracing::warn!(
+            target: "tool_dispatch",
+            "per-rollout tools were still releasing what their rollouts held at the deadline"
+        );
+    }
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
     let pool = join_pool(Arc::clone(&dispatch.pool), remaining).await;
     let report = ShutdownReport {

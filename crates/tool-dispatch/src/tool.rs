@@ -11,6 +11,20 @@ use crate::sync::Arc;
 /// The error type tools return: any error that can cross threads.
 pub type ToolError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A tool error that is not the call's doing but its backend's (a kernel gateway that is down
+/// or refuses): the call ends [`Outcome::Unavailable`], and an engine fails the rollout rather
+/// than train on an error the model did not cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
 /// What the chat template renders for a tool: its name, description and JSON-schema
 /// parameters, in the OpenAI function-calling shape (see [`ToolSpec::to_openai`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +147,13 @@ pub trait RolloutTool: Send + Sync + 'static {
     /// An instance for one rollout. Called when the rollout starts, so it should be cheap:
     /// start what it needs at its first call.
     fn open(&self) -> Arc<dyn AsyncTool>;
+
+    /// Waits for what dropped instances are still releasing in the background (a remote
+    /// kernel being deleted). A dispatcher's shutdown awaits it within its deadline, so that
+    /// nothing outlives the engine. By default there is nothing to wait for.
+    fn settle(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// How a tool runs.
@@ -222,6 +243,14 @@ impl Tool {
         matches!(self.runner, Runner::PerRollout(_))
     }
 
+    /// What a per-rollout tool still releases in the background ([`RolloutTool::settle`]).
+    pub(crate) fn settle(&self) -> Option<BoxFuture<'static, ()>> {
+        match &self.runner {
+            Runner::PerRollout(tool) => Some(tool.settle()),
+            Runner::Sync(_) | Runner::Async(_) => None,
+        }
+    }
+
     /// This tool as one rollout runs it: its own instance when it is per rollout, else
     /// itself.
     pub(crate) fn for_rollout(&self) -> Tool {
@@ -301,6 +330,8 @@ pub enum Outcome {
     TimedOut,
     /// The dispatcher shut down before the call ran (or before it finished, past the deadline).
     Cancelled,
+    /// The tool's backend could not serve the call ([`Unavailable`]).
+    Unavailable,
 }
 
 impl Outcome {
@@ -314,6 +345,7 @@ impl Outcome {
             Outcome::Panicked => "panicked",
             Outcome::TimedOut => "timed_out",
             Outcome::Cancelled => "cancelled",
+            Outcome::Unavailable => "unavailable",
         }
     }
 }

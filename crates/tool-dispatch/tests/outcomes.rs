@@ -9,7 +9,7 @@ use std::{
 };
 
 use async_grpo_tool_dispatch::{
-    Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolError, ToolSpec,
+    Arguments, DispatcherConfig, Outcome, Tool, ToolCall, ToolError, ToolSpec, Unavailable,
 };
 use serde_json::{Value, json};
 
@@ -390,4 +390,37 @@ async fn per_rollout_tools_are_counted_in_the_dispatcher_they_were_made_from() {
     assert_eq!((search.calls, search.failed), (2, 2));
     assert_eq!(search.latency.count, 2);
     assert_eq!(metrics.tool("alpha").map(|t| (t.calls, t.ok)), Some((1, 1)));
+}
+
+#[tokio::test]
+async fn a_backend_that_cannot_serve_is_unavailable_not_a_failure_of_the_call() {
+    let down = Tool::new_async(ToolSpec::new("python", "Runs code"), |_: Arguments| async {
+        Err::<Value, ToolError>(Unavailable("the gateway cannot be reached".to_owned()).into())
+    });
+    let failing = Tool::new_async(ToolSpec::new("broken", "Fails"), |_: Arguments| async {
+        Err::<Value, ToolError>("bad input".into())
+    });
+    let dispatcher = dispatcher(vec![down, failing], DispatcherConfig::new(1));
+    let results = within(
+        "the turn",
+        dispatcher.run(vec![
+            ToolCall::new("python", json!({})),
+            ToolCall::new("broken", json!({})),
+        ]),
+    )
+    .await
+    .expect("open");
+    assert_eq!(results[0].outcome, Outcome::Unavailable);
+    assert_eq!(
+        error_of(&results[0].content),
+        "tool 'python' is unavailable: the gateway cannot be reached"
+    );
+    assert_eq!(results[1].outcome, Outcome::Failed);
+    let metrics = dispatcher.metrics();
+    let counts: Vec<(u64, u64)> = metrics
+        .tools
+        .iter()
+        .map(|tool| (tool.unavailable, tool.failed))
+        .collect();
+    assert_eq!(counts, [(1, 0), (0, 1)]);
 }

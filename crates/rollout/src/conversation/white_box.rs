@@ -316,6 +316,16 @@ impl<G: Generator> Conversation<'_, G> {
             .run(calls)
             .await
             .map_err(|e| (FailureCause::Cancelled, format!("tools: {e}")))?;
+        if let Some(unavailable) = results
+            .iter()
+            .find(|r| r.outcome == tool_dispatch::Outcome::Unavailable)
+        {
+            let message = serde_json::from_str::<Value>(&unavailable.content)
+                .ok()
+                .and_then(|content| content.get("error")?.as_str().map(str::to_owned))
+                .unwrap_or_else(|| unavailable.content.clone());
+            return Err((FailureCause::ToolBackend, message));
+        }
         for result in results {
             if !result.is_ok() {
                 self.finished.tool_errors += 1;
