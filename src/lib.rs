@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `tool-dispatch` | [`tool_dispatch`] | runs a model's tool calls: sync tools on a bounded pool, async tools awaited |
 //! | `http` (default) | [`tool_dispatch`] | tool-dispatch's built-in `http` tool (reqwest) |
+//! | `kernels` | [`kernels`] | Python sessions on the kernels of a Jupyter gateway, and `gateway` on tool-dispatch's `python` tool |
 //! | `rollout-core` | [`rollout_core`] | chat templates rendered as transformers does, incremental token buffers, tool-call parsing, the turn reconciler, training rows |
 //! | `rollout-api` | [`rollout_api`] | the engine's API without its loop: the `Environment`, `Agent` and `Generator` traits and the dataset row |
 //! | `rollout` | [`rollout`] | the rollout engine over any `Generator` (with tool-dispatch and scoring's `Scorer`): dataset rows in, scored groups out; re-exports `rollout_api` |
@@ -47,6 +48,9 @@ pub use files;
 #[cfg(feature = "harness")]
 #[doc(inline)]
 pub use harness;
+#[cfg(feature = "kernels")]
+#[doc(inline)]
+pub use kernels;
 #[cfg(feature = "rollout")]
 #[doc(inline)]
 pub use rollout;

@@ -6,6 +6,7 @@ mod cli;
 mod control_security;
 mod environment;
 mod judge;
+mod kernels;
 mod operate;
 mod quickstart;
 mod reliability;

@@ -264,20 +264,25 @@ impl Gateway {
         let mut reaped = 0;
         let mut failure = None;
         for left in leases.left()? {
-            let outcomes: Vec<(&String, Result<bool, KernelError>)> = futures::stream::iter(
-                left.held
-                    .iter()
-                    .map(|id| async move { (id, shared.delete(&shared.http, id).await) }),
-            )
-            .buffer_unordered(REAP_CONCURRENCY)
-            .collect()
-            .await;
+            // Owned ids and a clone of `shared` per delete: the future stays `Send` for
+            // any caller (borrowing closures here trip rustc's higher-ranked `Send` check).
+            let deletes = left.held.iter().cloned().map(|id| {
+                let shared = Arc::clone(shared);
+                async move {
+                    let outcome = shared.delete(&shared.http, &id).await;
+                    (id, outcome)
+                }
+            });
+            let outcomes: Vec<(String, Result<bool, KernelError>)> = futures::stream::iter(deletes)
+                .buffer_unordered(REAP_CONCURRENCY)
+                .collect()
+                .await;
             let mut still_held = std::collections::BTreeSet::new();
             for (id, outcome) in outcomes {
                 match outcome {
                     Ok(deleted) => reaped += usize::from(deleted),
                     Err(error) => {
-                        still_held.insert(id.clone());
+                        still_held.insert(id);
                         failure = failure.or(Some(error));
                     }
                 }

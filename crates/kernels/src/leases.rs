@@ -156,6 +156,16 @@ impl Leases {
     }
 }
 
+impl Drop for Leases {
+    /// An engine that holds no kernel leaves no file.
+    fn drop(&mut self) {
+        let state = self.lock();
+        if state.file.is_some() && state.live == 0 {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// The lease file of an engine that is gone, locked by this one until dropped.
 #[derive(Debug)]
 pub(crate) struct Left {
@@ -244,6 +254,10 @@ mod tests {
             ids(&second.left().expect("read")).is_empty(),
             "a live engine's file is locked"
         );
+        let done = Leases::new(dir.to_path_buf());
+        done.add("c").expect("added");
+        done.release("c").expect("released");
+        drop(done);
         drop(first);
         let left = second.left().expect("read");
         assert_eq!(ids(&left), [["b"]]);
@@ -254,7 +268,11 @@ mod tests {
         for left in left {
             left.finish(&BTreeSet::new()).expect("finished");
         }
-        assert_eq!(std::fs::read_dir(&*dir).expect("the folder").count(), 0);
+        assert_eq!(
+            std::fs::read_dir(&*dir).expect("the folder").count(),
+            0,
+            "an engine that held nothing at its end left no file, and a reaped file is removed"
+        );
     }
 
     #[test]

@@ -136,9 +136,18 @@ impl JupyterGateway {
     /// The ids of the kernels the gateway has (`GET /api/kernels`).
     #[track_caller]
     pub fn kernels(&self) -> Vec<String> {
-        let (status, body) = self
-            .request("GET", "/api/kernels")
-            .expect("GET /api/kernels");
+        // A kernel that is starting or restarting can make the listing fail for a moment
+        // (HTTP 500 while its model is incomplete): asked again, briefly.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (status, body) = loop {
+            let (status, body) = self
+                .request("GET", "/api/kernels")
+                .expect("GET /api/kernels");
+            if status < 500 || Instant::now() > deadline {
+                break (status, body);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         assert_eq!(status, 200, "GET /api/kernels: {body}");
         let listed: Vec<serde_json::Value> =
             serde_json::from_str(&body).expect("a list of kernels");

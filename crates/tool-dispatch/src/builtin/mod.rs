@@ -29,8 +29,9 @@ mod calculator;
 #[cfg(feature = "http")]
 mod http;
 mod program;
+mod remote;
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, de::Error as _};
 use serde_json::{Map, Value, json};
@@ -135,10 +136,41 @@ pub struct PythonSettings {
     /// first calls (default 4), never more than the rollouts in flight can use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<usize>,
+    /// With `session = "rollout"`: run each rollout's session on a kernel of this Jupyter
+    /// gateway (Kernel Gateway or Enterprise Gateway, `http://` or `https://`) instead of a
+    /// local sandboxed interpreter (feature `kernels`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// The environment variable holding the gateway's token (sent as
+    /// `Authorization: token ...`); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_token_env: Option<String>,
+    /// The gateway's kernelspec to start (default: the gateway's default kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Where the engine writes down the kernels it holds, so that the next run deletes those
+    /// of a run that was killed (default `$XDG_STATE_HOME/async-grpo/kernel-leases`, else
+    /// `~/.local/state/async-grpo/kernel-leases`); a folder per gateway is made in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_dir: Option<PathBuf>,
     /// The `sandbox` (`"bwrap"`, the default, or `"none"`), `network` (default false) and
     /// `limits` keys.
     #[serde(flatten)]
     pub keys: SandboxKeys,
+}
+
+impl PythonSettings {
+    /// A remote kernel's key that is set, if any.
+    fn remote_key(&self) -> Option<&'static str> {
+        [
+            ("gateway", self.gateway.is_some()),
+            ("gateway_token_env", self.gateway_token_env.is_some()),
+            ("kernel", self.kernel.is_some()),
+            ("lease_dir", self.lease_dir.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key))
+    }
 }
 
 /// How long a `python` tool's interpreter lives (`session`).
@@ -178,7 +210,16 @@ impl Kinds for ToolKind {
             "command" => Some([&["command", "max_output_bytes"][..], &SandboxKeys::KEYS].concat()),
             "python" => Some(
                 [
-                    &["interpreter", "max_output_bytes", "session", "warm"][..],
+                    &[
+                        "interpreter",
+                        "max_output_bytes",
+                        "session",
+                        "warm",
+                        "gateway",
+                        "gateway_token_env",
+                        "kernel",
+                        "lease_dir",
+                    ][..],
                     &SandboxKeys::KEYS,
                 ]
                 .concat(),
@@ -305,6 +346,14 @@ impl ToolConfig {
                          `session = \"rollout\"`",
                     ));
                 }
+                if python.gateway.is_some() {
+                    return self.kernel_tool(python, timeout);
+                }
+                if let Some(key) = python.remote_key() {
+                    return Err(self.error(format!(
+                        "`{key}` is a remote kernel's setting: it needs `gateway = \"http://...\"`"
+                    )));
+                }
                 Ok(self.python_tool(python, base, timeout, rollouts))
             }
             ToolKind::Command(command) => self.command_tool(command, base, timeout),
@@ -390,6 +439,47 @@ impl ToolConfig {
             }
         };
         tool.timeout(timeout + PROGRAM_MARGIN)
+    }
+
+    /// `python` with `gateway`: each rollout's session on a kernel of that Jupyter gateway.
+    fn kernel_tool(
+        &self,
+        settings: &PythonSettings,
+        timeout: Duration,
+    ) -> Result<Tool, SettingError> {
+        if settings.session != Some(SessionScope::Rollout) {
+            return Err(self.error(
+                "`gateway` runs sessions on remote kernels: it needs `session = \"rollout\"`",
+            ));
+        }
+        for (key, set) in [
+            ("warm", settings.warm.is_some()),
+            ("interpreter", settings.interpreter.is_some()),
+        ] {
+            if set {
+                return Err(self.error(format!(
+                    "`{key}` is a local interpreter's setting; a gateway's kernels start at a \
+                     rollout's first call, as the gateway's `kernel` names them"
+                )));
+            }
+        }
+        if settings.keys != SandboxKeys::default() {
+            return Err(self.error(
+                "the sandbox keys (`sandbox`, `network`, `limits`, `home`, `read_only`, \
+                 `writable`) bound programs run on this machine; a gateway's kernels run where \
+                 the gateway runs them, under its limits",
+            ));
+        }
+        let spec = ToolSpec::new(
+            &self.name,
+            self.description_or(
+                "Run Python code and see its output; variables, imports and files persist from \
+                 call to call, and the value of a last expression is shown",
+            ),
+        )
+        .parameters(self.parameters_or(program::PythonTool::parameters()));
+        let tool = remote::tool(self, settings, spec, timeout)?;
+        Ok(tool.timeout(timeout + PROGRAM_MARGIN))
     }
 
     /// `command`: the program runs in `base` as the table changes it; the table must name it.
@@ -547,7 +637,7 @@ mod tests {
             ),
             (
                 "python",
-                json!({"interpreter": "python3.11", "max_output_bytes": 1, "session": "rollout", "warm": 2, "sandbox": "bwrap", "network": false, "limits": {"processes": 2}, "home": [], "read_only": [], "writable": []}),
+                json!({"interpreter": "python3.11", "max_output_bytes": 1, "session": "rollout", "warm": 2, "gateway": "http://gw", "gateway_token_env": "T", "kernel": "python3", "lease_dir": "/leases", "sandbox": "bwrap", "network": false, "limits": {"processes": 2}, "home": [], "read_only": [], "writable": []}),
             ),
             ("http", json!({"url": "http://x", "max_output_bytes": 1})),
             ("calculator", json!({})),

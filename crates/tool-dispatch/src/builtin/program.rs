@@ -118,7 +118,7 @@ impl PythonTool {
 }
 
 /// The code of a `python` call.
-fn code(args: &Arguments) -> Result<&str, ToolError> {
+pub(crate) fn code(args: &Arguments) -> Result<&str, ToolError> {
     Ok(args
         .get("code")
         .and_then(Value::as_str)
