@@ -9,7 +9,7 @@ use std::{
 
 use test_support::jupyter::{JupyterGateway, TOKEN};
 
-use super::rollout::{Case, toml_path};
+use super::rollout::{Case, exit_within, toml_path};
 
 /// The variable the runs read the gateway's token from.
 const TOKEN_ENV: &str = "ASYNC_GRPO_TEST_GATEWAY_TOKEN";
@@ -267,4 +267,28 @@ fn a_gateway_table_that_cannot_work_is_refused_by_name() {
         outcome.assert_said("tool 'python'");
         outcome.assert_said(expected);
     }
+}
+
+#[test]
+fn a_run_stopped_by_ctrl_c_leaves_no_kernel() {
+    let gateway = JupyterGateway::start("cli-sigint", &[]);
+    let case = Case::new("kernels-sigint");
+    let (mut child, ids) = engine_holding_two_kernels(&case, &gateway);
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let code = exit_within(
+        &mut child,
+        Duration::from_secs(60),
+        "a run stopped by Ctrl-C",
+    );
+    assert!(code.is_some(), "the run did not stop");
+    // At once: the engine's drain waited for the deletes.
+    assert_eq!(
+        gateway.kernels(),
+        Vec::<String>::new(),
+        "kernels outlived their run"
+    );
+    assert_eq!(lease_files(&case), Vec::<String>::new());
 }
