@@ -4,6 +4,7 @@ mod agent;
 mod agent_forgery;
 mod cli;
 mod control_security;
+mod docs;
 mod environment;
 mod judge;
 mod kernels;
