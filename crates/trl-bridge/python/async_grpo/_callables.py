@@ -66,7 +66,8 @@ def _signature_target(function: Callable[..., Any]) -> Callable[..., Any]:
     callable object's bound ``__call__``."""
     if inspect.isfunction(function) or inspect.ismethod(function):
         return function
-    return function.__call__  # type: ignore[no-any-return]
+    call: Callable[..., Any] = getattr(function, "__call__")  # noqa: B004
+    return call
 
 
 # What ``transformers.utils.get_json_schema`` (transformers 5.x, ``chat_template_utils.py``)
@@ -410,14 +411,14 @@ class LoopThread:
         self._thread.start()
         ready.wait()
 
-    def submit(self, coroutine: Coroutine[Any, Any, tuple[bool, str]], done: Done) -> concurrent.futures.Future:
+    def submit(self, coroutine: Coroutine[Any, Any, tuple[bool, str]], done: Done) -> concurrent.futures.Future[Any]:
         loop = self._loop
         if loop is None or loop.is_closed() or not loop.is_running():
             coroutine.close()
             raise RuntimeError("the worker's asyncio loop is not running")
         future = asyncio.run_coroutine_threadsafe(coroutine, loop)
 
-        def finished(future: concurrent.futures.Future) -> None:
+        def finished(future: concurrent.futures.Future[Any]) -> None:
             if future.cancelled():
                 done(False, "cancelled")
             elif future.exception() is not None:
@@ -487,14 +488,14 @@ class Bridge:
 
     def submit_agent(
         self, function: Callable[..., Any], name: str, payload_json: str, done: Done
-    ) -> concurrent.futures.Future:
+    ) -> concurrent.futures.Future[Any]:
         from ._agent import run_agent_async
 
         return self._loop.submit(run_agent_async(function, name, payload_json), done)
 
     def submit_tool(
         self, function: Callable[..., Any], name: str, kwargs_json: str, done: Done
-    ) -> concurrent.futures.Future:
+    ) -> concurrent.futures.Future[Any]:
         async def run() -> tuple[bool, str]:
             try:
                 result = function(**json.loads(kwargs_json))
@@ -511,7 +512,7 @@ class Bridge:
 
     def submit_reward(
         self, function: Callable[..., Any], name: str, group_json: str, done: Done
-    ) -> concurrent.futures.Future:
+    ) -> concurrent.futures.Future[Any]:
         n, kwargs = _reward_kwargs(json.loads(group_json))
 
         async def run() -> tuple[bool, str]:

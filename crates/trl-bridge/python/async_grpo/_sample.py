@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def _experimental_trl_sample() -> type | None:
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample as TrlSample
     except ImportError:
         return None
-    return TrlSample
+    return cast(type, TrlSample)
 
 
 def _trl_sample() -> type | None:
@@ -97,7 +97,7 @@ def _with_offpolicy_fields(base: type) -> type:
     """``base`` with the per-token fields of off-policy training added, each ``None`` unless set."""
 
     @dataclass(slots=True)
-    class RolloutSample(base):  # type: ignore[valid-type, misc]
+    class RolloutSample(base):  # type: ignore[misc]
         """One training row: TRL's fields, then per token the version of the weights that
         sampled it (``token_versions``: one ``[start, end, version]`` row per span of
         ``input_ids``, sampled tokens only) and, with routing replay, the experts the router

@@ -64,7 +64,7 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
@@ -395,14 +395,14 @@ class RolloutWorker:
             min_p = _number("min_p", min_p, 0.0, 1.0)
         if max_failure_rate is not None:
             max_failure_rate = _number("max_failure_rate", max_failure_rate, 0.0, 1.0)
-        for name, value in (
+        for name, seconds in (
             ("tool_timeout", tool_timeout),
             ("reward_timeout", reward_timeout),
             ("rollout_timeout", rollout_timeout),
             ("server_wait", server_wait),
             ("drain_timeout", drain_timeout),
         ):
-            _number(name, value, 0.0, 1e9, low_open=True)
+            _number(name, seconds, 0.0, 1e9, low_open=True)
         environment_weight = _number("environment_weight", environment_weight, -1e9, 1e9)
         for name, flag in (("shuffle", shuffle), ("resume", resume)):
             if not isinstance(flag, bool):
@@ -520,7 +520,9 @@ class RolloutWorker:
             dataset_path=path,
             tools=tool_specs,
             rewards=reward_specs,
-            environment=None if environment is None else (environment_name, environment, environment_weight),
+            environment=None
+            if environment is None or environment_name is None
+            else (environment_name, environment, environment_weight),
             settings=settings,
             pool=pool,
             agent_program=agent_program,
