@@ -38,7 +38,8 @@ impl Metrics {
     /// `queued`, `model_version`, `paused`, `admission_closed`, `heartbeat_age_s`,
     /// `scheduler_lag_p99_s`, `scheduler_lag_max_s`), the generator's (`server_retries`,
     /// `server_failures`, `server_ejections`) and, per tool, `tools/NAME/calls`,
-    /// `tools/NAME/failed`, `tools/NAME/timed_out`, `tools/NAME/unavailable`, with `tools/unknown_name` and
+    /// `tools/NAME/failed`, `tools/NAME/timed_out`, `tools/NAME/unavailable`,
+    /// `tools/NAME/sessions_lost`, with `tools/unknown_name` and
     /// `tool_threads_stuck`, and per reward function `reward_functions/NAME/groups` and
     /// `reward_functions/NAME/CAUSE` for the groups it failed on (`errors`, `panics`,
     /// `timeouts`, `wrong_length`), and for one that calls a service (a judge)
@@ -90,6 +91,10 @@ impl Metrics {
                 values.push((format!("tools/{name}/failed"), tool.failed as f64));
                 values.push((format!("tools/{name}/timed_out"), tool.timed_out as f64));
                 values.push((format!("tools/{name}/unavailable"), tool.unavailable as f64));
+                values.push((
+                    format!("tools/{name}/sessions_lost"),
+                    tool.sessions_lost as f64,
+                ));
             }
             values.push(("tools/unknown_name".to_owned(), tools.unknown_tool as f64));
             values.push(("tool_threads_stuck".to_owned(), tools.pool.stuck as f64));
@@ -555,6 +560,18 @@ mod prometheus {
             let labels = [("tool", ""), ("outcome", "unknown_tool")];
             let mut family = metric.encode_family(&labels)?;
             sample(&mut family, MetricType::Counter, tools.unknown_tool as f64)?;
+            let mut metric = encoder.encode_descriptor(
+                "async_grpo_tool_sessions_lost",
+                "Sessions of a per-rollout tool (a python session) that lost their state \
+                 part-way: the interpreter or kernel died or was killed at a call's timeout.",
+                None,
+                MetricType::Counter,
+            )?;
+            for tool in &tools.tools {
+                let labels = [("tool", tool.name.as_str())];
+                let mut family = metric.encode_family(&labels)?;
+                sample(&mut family, MetricType::Counter, tool.sessions_lost as f64)?;
+            }
             let mut metric = encoder.encode_descriptor(
                 "async_grpo_tool_call_duration_seconds",
                 "How long each tool call took, from its start to its result.",

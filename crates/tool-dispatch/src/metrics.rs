@@ -107,6 +107,8 @@ impl ToolMetrics {
             timed_out: self.count(Outcome::TimedOut),
             cancelled: self.count(Outcome::Cancelled),
             unavailable: self.count(Outcome::Unavailable),
+            // The tool's own count, which the dispatcher fills in (`ToolDispatcher::metrics`).
+            sessions_lost: 0,
             latency: Percentiles::of(&histograms.latency),
             latency_buckets: buckets(&histograms.latency),
             latency_sum: Duration::from_micros(
@@ -199,6 +201,9 @@ pub struct ToolSnapshot {
     pub cancelled: u64,
     /// Calls whose tool's backend could not serve them.
     pub unavailable: u64,
+    /// For a tool with a session per rollout: sessions that lost their state part-way (an
+    /// interpreter or kernel that died, or was killed at a call's timeout).
+    pub sessions_lost: u64,
     /// From call start to result.
     pub latency: Percentiles,
     /// The same latencies as cumulative counts: calls at most as long as each of

@@ -17,7 +17,7 @@ use crate::{
     call::{Dispatch, Family},
     error::DispatchError,
     future::ResponseFuture,
-    metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics},
+    metrics::{Gauges, MetricsSnapshot, PoolSnapshot, ToolMetrics, ToolSnapshot},
     pool::{Pool, PoolConfig, PoolReport},
     registry::Registry,
     sync::{Arc, Ordering, OwnedSemaphorePermit, Semaphore, lock, oneshot},
@@ -293,9 +293,13 @@ impl ToolDispatcher {
         MetricsSnapshot {
             tools: dispatch
                 .registry
-                .names()
+                .tools()
+                .iter()
                 .zip(&dispatch.metrics)
-                .map(|(name, metrics)| metrics.snapshot(name))
+                .map(|(tool, metrics)| ToolSnapshot {
+                    sessions_lost: tool.sessions_lost(),
+                    ..metrics.snapshot(&tool.spec().name)
+                })
                 .chain(
                     lock(&dispatch.family)
                         .iter()

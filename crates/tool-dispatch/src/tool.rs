@@ -154,6 +154,13 @@ pub trait RolloutTool: Send + Sync + 'static {
     fn settle(&self) -> BoxFuture<'static, ()> {
         Box::pin(std::future::ready(()))
     }
+
+    /// How many sessions lost their state part-way so far (an interpreter or a kernel that
+    /// died, or was killed at a call's timeout), for the metrics (`sessions_lost`). None by
+    /// default.
+    fn sessions_lost(&self) -> u64 {
+        0
+    }
 }
 
 /// How a tool runs.
@@ -248,6 +255,15 @@ impl Tool {
         match &self.runner {
             Runner::PerRollout(tool) => Some(tool.settle()),
             Runner::Sync(_) | Runner::Async(_) => None,
+        }
+    }
+
+    /// Sessions a per-rollout tool lost part-way ([`RolloutTool::sessions_lost`]); 0 for
+    /// other tools.
+    pub(crate) fn sessions_lost(&self) -> u64 {
+        match &self.runner {
+            Runner::PerRollout(tool) => tool.sessions_lost(),
+            Runner::Sync(_) | Runner::Async(_) => 0,
         }
     }
 

@@ -70,7 +70,8 @@ async fn a_rollout_keeps_its_interpreter_and_a_sibling_sees_none_of_it() {
 
 #[tokio::test]
 async fn a_call_past_its_timeout_kills_the_interpreter_and_the_next_call_says_it_starts_afresh() {
-    let tools = sessions("1s", 2).for_rollout().expect("a per-rollout tool");
+    let base = sessions("1s", 2);
+    let tools = base.for_rollout().expect("a per-rollout tool");
     ok(&run(&tools, "x = 41").await);
     let stuck = run(&tools, "while True:\n    pass").await;
     assert_eq!(stuck.outcome, Outcome::Failed);
@@ -93,6 +94,9 @@ async fn a_call_past_its_timeout_kills_the_interpreter_and_the_next_call_says_it
          lost; the next call starts a new interpreter"
     );
     assert!(ok(&run(&tools, "'x' in globals()").await).ends_with("]\nFalse"));
+    // Both losses are counted, in the metrics of the dispatcher the run holds.
+    let metrics = &base.metrics().tools[0];
+    assert_eq!((metrics.sessions_lost, metrics.failed), (2, 2));
 }
 
 #[tokio::test]

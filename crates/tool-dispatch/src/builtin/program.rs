@@ -142,6 +142,10 @@ impl RolloutTool for PythonSessions {
             slot: Arc::new(tokio::sync::Mutex::new(Slot::default())),
         })
     }
+
+    fn sessions_lost(&self) -> u64 {
+        self.pool.stats().lost
+    }
 }
 
 /// One rollout's session.

@@ -42,7 +42,7 @@ mod on_gateway {
     use super::*;
     use crate::{
         Unavailable,
-        sync::Arc,
+        sync::{Arc, AtomicU64, Ordering},
         tool::{Arguments, AsyncTool, RolloutTool, ToolError},
     };
 
@@ -86,6 +86,7 @@ mod on_gateway {
                     .max_output_bytes
                     .unwrap_or(super::super::DEFAULT_MAX_OUTPUT),
                 reaped: Arc::new(tokio::sync::OnceCell::new()),
+                lost: Arc::default(),
             },
         ))
     }
@@ -129,6 +130,8 @@ mod on_gateway {
         max_output: usize,
         /// Earlier runs' kernels deleted, once, before this run's first.
         reaped: Arc<tokio::sync::OnceCell<()>>,
+        /// Sessions whose kernel was lost part-way.
+        lost: Arc<AtomicU64>,
     }
 
     impl RolloutTool for PythonKernels {
@@ -142,6 +145,10 @@ mod on_gateway {
         fn settle(&self) -> BoxFuture<'static, ()> {
             let gateway = self.gateway.clone();
             Box::pin(async move { gateway.settle().await })
+        }
+
+        fn sessions_lost(&self) -> u64 {
+            self.lost.load(Ordering::Relaxed)
         }
     }
 
@@ -235,6 +242,7 @@ mod on_gateway {
                         ))
                     }
                     Ok(Err(error)) => {
+                        tools.lost.fetch_add(1, Ordering::Relaxed);
                         slot.lost = Some("the previous call lost its kernel".to_owned());
                         let why = match &error {
                             KernelError::Lost { why, .. } => format!("the kernel is lost: {why}"),
@@ -247,6 +255,7 @@ mod on_gateway {
                         .into())
                     }
                     Err(_) => {
+                        tools.lost.fetch_add(1, Ordering::Relaxed);
                         slot.lost = Some(format!("the previous call timed out after {timeout}"));
                         Err(format!(
                             "timed out after {timeout}: the kernel was deleted and the \
@@ -256,6 +265,75 @@ mod on_gateway {
                     }
                 }
             })
+        }
+    }
+
+    /// On a real Jupyter Kernel Gateway (the fixture cache's venv: `cargo xtask fixtures`;
+    /// the binary's tests run whole runs on it).
+    #[cfg(test)]
+    mod real_gateway {
+        use serde_json::json;
+        use test_support::{
+            ScratchDir,
+            jupyter::{JupyterGateway, TOKEN},
+            within,
+        };
+
+        use super::*;
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_lost_kernel_is_said_counted_and_replaced_and_no_kernel_outlives_its_session() {
+            let process = JupyterGateway::start("tool-dispatch-kernels", &[]);
+            let leases = ScratchDir::new("tool-dispatch-kernel-leases");
+            let gateway = Gateway::new(&process.url, Some(TOKEN.to_owned()))
+                .expect("a gateway")
+                .with_lease_dir(leases.join("gateway"));
+            let tools = PythonKernels {
+                gateway,
+                kernel: None,
+                timeout: Duration::from_secs(20),
+                max_output: 4096,
+                reaped: Arc::new(tokio::sync::OnceCell::new()),
+                lost: Arc::default(),
+            };
+            let session = tools.open();
+            let call = |code: &str| {
+                let args = json!({ "code": code });
+                within(
+                    Duration::from_secs(60),
+                    "a call",
+                    session.call(Arguments::new(
+                        args.as_object().cloned().unwrap_or_default(),
+                    )),
+                )
+            };
+            assert_eq!(call("x = 1\nx + 1").await.ok(), Some(json!("2")));
+            let died = call("import os; os._exit(1)")
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                died.starts_with("the kernel is lost: ")
+                    && died.ends_with(
+                        "; the session's state is gone, and the next call starts a new kernel"
+                    ),
+                "{died}"
+            );
+            assert_eq!(tools.sessions_lost(), 1);
+            assert_eq!(
+                call("'x' in globals()").await.ok(),
+                Some(json!(
+                    "[a new Python kernel: the previous call lost its kernel, and what earlier \
+                     calls defined is gone]\nFalse"
+                ))
+            );
+            // The lost kernel is deleted in the background; once settled, only the new one.
+            within(Duration::from_secs(60), "settling", tools.settle()).await;
+            assert_eq!(process.kernels().len(), 1);
+            drop(session);
+            within(Duration::from_secs(60), "settling", tools.settle()).await;
+            assert_eq!(process.kernels(), Vec::<String>::new());
         }
     }
 
