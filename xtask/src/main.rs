@@ -28,9 +28,9 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci        every check CI runs: fmt, clippy, fixtures, parity, tests, the sandbox's tests as
-            an unprivileged user, doc tests, features, the bridge's wheel (pytest suite,
-            typing) and sdist, loom, msrv, tidy, e2e, the TRL trainer
+  ci        every check CI runs: fmt, clippy, package, fixtures, parity, tests, the
+            sandbox's tests as an unprivileged user, doc tests, features, the bridge's wheel
+            (pytest suite, typing) and sdist, loom, msrv, tidy, e2e, the TRL trainer
   features  each package with no default features and with each feature alone: builds
             (no warning), unit tests, doc tests
   fixtures  fetch the real tokenizers and chat templates the tests use into <cache>,
