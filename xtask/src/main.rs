@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | msrv | sandbox-as-user | bench | quickstart | tidy | environment | agent | wheel | sdist | pytest | trl | e2e | routing-replay | vllm-cpu`.
+//! Project automation: `cargo xtask ci | features | fixtures | parity | loom | msrv | sandbox-as-user | bench | quickstart | tidy | environment | agent | docs | wheel | sdist | pytest | trl | e2e | routing-replay | vllm-cpu`.
 //!
 //! Every task is a plain program run through `cargo xtask`, so CI and a developer run exactly
 //! the same steps.
@@ -58,6 +58,8 @@ tasks:
   agent     the agent example (examples/agent/): opencode, a real coding agent, in every
             rollout against the built-in simulator, offline (opencode installed into
             <cache>/opencode by the fixtures on first use)
+  docs      write docs/reference/settings.md (every flag and settings key, its value, default
+            and help) from the binary's declarations (async-grpo reference)
   wheel     the Python package async_grpo (crates/trl-bridge) as users get it: the release
             abi3 manylinux wheel and the sdist, into target/wheels/ (maturin in <cache>)
   sdist     that sdist built by pip in a fresh venv (target/sdist-venv), installed, imported
@@ -81,6 +83,31 @@ tasks:
 <cache> is ASYNC_GRPO_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/async-grpo.
 ";
 
+/// `cargo xtask docs`: the settings reference, written by the binary from its declarations.
+fn docs() -> anyhow::Result<()> {
+    let output = cargo(&[
+        "run",
+        "--quiet",
+        "--package",
+        "async-grpo-cli",
+        "--",
+        "reference",
+    ])
+    .output()
+    .context("cannot run the binary")?;
+    if !output.status.success() {
+        bail!(
+            "async-grpo reference failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let path = root().join("docs").join("reference").join("settings.md");
+    std::fs::write(&path, &output.stdout)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("docs: wrote {}", path.display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let result = match task.as_deref() {
@@ -100,6 +127,7 @@ fn main() -> ExitCode {
         }
         Some("environment") => environment(),
         Some("agent") => agent(),
+        Some("docs") => docs(),
         Some("wheel") => bridge::wheel(),
         Some("sdist") => bridge::sdist(),
         Some("pytest") => bridge::pytest(),

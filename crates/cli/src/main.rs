@@ -2,6 +2,7 @@
 //! simulator (`simulate`, and the server of a rollout given none) and Parquet included.
 
 mod layered;
+mod reference;
 mod render;
 mod rollout;
 mod simulate;
@@ -41,6 +42,9 @@ enum Command {
     /// connection to the proxy's socket (started by `rollout`, not by hand)
     #[command(hide = true)]
     AgentForward(rollout::agent::ForwardArgs),
+    /// Print the settings reference (docs/reference/settings.md) as Markdown
+    #[command(hide = true)]
+    Reference,
 }
 
 /// Where log lines go: stderr, clearing the rollout progress bar first when one is shown.
@@ -84,6 +88,14 @@ fn main() -> anyhow::Result<ExitCode> {
         Some(Command::Render(args)) => render::run(&args).map(|()| ExitCode::SUCCESS),
         Some(Command::Simulate(args)) => simulate::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::AgentForward(args)) => rollout::agent::forward(args),
+        Some(Command::Reference) => {
+            use clap::CommandFactory;
+            #[allow(clippy::print_stdout, reason = "the reference is the output")]
+            {
+                print!("{}", reference::markdown(&Cli::command()));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         None => {
             use clap::CommandFactory;
             Cli::command().print_help()?;

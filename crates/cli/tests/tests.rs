@@ -10,6 +10,7 @@ mod judge;
 mod kernels;
 mod operate;
 mod quickstart;
+mod reference;
 mod reliability;
 mod render;
 mod reward_model;
