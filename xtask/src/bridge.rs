@@ -86,8 +86,7 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
     check_fixtures()?;
     let venv = cache_dir().join("bridge-venv");
     let python = ensure_venv(&venv, SUITE_PACKAGES, None)?;
-    let built = build()?;
-    install_wheel(&venv, &built.wheel)?;
+    install_wheel(&venv, &build_wheel()?)?;
     // The plan-parity tests run the binary beside the worker: the test step's build of it.
     let binary = crate::workspace_binary("async-grpo")?;
     run_pytest(
@@ -129,7 +128,7 @@ fn typing(python: &Path) -> anyhow::Result<()> {
 /// The compilation is the `bridge` profile's (`MATURIN_PEP517_ARGS`) in a target folder of its
 /// own: what is checked is that the sdist holds everything a build needs.
 pub(crate) fn sdist() -> anyhow::Result<()> {
-    let built = build()?;
+    let sdist = build_sdist()?;
     let target = target_dir();
     let venv = target.join("sdist-venv");
     if venv.exists() {
@@ -152,7 +151,7 @@ pub(crate) fn sdist() -> anyhow::Result<()> {
                 "--wheel-dir",
             ])
             .arg(&out)
-            .arg(&built.sdist)
+            .arg(&sdist)
             .env("MATURIN_PEP517_ARGS", "--profile bridge")
             .env("CARGO_TARGET_DIR", target.join("sdist-build")),
     )?;
@@ -174,8 +173,7 @@ pub(crate) fn trl() -> anyhow::Result<()> {
     let torch = site_packages(&vllm::venv()?)?;
     let venv = cache_dir().join("trl-venv");
     let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
-    let built = build()?;
-    install_wheel(&venv, &built.wheel)?;
+    install_wheel(&venv, &build_wheel()?)?;
     run_pytest(&python, &["tests/trl"], &[])
 }
 
@@ -187,7 +185,7 @@ pub(crate) fn bench() -> anyhow::Result<()> {
     check_fixtures()?;
     prepare_trl()?;
     let venv = cache_dir().join("trl-venv");
-    install_wheel(&venv, &build()?.wheel)?;
+    install_wheel(&venv, &build_wheel()?)?;
     crate::run_checked(&mut crate::cargo(&[
         "build",
         "--release",
@@ -283,26 +281,34 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from)
 }
 
-/// What `build` makes.
+/// What `wheel` makes.
 struct Built {
     wheel: PathBuf,
     sdist: PathBuf,
 }
 
-/// The release wheel and the sdist, built with the cached maturin into `target/wheels/`:
-/// one abi3 wheel (pyo3's `abi3-py310`) whose manylinux tag maturin's audit of the linked
-/// symbols chose and checked. Compiled once for every suite (a second build finds nothing to
-/// compile).
+/// The release wheel and the sdist, into `target/wheels/`.
 fn build() -> anyhow::Result<Built> {
-    let maturin = ensure_venv(&cache_dir().join("maturin-venv"), BUILD_PACKAGES, None)?;
-    let venv = maturin
+    Ok(Built {
+        wheel: build_wheel()?,
+        sdist: build_sdist()?,
+    })
+}
+
+/// The cached maturin (`<cache>/maturin-venv`) running `args` on the bridge's manifest, its
+/// output into `target/wheels/` (returned), cleared first of the files ending in `suffix`.
+fn maturin(args: &[&str], suffix: &str) -> anyhow::Result<PathBuf> {
+    let python = ensure_venv(&cache_dir().join("maturin-venv"), BUILD_PACKAGES, None)?;
+    let venv = python
         .parent()
         .and_then(Path::parent)
         .context("the maturin venv")?
         .to_path_buf();
     let out = target_dir().join("wheels");
     if out.exists() {
-        fs::remove_dir_all(&out).with_context(|| format!("cannot remove {}", out.display()))?;
+        for old in files_ending(&out, suffix)? {
+            fs::remove_file(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+        }
     }
     let path = std::env::join_paths(
         std::iter::once(bin(&venv)).chain(
@@ -311,26 +317,24 @@ fn build() -> anyhow::Result<Built> {
                 .flat_map(std::env::split_paths),
         ),
     )?;
-    let manifest = root().join("crates").join("trl-bridge").join("Cargo.toml");
-    // Not `build --sdist`, which builds the wheel from the unpacked sdist in a folder of its
-    // own, compiling everything again: the wheel from the tree, the sdist apart (`sdist`
-    // checks that it builds).
     check(
         Command::new(bin(&venv).join("maturin"))
-            .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(&manifest)
+            .args(args)
+            .arg("--manifest-path")
+            .arg(root().join("crates").join("trl-bridge").join("Cargo.toml"))
             .arg("--out")
             .arg(&out)
-            .env("PATH", &path),
+            .env("PATH", path),
     )?;
-    check(
-        Command::new(bin(&venv).join("maturin"))
-            .args(["sdist", "--manifest-path"])
-            .arg(&manifest)
-            .arg("--out")
-            .arg(&out)
-            .env("PATH", &path),
-    )?;
+    Ok(out)
+}
+
+/// The release wheel: one abi3 wheel (pyo3's `abi3-py310`) whose manylinux tag maturin's
+/// audit of the linked symbols chose and checked. Compiled once for every suite (a second
+/// build finds nothing to compile). Not `build --sdist`, which builds the wheel from the
+/// unpacked sdist in a folder of its own, compiling everything again.
+fn build_wheel() -> anyhow::Result<PathBuf> {
+    let out = maturin(&["build", "--release", "--quiet"], ".whl")?;
     let wheel = only_wheel(&out)?;
     let name = wheel
         .file_name()
@@ -339,12 +343,15 @@ fn build() -> anyhow::Result<Built> {
     if !name.contains("-cp310-abi3-manylinux") {
         bail!("{name} is not one abi3 wheel for CPython 3.10+ with a manylinux tag");
     }
+    Ok(wheel)
+}
+
+/// The sdist (no compilation: `sdist` checks that it builds).
+fn build_sdist() -> anyhow::Result<PathBuf> {
+    let out = maturin(&["sdist"], ".tar.gz")?;
     let sdist = files_ending(&out, ".tar.gz")?;
     match sdist.as_slice() {
-        [sdist] => Ok(Built {
-            wheel,
-            sdist: sdist.clone(),
-        }),
+        [sdist] => Ok(sdist.clone()),
         _ => bail!(
             "maturin left {} sdists in {}, not one",
             sdist.len(),
