@@ -60,3 +60,78 @@ fn the_reference_lists_every_flag_of_every_subcommand_with_its_help() {
         "{generated}"
     );
 }
+
+/// The section of `reference` under `heading`, up to the next heading of its level or above.
+fn section<'a>(reference: &'a str, heading: &str) -> &'a str {
+    let level = heading.split(' ').next().unwrap_or("#");
+    let start = reference
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    let rest = &reference[start + heading.len() + 2..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(at, _)| {
+            let hashes = rest[at + 1..].chars().take_while(|c| *c == '#').count();
+            hashes <= level.len()
+        })
+        .map_or(rest.len(), |(at, _)| at);
+    &rest[..end]
+}
+
+/// Whether `section` lists `key`: a row of its own, or the sandbox keys' row.
+fn lists(section: &str, key: &str) -> bool {
+    section.lines().any(|line| {
+        line.starts_with(&format!("| `{key}` |"))
+            || (line.starts_with("| `sandbox`, ") && line.contains(&format!("`{key}`")))
+    })
+}
+
+#[test]
+fn the_reference_lists_every_key_each_kind_of_tool_and_reward_reads() {
+    use settings::Kinds;
+    let generated = generated();
+    for (table, names, fields) in [
+        (
+            "[[tools]]",
+            tool_dispatch::builtin::ToolKind::NAMES,
+            tool_dispatch::builtin::ToolKind::fields_of as fn(&str) -> Option<Vec<&'static str>>,
+        ),
+        (
+            "[[rewards]]",
+            scoring::RewardKind::NAMES,
+            scoring::RewardKind::fields_of,
+        ),
+    ] {
+        let tables = section(&generated, &format!("### `{table}`"));
+        for kind in names {
+            let own = section(tables, &format!("#### `kind = \"{kind}\"`"));
+            for key in fields(kind).expect("a kind") {
+                assert!(
+                    lists(own, key),
+                    "{table} kind {kind}: `{key}` is read but not in the reference:\n{own}"
+                );
+            }
+            // And nothing the kind does not read.
+            for line in own.lines().filter(|line| line.starts_with("| `")) {
+                let key = line.split('`').nth(1).unwrap_or_default();
+                assert!(
+                    fields(kind).expect("a kind").contains(&key),
+                    "{table} kind {kind}: the reference lists `{key}`, which it does not read"
+                );
+            }
+        }
+    }
+    // The sandbox keys' own section, with the limits' keys and their defaults.
+    let sandbox = section(&generated, "### Sandbox keys");
+    for key in process::SandboxKeys::KEYS {
+        assert!(lists(sandbox, key), "`{key}` is not in the sandbox keys");
+    }
+    let defaults = process::Limits::default();
+    assert!(
+        sandbox.contains(&format!(
+            "| `memory_mib` | integer | `{}` |",
+            defaults.memory_mib
+        )),
+        "{sandbox}"
+    );
+}

@@ -72,14 +72,16 @@ use crate::{SettingError, proxy::Proxy};
 /// programs are started in ([`ProgramConfig::sandbox_in`]); a key left out keeps that
 /// sandbox's value.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = command_required))]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ProgramConfig {
     /// The agent's command line; `{prompt}` (the task's text), `{workdir}` and `{task_json}`
     /// (the dataset row as JSON, answer columns included: keep it out of the agent's own
-    /// command) are replaced in each argument, in one pass. Required: a table without one is
-    /// refused by `validate` (read as empty, so that a misspelt key is named first, which
-    /// serde does not do for a table with flattened keys).
+    /// command) are replaced in each argument, in one pass.
+    // Required, but read as empty when missing and refused by `validate`: serde would name a
+    // missing key before a misspelt one, in a table with flattened keys.
     #[serde(default)]
     pub command: Vec<String>,
     /// More environment variables for the agent, setup and verify (the proxy's URL and key
@@ -91,6 +93,7 @@ pub struct ProgramConfig {
     pub workdir: Workdir,
     /// Commands run in the directory before the agent, in order (each must exit 0).
     #[serde(default, with = "commands", skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Vec<String>>"))]
     pub setup: Vec<Vec<String>>,
     /// The command that judges the directory after the agent exited; the dataset row comes as
     /// JSON on its stdin. Its reward is the number it prints, else its exit code (0: 1.0,
@@ -99,9 +102,11 @@ pub struct ProgramConfig {
     pub verify: Option<Vec<String>>,
     /// How long the agent may run before its process group is killed.
     #[serde(default = "default_timeout", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String", extend("format" = "duration")))]
     pub timeout: Duration,
     /// How long each setup and verify command may run.
     #[serde(default = "default_command_timeout", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String", extend("format" = "duration")))]
     pub command_timeout: Duration,
     /// The weight of the `env` reward column that `verify` gives, among the run's rewards
     /// (for whoever builds them: the agent itself only reports the reward).
@@ -128,8 +133,29 @@ pub struct ProgramConfig {
     pub forwarder: Option<Vec<String>>,
 }
 
+/// The schema says what `validate` does: `command` is required, though serde reads a table
+/// without one (as empty, to refuse it by name after the keys are checked).
+#[cfg(feature = "schema")]
+fn command_required(schema: &mut schemars::Schema) {
+    if let Some(command) = schema
+        .get_mut("properties")
+        .and_then(|properties| properties.get_mut("command"))
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        command.remove("default");
+    }
+    let required = schema
+        .ensure_object()
+        .entry("required")
+        .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+    if let Some(required) = required.as_array_mut() {
+        required.push("command".into());
+    }
+}
+
 /// Where an agent runs (`workdir`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Workdir {
@@ -146,6 +172,7 @@ pub enum Workdir {
 /// conversation (its prompt does not continue the others), so each would be a row of its
 /// own, trained with the task's reward though it did not earn it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Conversations {

@@ -156,6 +156,7 @@ impl McpConfig {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct McpEnvironment {
@@ -173,6 +174,7 @@ pub struct McpEnvironment {
     /// How long the handshake and each request may take; a session's creation gets
     /// [`CREATE_TIMEOUT_CALLS`](crate::CREATE_TIMEOUT_CALLS) of them.
     #[serde(default = "default_timeout", with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String", extend("format" = "duration")))]
     pub timeout: Duration,
     /// The weight of the `env` column among the rewards (for whoever builds them).
     #[serde(default = "default_weight")]
@@ -188,6 +190,7 @@ pub struct McpEnvironment {
 
 /// What serves an environment's episodes (`kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EnvironmentKind {

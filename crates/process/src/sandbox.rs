@@ -85,6 +85,7 @@ const HOME_SECRETS: &[&str] = &[
 
 /// How a program is isolated.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Isolation {
     /// In a bubblewrap sandbox: see [`Sandbox`].
@@ -101,29 +102,25 @@ pub enum Isolation {
 /// limit. Where the engine can make cgroups ([`CgroupSupport`](crate::CgroupSupport)), a
 /// sandboxed program's whole tree also has one of its own, bounded by `memory_mib` in all and
 /// `processes` in all: a tree that forks cannot multiply them.
-///
-/// | field | default | limit |
-/// |---|---|---|
-/// | `memory_mib` | 4096 | data segment (heap and private writable mappings: what a program allocates); with a cgroup, also the tree's memory in all (its private `/tmp` included) |
-/// | `cpu_seconds` | 600 | CPU time |
-/// | `processes` | 256 | processes of the program's user: in a sandbox, of the program's whole tree, which runs as a user of its own (see [`Sandbox`]); unsandboxed, of the engine's user, and not enforced when that is root |
-/// | `file_size_mib` | 1024 | size of a file it writes |
-/// | `open_files` | 1024 | open file descriptors |
-/// | `tmp_mib` | 1024 | in a sandbox, all it writes to its private `/tmp` (and as much to `/dev/shm`), which lives in memory |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// MiB of data segment.
+    /// MiB of data segment (heap and private writable mappings: what a program allocates);
+    /// with a cgroup, also the tree's memory in all (its private `/tmp` included).
     pub memory_mib: u64,
     /// Seconds of CPU time.
     pub cpu_seconds: u64,
-    /// Processes of the user.
+    /// Processes of the program's user: in a sandbox, of the program's whole tree, which runs
+    /// as a user of its own (see [`Sandbox`]); unsandboxed, of the engine's user, and not
+    /// enforced when that is root.
     pub processes: u64,
-    /// MiB per written file.
+    /// MiB of a file it writes.
     pub file_size_mib: u64,
     /// Open file descriptors.
     pub open_files: u64,
-    /// MiB in the private `/tmp` (and as many in `/dev/shm`) of a sandboxed program.
+    /// In a sandbox, MiB of all it writes to its private `/tmp` (and as many to `/dev/shm`),
+    /// which lives in memory.
     pub tmp_mib: u64,
 }
 
@@ -192,8 +189,12 @@ impl Limits {
 /// writable = ["/scratch/shared"]    # what of the host they may write
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SandboxKeys {
-    /// How the programs are isolated (`"bwrap"` or `"none"`).
+    /// How the programs are isolated: `"bwrap"` (a sandbox) or `"none"` (the engine's own
+    /// permissions). Left out, a table keeps its own default: `"bwrap"` for what the model
+    /// drives (the `command` and `python` tools, an agent), `"none"` for the user's own
+    /// programs (a `command` reward, an environment's MCP server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Isolation>,
     /// Whether the programs get the host's network.

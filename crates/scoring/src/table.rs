@@ -55,6 +55,7 @@ from_error!(
 /// bridge's reward spec: `spec = "KIND:ARG"`, or `kind` with the fields that kind takes;
 /// `name` to tell apart two functions of one kind, `weight` for its share of the reward.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RewardTable {
     /// The function's name (metrics read `rewards/NAME`); the kind's own name by default.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,11 +70,13 @@ pub struct RewardTable {
 
 /// What a [`RewardTable`] describes: a spec, or a kind with its settings.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum RewardSource {
     /// `spec = "KIND:ARG[@WEIGHT]"`, as `--reward` takes it.
     Spec {
-        /// The spec.
+        /// The function as `--reward` takes it, `KIND:ARG[@WEIGHT]` (`"numeric:answer"`,
+        /// `"exact:answer@0.5"`), instead of `kind` and its keys.
         spec: String,
     },
     /// `kind = "..."` with that kind's settings.
@@ -124,6 +127,7 @@ macro_rules! kinds {
     ($($(#[$doc:meta])* $variant:ident($name:literal, $settings:ty),)*) => {
         /// A reward kind with its settings, by its `kind` name.
         #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
         #[serde(tag = "kind")]
         pub enum RewardKind {
             $($(#[$doc])* #[serde(rename = $name)] $variant($settings),)*
@@ -186,6 +190,7 @@ kinds! {
 
 /// `kind = "numeric"` or `"exact"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ColumnSettings {
     /// The dataset column holding the answer.
@@ -203,6 +208,7 @@ impl ColumnSettings {
 
 /// `kind = "regex"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RegexSettings {
     /// The pattern an answer must match.
@@ -217,6 +223,7 @@ impl RegexSettings {
 
 /// `kind = "command"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CommandSettings {
     /// The program and its arguments.
@@ -249,6 +256,7 @@ impl CommandSettings {
 
 /// `kind = "length"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LengthSettings {
     /// The most tokens before the full penalty.
@@ -288,6 +296,7 @@ impl Kind for CommandSettings {
 /// Where a reward's service is and how to call it: the keys `http`, `judge` and
 /// `reward_model` share, declared once.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ServiceSettings {
     /// The service's URL.
@@ -343,6 +352,7 @@ impl ServiceSettings {
 
 /// A kind that calls a service: the service's keys and the kind's own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Served<S> {
     /// Where the service is and how to call it.
     #[serde(flatten)]
@@ -384,6 +394,7 @@ impl<S: ServedKind> Kind for Served<S> {
 
 /// `kind = "http"`: the service's keys alone.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {}
 
@@ -399,6 +410,7 @@ impl ServedKind for HttpSettings {
 
 /// `kind = "judge"`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JudgeSettings {
     /// The model the endpoint serves.
@@ -520,6 +532,7 @@ impl JudgeSettings {
 
 /// `kind = "reward_model"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RewardModelSettings {
     /// The model the endpoint serves.

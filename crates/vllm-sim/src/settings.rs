@@ -11,6 +11,7 @@ use crate::{Faults, SimConfig};
 
 /// How the simulator answers. Its `Default` is the simulator's defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct SimSettings {
@@ -27,10 +28,12 @@ pub struct SimSettings {
     /// Delay before the first token, e.g. 10ms
     #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", value_parser = humantime::parse_duration))]
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String", extend("format" = "duration")))]
     pub latency: Duration,
     /// Delay per generated token, e.g. 1ms
     #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", value_parser = humantime::parse_duration))]
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String", extend("format" = "duration")))]
     pub per_token: Duration,
     /// Fraction of generation requests answered 503
     #[cfg_attr(feature = "clap", arg(long, value_name = "FRACTION"))]
@@ -44,6 +47,7 @@ pub struct SimSettings {
     /// The delay of a slow response
     #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", value_parser = humantime::parse_duration))]
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "schema", schemars(with = "String", extend("format" = "duration")))]
     pub slow_delay: Duration,
     /// Fraction of generation requests answered with a malformed body
     #[cfg_attr(feature = "clap", arg(long, value_name = "FRACTION"))]

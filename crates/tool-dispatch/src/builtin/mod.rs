@@ -59,6 +59,7 @@ use process::{Sandbox, SandboxKeys};
 /// by name when the table is read. `description` and `parameters` are what the chat template
 /// renders; `calculator` and `python` have their own defaults.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ToolConfig {
     /// The name the model calls it by.
     pub name: String,
@@ -70,6 +71,7 @@ pub struct ToolConfig {
     pub parameters: Option<Value>,
     /// How long a call may take: `500ms`, `10s`, `2m` (default 30 s).
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>", extend("format" = "duration")))]
     pub timeout: Option<Duration>,
     /// What runs it, with that kind's settings.
     #[serde(flatten)]
@@ -91,6 +93,7 @@ struct Common {
 
 /// A built-in tool's kind (`kind`), with its own settings.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ToolKind {
     /// An external program, sandboxed.
@@ -105,6 +108,7 @@ pub enum ToolKind {
 
 /// `kind = "command"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CommandSettings {
     /// The program and its arguments.
     pub command: Vec<String>,
@@ -119,6 +123,7 @@ pub struct CommandSettings {
 
 /// `kind = "python"`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PythonSettings {
     /// The interpreter (default `python3`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +180,7 @@ impl PythonSettings {
 
 /// How long a `python` tool's interpreter lives (`session`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionScope {
     /// A fresh interpreter per call: nothing persists between calls.
@@ -186,6 +192,7 @@ pub enum SessionScope {
 
 /// `kind = "http"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     /// The endpoint, `http://` or `https://`.
@@ -197,6 +204,7 @@ pub struct HttpSettings {
 
 /// `kind = "calculator"`: no settings of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CalculatorSettings {}
 
