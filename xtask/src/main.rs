@@ -58,8 +58,10 @@ tasks:
   agent     the agent example (examples/agent/): opencode, a real coding agent, in every
             rollout against the built-in simulator, offline (opencode installed into
             <cache>/opencode by the fixtures on first use)
-  docs      write docs/reference/settings.md (every flag and settings key, its value, default
-            and help) from the binary's declarations (async-grpo reference)
+  docs      write docs/reference/settings.md (every flag, settings key and table key, its
+            value, default and help) from the binary's declarations (async-grpo reference),
+            and docs/reference/python.md (the package's exports, their signatures and
+            docstrings) from the Python sources (crates/trl-bridge/tools/api_reference.py)
   wheel     the Python package async_grpo (crates/trl-bridge) as users get it: the release
             abi3 manylinux wheel and the sdist, into target/wheels/ (maturin in <cache>)
   sdist     that sdist built by pip in a fresh venv (target/sdist-venv), installed, imported
@@ -83,7 +85,8 @@ tasks:
 <cache> is ASYNC_GRPO_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/async-grpo.
 ";
 
-/// `cargo xtask docs`: the settings reference, written by the binary from its declarations.
+/// `cargo xtask docs`: the settings reference, written by the binary from its declarations,
+/// and the Python API reference, from the package's sources.
 fn docs() -> anyhow::Result<()> {
     let output = cargo(&[
         "run",
@@ -102,6 +105,28 @@ fn docs() -> anyhow::Result<()> {
         );
     }
     let path = root().join("docs").join("reference").join("settings.md");
+    std::fs::write(&path, &output.stdout)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("docs: wrote {}", path.display());
+    let python = std::env::var_os("ASYNC_GRPO_PYTHON").unwrap_or_else(|| "python3".into());
+    let script = root()
+        .join("crates")
+        .join("trl-bridge")
+        .join("tools")
+        .join("api_reference.py");
+    let output = std::process::Command::new(python)
+        .arg(&script)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let path = root().join("docs").join("reference").join("python.md");
     std::fs::write(&path, &output.stdout)
         .with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("docs: wrote {}", path.display());

@@ -86,6 +86,15 @@ fn documents() -> Vec<(String, String)> {
         .filter(|name| name.ends_with(".md"))
         .map(|name| format!("docs/{name}"))
         .collect();
+    // The generated references: their Python blocks (the stubs' declarations) parse too.
+    pages.extend(
+        std::fs::read_dir(root.join("docs").join("reference"))
+            .expect("docs/reference/ is there")
+            .map(|entry| entry.expect("a docs/reference/ entry").file_name())
+            .filter_map(|name| name.to_str().map(str::to_string))
+            .filter(|name| name.ends_with(".md"))
+            .map(|name| format!("docs/reference/{name}")),
+    );
     pages.sort();
     names.extend(pages);
     names
