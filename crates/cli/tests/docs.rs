@@ -316,6 +316,92 @@ fn check_config(dir: &Path, block: &toml::Table) -> Result<(), String> {
     }
 }
 
+/// The rows in `path`: JSON Lines, or Parquet (its footer's count).
+fn rows_in(path: &Path) -> Vec<serde_json::Value> {
+    if path.extension().is_some_and(|ext| ext == "parquet") {
+        use parquet::file::reader::{FileReader as _, SerializedFileReader};
+        let file = std::fs::File::open(path).expect("the Parquet output");
+        let reader = SerializedFileReader::new(file).expect("a Parquet file");
+        let rows = reader.metadata().file_metadata().num_rows();
+        return vec![serde_json::Value::Null; usize::try_from(rows).expect("a count")];
+    }
+    std::fs::read_to_string(path)
+        .expect("the output")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON row"))
+        .collect()
+}
+
+/// A page that opens with a whole config run by the simulator (`dataset`, no `servers`): the
+/// run it describes, done, and the rows it says it writes (`groups` x `num_generations`).
+#[test]
+fn every_page_that_opens_with_a_config_runs_it() {
+    let dir = ScratchDir::new("async-grpo-docs-run");
+    let mut ran = Vec::new();
+    for (index, block) in blocks().iter().enumerate() {
+        let first = blocks()
+            .into_iter()
+            .find(|other| other.file == block.file)
+            .is_some_and(|first| first.line == block.line);
+        let Ok(table) = block.text.parse::<toml::Table>() else {
+            continue;
+        };
+        if !first
+            || block.lang != "toml"
+            || !table.contains_key("dataset")
+            || table.contains_key("servers")
+        {
+            continue;
+        }
+        let scratch = dir.join(index.to_string());
+        std::fs::create_dir_all(&scratch).expect("a scratch dir");
+        let config = config_of(&table);
+        let path = scratch.join("docs.toml");
+        std::fs::write(&path, toml::to_string(&config).expect("TOML")).expect("write it");
+        let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+            .args(["rollout", "--progress", "off", "--config"])
+            .arg(&path)
+            .current_dir(&scratch)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("the binary starts");
+        assert!(
+            output.status.success(),
+            "{}:{}: the page's example failed:\n{}",
+            block.file,
+            block.line,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let out = table
+            .get("out")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("rollouts.jsonl");
+        let rows = rows_in(&scratch.join(out));
+        let count = |key: &str| table.get(key).and_then(toml::Value::as_integer);
+        let expected = count("groups")
+            .zip(count("num_generations"))
+            .map(|(g, n)| g * n);
+        assert_eq!(
+            Some(i64::try_from(rows.len()).expect("a count")),
+            expected,
+            "{}:{}: the example's rows",
+            block.file,
+            block.line
+        );
+        // What the tools page says the python session answers.
+        if block.file == "docs/tools.md" {
+            let text = serde_json::to_string(&rows).expect("JSON");
+            assert!(text.contains("-66"), "no tool answered -66: {text:.2000}");
+        }
+        ran.push(block.file.clone());
+    }
+    assert_eq!(
+        ran,
+        ["docs/configuration.md", "docs/tools.md"],
+        "the pages that open with a config"
+    );
+}
+
 fn executable(path: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");

@@ -315,7 +315,11 @@ impl<'a> Doc<'a> {
             let properties = keys.iter().filter(|key| key.value == NESTED);
             for key in properties {
                 if let Some(table) = self.nested(&key.name) {
-                    let _ = write!(out, "\n#### `{}`\n\nThe keys of the table `{}` holds.\n\n", key.name, key.name);
+                    let _ = write!(
+                        out,
+                        "\n#### `{}`\n\nThe keys of the table `{}` holds.\n\n",
+                        key.name, key.name
+                    );
                     self.rows(out, self.keys(table), &[]);
                 }
             }
