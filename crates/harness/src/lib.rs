@@ -37,6 +37,7 @@
 //! | `mcp` | yes | [`mcp`]: MCP servers as environments | rmcp, tokio `process` |
 //! | `proxy` | no (`agent` turns it on) | [`proxy`]: the recording OpenAI-compatible proxy | axum, getrandom |
 //! | `agent` | yes | [`agent`]: agent programs run per rollout behind the proxy | `proxy`, tokio `process` |
+//! | `schema` | no | `schemars::JsonSchema` for the `[environment]` and `[agent]` tables, from which the binary writes its settings reference | schemars |
 //!
 //! This crate alone, with a blocking environment whose episode ends when the model says the
 //! magic word (the engine's loop drives the same calls):

@@ -38,6 +38,12 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! | feature | default | what it adds | dependencies |
+//! |---|---|---|---|
+//! | `schema` | no | `schemars::JsonSchema` for [`SandboxKeys`], [`Limits`] and [`Isolation`], from which the binary writes its settings reference | schemars |
 
 mod cgroup;
 mod interpreter;

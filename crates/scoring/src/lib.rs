@@ -27,6 +27,7 @@
 //! | `command` | yes | the `command` reward, a program scoring the group | tokio (`process`), rustix |
 //! | `http` | no | the `http`, `judge` and `reward_model` rewards: a reward service scoring the group, an LLM judge on a chat endpoint, a reward model on vLLM's pooling runner | reqwest |
 //! | `table` | no | `RewardTable`: any built-in reward described by its settings (serde), as config files and the bridge give them | the features of every kind |
+//! | `schema` | no | `schemars::JsonSchema` for `RewardTable` (with `table`), from which the binary writes its settings reference | schemars |
 //!
 //! # The estimators alone
 //!

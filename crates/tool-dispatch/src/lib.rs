@@ -37,6 +37,8 @@
 //! | feature | default | what it adds | dependencies |
 //! |---|---|---|---|
 //! | `http` | no | the built-in `http` tool, which POSTs a call's arguments to a URL | reqwest |
+//! | `kernels` | no | `gateway` on a `python` tool: each rollout's session on a kernel of a Jupyter gateway | async-grpo-kernels |
+//! | `schema` | no | `schemars::JsonSchema` for [`builtin::ToolConfig`], from which the binary writes its settings reference | schemars |
 //!
 //! # Use
 //!

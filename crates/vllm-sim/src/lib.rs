@@ -74,6 +74,7 @@
 //! | feature | default | what it adds | dependencies |
 //! |---|---|---|---|
 //! | `clap` | no | `clap::Args` for [`SimSettings`], the flags of `async-grpo simulate` | clap |
+//! | `schema` | no | `schemars::JsonSchema` for [`SimSettings`], from which the binary writes its settings reference | schemars |
 
 mod server;
 mod settings;
