@@ -402,6 +402,78 @@ fn every_page_that_opens_with_a_config_runs_it() {
     );
 }
 
+/// scale-out.md opens with two shards of the quickstart and says what their rows are
+/// together: its rollout commands run as written (from a scratch folder, the config found in
+/// the repository), and the claim checked.
+#[test]
+fn the_scale_out_pages_shards_write_what_it_says() {
+    let dir = ScratchDir::new("async-grpo-docs-shards");
+    let block = blocks()
+        .into_iter()
+        .find(|block| block.file == "docs/scale-out.md")
+        .expect("scale-out.md has a block");
+    assert!(
+        block
+            .text
+            .contains("# 512 rows of 64 groups, each group id once"),
+        "the claim this test checks changed:\n{}",
+        block.text
+    );
+    let mut outs = Vec::new();
+    for words in logical_lines(&block.text)
+        .iter()
+        .flat_map(|line| commands(line))
+    {
+        let Some(args) = words
+            .iter()
+            .position(|word| word == "--")
+            .map(|at| &words[at + 1..])
+            .filter(|args| args.first().is_some_and(|first| first == "rollout"))
+        else {
+            continue;
+        };
+        let args: Vec<String> = args
+            .iter()
+            .map(|arg| {
+                if arg.ends_with(".toml") {
+                    crate::repository().join(arg).display().to_string()
+                } else {
+                    arg.clone()
+                }
+            })
+            .collect();
+        let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+            .args(&args)
+            .args(["--progress", "off"])
+            .current_dir(&*dir)
+            .output()
+            .expect("the binary starts");
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let out = args
+            .iter()
+            .position(|arg| arg == "--out")
+            .map(|at| args[at + 1].clone())
+            .expect("each shard names its output");
+        outs.push(rows_in(&dir.join(out)));
+    }
+    assert_eq!(outs.len(), 2, "two shards");
+    let group = |row: &serde_json::Value| row["group_id"].as_u64().expect("a group id");
+    let groups: Vec<BTreeSet<u64>> = outs
+        .iter()
+        .map(|rows| rows.iter().map(group).collect())
+        .collect();
+    assert_eq!(outs.iter().map(Vec::len).sum::<usize>(), 512);
+    assert_eq!(groups[0].len() + groups[1].len(), 64);
+    assert!(
+        groups[0].is_disjoint(&groups[1]),
+        "a group id in both shards"
+    );
+}
+
 fn executable(path: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
