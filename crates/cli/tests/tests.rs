@@ -17,6 +17,7 @@ mod reward_model;
 mod rewards;
 mod rollout;
 mod rollout_config;
+mod row_stream;
 mod untrusted;
 
 /// The repository's root, where `examples/` is (the binary's own fixtures are in this

@@ -26,3 +26,9 @@ pub use crate::{
     data::{DatasetError, DatasetReader, DatasetRow, Shard},
     file_error::FileError,
 };
+/// Training rows as Arrow: the schema of Parquet outputs and a group's rows as one record
+/// batch of it (what the row stream serves).
+#[cfg(feature = "parquet")]
+pub mod arrow {
+    pub use crate::parquet::{batch as row_batch, schema as row_schema};
+}

@@ -101,8 +101,8 @@ impl Iterator for ParquetRows {
     }
 }
 
-/// The schema training rows are written with.
-fn schema() -> SchemaRef {
+/// The schema training rows are written with (Parquet outputs, the row stream's batches).
+pub fn schema() -> SchemaRef {
     let list = |item: DataType| DataType::List(Arc::new(Field::new_list_field(item, true)));
     Arc::new(Schema::new(vec![
         Field::new("group_id", DataType::UInt64, false),
@@ -167,7 +167,7 @@ fn upgraded(batch: RecordBatch) -> Result<RecordBatch, ArrowError> {
 }
 
 /// Samples as one record batch of [`schema`].
-fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
+pub fn batch(samples: &[TrainingSample]) -> Result<RecordBatch, FileError> {
     let u64s = |f: fn(&TrainingSample) -> u64| -> ArrayRef {
         Arc::new(UInt64Array::from_iter_values(samples.iter().map(f)))
     };

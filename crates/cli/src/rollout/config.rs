@@ -147,6 +147,27 @@ pub(crate) struct Settings {
     )]
     #[serde(skip_serializing)]
     pub(crate) listen_token: Option<String>,
+    /// Serve the training rows live on this address (PORT or HOST:PORT; 127.0.0.1 when no
+    /// host is given) over Apache Arrow Flight: each group a record batch, held until a
+    /// trainer acknowledges it, every group to one reader. An address
+    /// other machines reach wants --serve-rows-token
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) serve_rows: Option<String>,
+    /// The bearer token every call to the row stream must carry (not empty, no spaces);
+    /// also read from ASYNC_GRPO_ROWS_TOKEN
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "ASYNC_GRPO_ROWS_TOKEN",
+        hide_env_values = true
+    )]
+    #[serde(skip_serializing)]
+    pub(crate) serve_rows_token: Option<String>,
+    /// With --serve-rows: the groups held unacknowledged at most; past it, admission waits
+    /// for the trainer
+    #[arg(long, value_name = "N")]
+    pub(crate) serve_rows_capacity: usize,
     /// A reward function: numeric:COLUMN, exact:COLUMN, regex:PATTERN, command:PROGRAM or
     /// length:MAX, each with an optional @WEIGHT (repeat for several; at least one)
     #[arg(long = "reward", value_name = "SPEC", value_parser = RewardTable::from_spec)]
@@ -216,6 +237,9 @@ impl Default for Settings {
             resume: false,
             listen: None,
             listen_token: None,
+            serve_rows: None,
+            serve_rows_token: None,
+            serve_rows_capacity: 64,
             rewards: Vec::new(),
             estimator: "trl".to_owned(),
             credit: "episode".to_owned(),
@@ -432,6 +456,26 @@ impl Settings {
             }
             control::check_address(address, self.listen_token.is_some())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
+        }
+        if let Some(serve) = &self.serve_rows {
+            let address = listen_address(serve)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("serve_rows")))?;
+            if let Some(token) = &self.serve_rows_token {
+                control::check_token(token).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            control::check_reach(
+                address,
+                self.serve_rows_token.is_some(),
+                "--serve-rows-token",
+                "ASYNC_GRPO_ROWS_TOKEN",
+            )
+            .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("serve_rows")))?;
+        }
+        if self.serve_rows_capacity == 0 {
+            bail!(
+                "{}: serve_rows_capacity must be at least 1",
+                places.of("serve_rows_capacity")
+            );
         }
         if self.tool_threads == Some(0) {
             bail!(

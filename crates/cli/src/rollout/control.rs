@@ -117,14 +117,28 @@ pub(crate) fn check_token(token: &str) -> Result<(), String> {
 /// Refuses, before anything runs, an address other machines reach (anything but
 /// 127.0.0.0/8 and ::1) when no token is set: anyone reaching it could steer the run.
 pub(crate) fn check_address(address: SocketAddr, token_set: bool) -> Result<(), String> {
+    check_reach(
+        address,
+        token_set,
+        "--listen-token",
+        "ASYNC_GRPO_LISTEN_TOKEN",
+    )
+}
+
+/// [`check_address`] for an endpoint whose token is given by `flag` or `variable`.
+pub(crate) fn check_reach(
+    address: SocketAddr,
+    token_set: bool,
+    flag: &str,
+    variable: &str,
+) -> Result<(), String> {
     if token_set || is_loopback(address.ip()) {
         return Ok(());
     }
     Err(format!(
         "{address} is reachable from other machines, and without a token anyone who reaches it \
-         can pause the run or set its model version: set a token with --listen-token TOKEN or \
-         ASYNC_GRPO_LISTEN_TOKEN, or listen on a loopback address (a bare port listens on \
-         127.0.0.1)"
+         can pause the run or set its model version: set a token with {flag} TOKEN or \
+         {variable}, or listen on a loopback address (a bare port listens on 127.0.0.1)"
     ))
 }
 

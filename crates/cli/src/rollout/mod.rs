@@ -12,4 +12,5 @@ pub(crate) mod environment;
 pub(crate) mod preflight;
 pub(crate) mod programs;
 pub(crate) mod progress;
+pub(crate) mod rows;
 pub(crate) mod run;

@@ -21,6 +21,7 @@ use super::{
     control::ControlEndpoint,
     preflight::{self, Checked},
     progress::{Progress, Totals},
+    rows::{Pusher, RowStream},
 };
 
 /// Exit code of a run stopped by a signal whose drain had to cancel rollouts.
@@ -51,6 +52,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let mut signals = Signals::new()?;
     // Served from now on: `/health` answers while the run waits for its servers.
     let control = start_control(settings)?;
+    let rows = start_rows(settings)?;
     let Checked {
         tokenizer,
         dataset,
@@ -110,6 +112,9 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     if let Some(control) = &control {
         control.attach(Arc::clone(&engine), Arc::clone(&totals));
     }
+    if let Some(rows) = &rows {
+        rows.attach(Arc::clone(&engine));
+    }
     tracing::info!(
         config = ?resolved.config_file,
         dataset = %settings.dataset.display(),
@@ -125,7 +130,8 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         "rolling out"
     );
 
-    let (writer, done_rx) = start_writer(groups, sink, Arc::clone(&totals))?;
+    let pusher = rows.as_ref().map(RowStream::pusher);
+    let (writer, done_rx) = start_writer(groups, sink, pusher, Arc::clone(&totals))?;
     let progress = Progress::start(
         settings.progress,
         total,
@@ -138,6 +144,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         &mut signals,
         done_rx,
         &progress,
+        rows.as_ref(),
         settings.drain_timeout,
     )
     .await;
@@ -145,6 +152,22 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         .await
         .context("the writer thread was lost")?
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+    if let Some(rows) = rows {
+        // After a signal, no wait for a trainer: what it did not acknowledge is in the file.
+        let wait = if interrupted {
+            Duration::ZERO
+        } else {
+            settings.drain_timeout
+        };
+        let left = rows.finish(wait).await;
+        if left > 0 {
+            eprintln!(
+                "async-grpo: the row stream ended with {left} groups not acknowledged within \
+                 --drain-timeout (they are in {})",
+                settings.out.display()
+            );
+        }
+    }
     progress.finish(&engine.health(), total).await;
     drop(health_checks);
     drop(control);
@@ -168,6 +191,21 @@ fn start_control(settings: &Settings) -> anyhow::Result<Option<ControlEndpoint>>
     Ok(Some(control))
 }
 
+/// The row stream, when `--serve-rows` asks for one.
+fn start_rows(settings: &Settings) -> anyhow::Result<Option<RowStream>> {
+    let Some(address) = &settings.serve_rows else {
+        return Ok(None);
+    };
+    let address = listen_address(address).map_err(|e| anyhow::anyhow!("--serve-rows: {e}"))?;
+    let rows = RowStream::start(
+        address,
+        settings.serve_rows_token.clone(),
+        settings.serve_rows_capacity,
+    )?;
+    eprintln!("async-grpo: serving rows on {}", rows.address());
+    Ok(Some(rows))
+}
+
 /// The writer thread (files block): every scored group to the output, one write each; the
 /// receiver hears when the output has ended.
 type Writer = std::thread::JoinHandle<anyhow::Result<(u64, u64)>>;
@@ -175,13 +213,14 @@ type Writer = std::thread::JoinHandle<anyhow::Result<(u64, u64)>>;
 fn start_writer(
     groups: Groups,
     sink: Output,
+    rows: Option<Pusher>,
     totals: Arc<Totals>,
 ) -> anyhow::Result<(Writer, tokio::sync::oneshot::Receiver<()>)> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let writer = std::thread::Builder::new()
         .name("rollout-writer".to_owned())
         .spawn(move || {
-            let result = write_groups(groups, sink, &totals);
+            let result = write_groups(groups, sink, rows.as_ref(), &totals);
             let _ = done_tx.send(());
             result
         })
@@ -228,12 +267,18 @@ async fn wait_and_drain(
     signals: &mut Signals,
     done: tokio::sync::oneshot::Receiver<()>,
     progress: &Progress,
+    rows: Option<&RowStream>,
     drain_timeout: Duration,
 ) -> (bool, DrainReport) {
     let interrupted = tokio::select! {
         _ = done => false,
         signal = signals.next() => {
             progress.pause();
+            if let Some(rows) = rows {
+                // A writer waiting for the trainer must not hold the drain: what it does not
+                // push is in the output file.
+                rows.close();
+            }
             eprintln!(
                 "async-grpo: {signal}: draining (up to {}; {signal} again cancels at once)",
                 humantime::format_duration(drain_timeout)
@@ -373,10 +418,15 @@ fn say_resumed(destination: &Destination) {
 fn write_groups(
     mut groups: Groups,
     mut sink: Output,
+    rows: Option<&Pusher>,
     totals: &Totals,
 ) -> anyhow::Result<(u64, u64)> {
     while let Some(group) = groups.blocking_recv() {
         sink.write_group(&group.samples)?;
+        // Written first: a group the stream holds is in the file, for a resume.
+        if let Some(rows) = rows {
+            rows.push(&group.samples)?;
+        }
         totals.groups.fetch_add(1, Ordering::Relaxed);
         totals
             .samples

@@ -5,7 +5,8 @@
 the engine: rollouts, tool calls and scoring run on the engine's own threads, Python tools
 and reward functions (sync or ``async def``) are called from there, and scored samples land
 in ``rollout_buffer`` as TRL's own ``RolloutSample``. ``Simulator`` serves a GPU-free
-vLLM-compatible stand-in to try it against.
+vLLM-compatible stand-in to try it against. ``RowStream`` reads the rows an engine serves
+over the network (``--serve-rows``), for any other trainer.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from ._native import Simulator, __version__
 
 if TYPE_CHECKING:
     from ._sample import RolloutSample
+    from ._stream import RowStream, StreamedGroup
     from ._worker import RolloutWorker
 
-__all__ = ["RolloutSample", "RolloutWorker", "Simulator", "__version__"]
+__all__ = ["RolloutSample", "RolloutWorker", "RowStream", "Simulator", "StreamedGroup", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -42,4 +44,8 @@ def __getattr__(name: str) -> Any:
         from ._sample import RolloutSample
 
         return RolloutSample
+    if name in ("RowStream", "StreamedGroup"):
+        from . import _stream
+
+        return getattr(_stream, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,163 @@
+//! `--serve-rows`: the binary's rows read live over Arrow Flight by arrow-flight's own client,
+//! as a trainer on another machine would: the groups the stream delivers are the groups
+//! `--out` holds, and a trainer that stops reading stops the run's admission.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use arrow_array::{Array as _, UInt64Array};
+use arrow_flight::{Action, FlightClient, Ticket, decode::DecodedPayload};
+use futures::StreamExt as _;
+use test_support::ScratchDir;
+
+/// A run of the quickstart on the simulator, `groups` groups of 4, serving its rows.
+fn start(dir: &std::path::Path, groups: u32, capacity: u32) -> (Child, SocketAddr) {
+    let quickstart = super::rollout::quickstart();
+    let config = format!(
+        "dataset = {}\ntokenizer = {}\nnum_generations = 4\ngroups = {groups}\nmax_turns = 4\n\
+         out = \"rows.jsonl\"\nserve_rows = \"127.0.0.1:0\"\nserve_rows_capacity = {capacity}\n\
+         progress = \"off\"\n[[rewards]]\nspec = \"numeric:answer\"\n[[tools]]\nname = \"calculator\"\n\
+         kind = \"calculator\"\n[simulator]\ntool_rounds = 1\n",
+        super::rollout::toml_path(&quickstart.join("arithmetic.jsonl")),
+        super::rollout::toml_path(&quickstart),
+    );
+    std::fs::write(dir.join("run.toml"), config).expect("the config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--config", "run.toml"])
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (found, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut found = Some(found);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(address) = line.strip_prefix("async-grpo: serving rows on ")
+                && let Some(found) = found.take()
+            {
+                let _ = found.send(address.parse::<SocketAddr>().expect("an address"));
+            }
+        }
+    });
+    let address = address
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run says where it serves rows");
+    (child, address)
+}
+
+async fn client(address: SocketAddr) -> FlightClient {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connected");
+    FlightClient::new(channel)
+}
+
+/// Every group the stream delivers, acknowledged: group id to its rows' `input_ids` lengths.
+async fn read_all(address: SocketAddr) -> BTreeMap<u64, Vec<usize>> {
+    let mut client = client(address).await;
+    let mut stream = client
+        .do_get(Ticket::new("rows"))
+        .await
+        .expect("a stream")
+        .into_inner();
+    let mut groups = BTreeMap::new();
+    while let Some(message) = stream.next().await {
+        let message = message.expect("a message");
+        let DecodedPayload::RecordBatch(batch) = message.payload else {
+            continue;
+        };
+        let place: serde_json::Value =
+            serde_json::from_slice(&message.inner.app_metadata).expect("its place");
+        let ids = batch
+            .column_by_name("group_id")
+            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>().cloned())
+            .expect("group_id");
+        let tokens = batch
+            .column_by_name("input_ids")
+            .and_then(|c| c.as_any().downcast_ref::<arrow_array::ListArray>().cloned())
+            .expect("input_ids");
+        let lengths: Vec<usize> = (0..tokens.len())
+            .map(|row| tokens.value(row).len())
+            .collect();
+        assert!(
+            groups.insert(ids.value(0), lengths).is_none(),
+            "a group twice"
+        );
+        let ack = serde_json::json!({"reader": place["reader"], "through": place["position"]});
+        let answer = client
+            .do_action(Action::new("ack", ack.to_string()))
+            .await
+            .expect("acknowledged")
+            .next()
+            .await
+            .expect("an answer")
+            .expect("ok");
+        let answer: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+        assert_eq!(answer["acknowledged"], 1);
+    }
+    groups
+}
+
+fn out_groups(path: &std::path::Path) -> BTreeMap<u64, Vec<usize>> {
+    let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for line in std::fs::read_to_string(path).expect("the output").lines() {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a row");
+        groups
+            .entry(row["group_id"].as_u64().expect("a group id"))
+            .or_default()
+            .push(row["input_ids"].as_array().expect("input_ids").len());
+    }
+    groups
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_delivers_every_group_of_the_output_once() {
+    let dir = ScratchDir::new("async-grpo-row-stream");
+    let (mut child, address) = start(&dir, 12, 2);
+    let streamed = tokio::time::timeout(Duration::from_secs(120), read_all(address))
+        .await
+        .expect("the stream ended");
+    let status = child.wait().expect("the run ends");
+    assert!(status.success(), "{status}");
+    assert_eq!(streamed.len(), 12);
+    assert_eq!(streamed, out_groups(&dir.join("rows.jsonl")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_that_does_not_read_stops_admission_and_ctrl_c_still_ends_the_run() {
+    let dir = ScratchDir::new("async-grpo-row-stream-stalled");
+    let (mut child, _address) = start(&dir, 64, 2);
+    // No one reads: at most the stream's 2 groups, the writer's one and what the engine's
+    // bounded channel holds get written; the run does not finish its 64.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        child.try_wait().expect("its state").is_none(),
+        "the run ended unread"
+    );
+    let written = out_groups(&dir.join("rows.jsonl")).len();
+    assert!(written < 64, "{written} groups written with no reader");
+    let pid =
+        rustix::process::Pid::from_raw(i32::try_from(child.id()).expect("a pid")).expect("a pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT");
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(status) = child.try_wait().expect("its state") {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("Ctrl-C ended a run waiting for its trainer");
+    // A clean drain: the rollouts in flight finished into the file, none lost.
+    assert!(ended.success(), "{ended}");
+    assert!(out_groups(&dir.join("rows.jsonl")).len() >= written);
+}

@@ -1,0 +1,348 @@
+//! [`RowServer`]: the row stream over Apache Arrow Flight (feature `flight`), a
+//! [`Ledger`] of record batches served to any Flight client (`pyarrow.flight`, C++, Java,
+//! Go, Rust).
+//!
+//! - `DoGet` (any ticket): a reader's stream. Its first message is the schema; then one
+//!   record batch per group, as groups complete, each with `app_metadata` naming its place:
+//!   `{"position": P, "reader": R}`. The stream ends when the run does. A stream that closes
+//!   gives the groups it was sent and did not acknowledge back to the ledger, for whoever
+//!   reads next.
+//! - `DoAction "ack"`, body `{"reader": R, "through": P}`: acknowledges every group reader
+//!   `R` was sent up to position `P`; answers `{"acknowledged": N}`.
+//! - `DoAction "model_version"`, body `{"version": N}`: the trainer's new policy version,
+//!   handed to the engine's [`Feedback`].
+//! - With a token, every call must carry `authorization: Bearer TOKEN`; others get
+//!   `UNAUTHENTICATED` and nothing else.
+
+use std::{
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+pub use arrow_array::RecordBatch;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+    flight_service_server::{FlightService, FlightServiceServer},
+};
+use arrow_schema::SchemaRef;
+use futures::{Stream, StreamExt as _, stream};
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{Ledger, Position, Reader};
+
+/// What the trainer sends back over the stream, for the engine to act on.
+pub trait Feedback: Send + Sync + 'static {
+    /// The trainer's policy is now `version`: turns sampled from now on record it.
+    fn model_version(&self, version: u64) -> Result<(), String>;
+}
+
+/// The Flight service of a row stream: see the [module](self) documentation.
+pub struct RowServer {
+    ledger: Arc<Ledger<RecordBatch>>,
+    schema: SchemaRef,
+    feedback: Arc<dyn Feedback>,
+    token: Option<String>,
+    readers: AtomicU64,
+}
+
+/// A batch's place, as its `app_metadata` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPlace {
+    /// The group's position in the stream.
+    pub position: Position,
+    /// The reader the stream was opened as (what its acknowledgements name).
+    pub reader: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ack {
+    reader: u64,
+    through: Position,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelVersion {
+    version: u64,
+}
+
+impl std::fmt::Debug for RowServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowServer")
+            .field("ledger", &self.ledger.stats())
+            .field("token", &self.token.as_ref().map(|_| "..."))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RowServer {
+    /// A server of `ledger`'s groups, each a record batch of `schema`; `token`, when given,
+    /// is the bearer token every call must carry.
+    pub fn new(
+        ledger: Arc<Ledger<RecordBatch>>,
+        schema: SchemaRef,
+        feedback: Arc<dyn Feedback>,
+        token: Option<String>,
+    ) -> RowServer {
+        RowServer {
+            ledger,
+            schema,
+            feedback,
+            token,
+            readers: AtomicU64::new(0),
+        }
+    }
+
+    /// As a tonic service, to serve (`tonic::transport::Server::builder().add_service(..)`).
+    pub fn into_service(self) -> FlightServiceServer<RowServer> {
+        FlightServiceServer::new(self).max_decoding_message_size(1 << 20)
+    }
+
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        // Compared whole, in time independent of where they differ.
+        match given {
+            Some(given)
+                if given.len() == token.len()
+                    && given
+                        .bytes()
+                        .zip(token.bytes())
+                        .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                        == 0 =>
+            {
+                Ok(())
+            }
+            _ => Err(Status::unauthenticated("a valid bearer token is required")),
+        }
+    }
+}
+
+/// Gives a reader's unacknowledged groups back when its stream is dropped (the client went
+/// away, or the call ended).
+struct Lease {
+    ledger: Arc<Ledger<RecordBatch>>,
+    reader: Reader,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.ledger.release(self.reader);
+    }
+}
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn encode(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    place: BatchPlace,
+) -> Result<FlightData, Status> {
+    let mut messages = arrow_flight::utils::batches_to_flight_data(schema, [batch])
+        .map_err(|e| Status::internal(format!("cannot encode a group: {e}")))?;
+    // The schema first, then the batch (the rows' schema has no dictionaries).
+    let mut data = messages
+        .pop()
+        .ok_or_else(|| Status::internal("a group encoded to nothing"))?;
+    let place = serde_json::to_vec(&place).map_err(|e| Status::internal(e.to_string()))?;
+    data.app_metadata = place.into();
+    Ok(data)
+}
+
+#[tonic::async_trait]
+impl FlightService for RowServer {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+    type DoExchangeStream = Boxed<FlightData>;
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.authorize(&request)?;
+        let reader = Reader(self.readers.fetch_add(1, Ordering::Relaxed));
+        let schema = self.schema.clone();
+        let first = arrow_flight::utils::batches_to_flight_data(&schema, [])
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let lease = Lease {
+            ledger: Arc::clone(&self.ledger),
+            reader,
+        };
+        let groups = stream::unfold((lease, schema), |(lease, schema)| async move {
+            let (position, batch) = lease.ledger.next(lease.reader).await?;
+            let place = BatchPlace {
+                position,
+                reader: lease.reader.0,
+            };
+            let data = encode(&schema, &batch, place);
+            Some((data, (lease, schema)))
+        });
+        let stream = stream::iter(first.into_iter().map(Ok)).chain(groups);
+        Ok(Response::new(stream.boxed()))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.authorize(&request)?;
+        let action = request.into_inner();
+        let body = match action.r#type.as_str() {
+            "ack" => {
+                let ack: Ack = serde_json::from_slice(&action.body).map_err(|e| {
+                    Status::invalid_argument(format!(
+                        "ack: expected {{\"reader\": R, \"through\": POSITION}}: {e}"
+                    ))
+                })?;
+                let acknowledged = self.ledger.ack_through(Reader(ack.reader), ack.through);
+                serde_json::json!({ "acknowledged": acknowledged })
+            }
+            "model_version" => {
+                let version: ModelVersion = serde_json::from_slice(&action.body).map_err(|e| {
+                    Status::invalid_argument(format!(
+                        "model_version: expected {{\"version\": N}}: {e}"
+                    ))
+                })?;
+                self.feedback
+                    .model_version(version.version)
+                    .map_err(Status::failed_precondition)?;
+                serde_json::json!({ "version": version.version })
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action '{other}': expected ack or model_version"
+                )));
+            }
+        };
+        let result = arrow_flight::Result {
+            body: body.to_string().into_bytes().into(),
+        };
+        Ok(Response::new(stream::iter([Ok(result)]).boxed()))
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.authorize(&request)?;
+        let actions = [
+            (
+                "ack",
+                "acknowledge a reader's groups: {\"reader\": R, \"through\": P}",
+            ),
+            (
+                "model_version",
+                "the trainer's policy version: {\"version\": N}",
+            ),
+        ]
+        .map(|(kind, description)| {
+            Ok(ActionType {
+                r#type: kind.to_owned(),
+                description: description.to_owned(),
+            })
+        });
+        Ok(Response::new(stream::iter(actions).boxed()))
+    }
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "no handshake: send the bearer token with each call",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        _: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("one stream: DoGet with any ticket"))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("one stream: DoGet with any ticket"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("one stream: DoGet with any ticket"))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.authorize(&request)?;
+        let result = SchemaResult::try_from(arrow_flight::SchemaAsIpc::new(
+            &self.schema,
+            &Default::default(),
+        ))
+        .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_put(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented("the row stream is read-only"))
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("the row stream is read-only"))
+    }
+}
+
+/// Serves `server` on `address` (port 0 for any) on the current tokio runtime: the address it
+/// listens on, and the task serving it (abort it to stop).
+pub fn serve(
+    server: RowServer,
+    address: std::net::SocketAddr,
+) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let incoming = tonic::transport::server::TcpIncoming::bind(address)?;
+    let bound = incoming.local_addr()?;
+    let task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(server.into_service())
+            .serve_with_incoming(incoming)
+            .await;
+        if let Err(error) = served {
+            tracing_free_log(&error);
+        }
+    });
+    Ok((bound, task))
+}
+
+/// A server that stopped on an error says so on stderr (this crate logs nothing else).
+#[allow(
+    clippy::print_stderr,
+    reason = "the one message of a server that stopped"
+)]
+fn tracing_free_log(error: &dyn std::fmt::Display) {
+    eprintln!("async-grpo: the row stream stopped: {error}");
+}

@@ -1,0 +1,173 @@
+"""``RowStream`` (pyarrow.flight) against the binary's ``--serve-rows``, the engine in a
+process of its own as a remote trainer meets it: every group once and equal to ``--out``,
+a reader killed mid-stream losing and duplicating nothing, a wrong token refused, four
+readers splitting the groups."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from async_grpo import RowStream
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICKSTART = ROOT / "examples" / "quickstart"
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    path = os.environ.get("ASYNC_GRPO_BIN", "")
+    assert path and Path(path).is_file(), (
+        f"ASYNC_GRPO_BIN is {path!r}: run the suite with `cargo xtask pytest`, which builds the binary"
+    )
+    return path
+
+
+class Engine:
+    """``async-grpo rollout --serve-rows`` on the simulator, in `directory`."""
+
+    def __init__(self, binary: str, directory: Path, groups: int, capacity: int, token: str | None = None) -> None:
+        config = directory / "run.toml"
+        config.write_text(
+            f'dataset = "{QUICKSTART / "arithmetic.jsonl"}"\ntokenizer = "{QUICKSTART}"\n'
+            f'num_generations = 4\ngroups = {groups}\nout = "rows.jsonl"\noverwrite = true\n'
+            f'serve_rows = "127.0.0.1:0"\nserve_rows_capacity = {capacity}\nprogress = "off"\n'
+            '[[rewards]]\nspec = "numeric:answer"\n'
+        )
+        env = dict(os.environ)
+        if token:
+            env["ASYNC_GRPO_ROWS_TOKEN"] = token
+        self.process = subprocess.Popen(
+            [binary, "rollout", "--config", str(config)],
+            cwd=directory,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.out = directory / "rows.jsonl"
+        assert self.process.stderr is not None
+        self.url = ""
+        for line in self.process.stderr:
+            found = re.search(r"serving rows on (\S+)", line)
+            if found:
+                self.url = "grpc://" + found.group(1)
+                break
+        assert self.url, "the engine never said where it serves rows"
+        # The rest of stderr, drained so the engine never blocks on it.
+        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+
+    def wait(self) -> int:
+        return self.process.wait(timeout=120)
+
+    def out_groups(self) -> dict[int, int]:
+        groups: dict[int, int] = {}
+        for line in self.out.read_text().splitlines():
+            group = json.loads(line)["group_id"]
+            groups[group] = groups.get(group, 0) + 1
+        return groups
+
+
+def group_id(rows: Any) -> int:
+    ids = rows.column("group_id").to_numpy()
+    assert (ids == ids[0]).all(), "a batch of two groups"
+    return int(ids[0])
+
+
+def test_every_group_arrives_once_with_the_rows_of_out(binary: str, tmp_path: Path) -> None:
+    engine = Engine(binary, tmp_path, groups=10, capacity=2)
+    streamed: dict[int, int] = {}
+    with RowStream(engine.url, timeout=60) as stream:
+        stream.update_model_version(2)
+        for group in stream:
+            gid = group_id(group.rows)
+            assert gid not in streamed, f"group {gid} twice"
+            streamed[gid] = group.rows.num_rows
+            # Zero-copy into NumPy: the token ids of the first row.
+            assert group.rows.column("input_ids")[0].values.to_numpy().size > 0
+            assert stream.ack(group) == 1
+    assert engine.wait() == 0
+    assert streamed == engine.out_groups()
+    assert len(streamed) == 10
+
+
+def _read_then_die(url: str, acknowledged: Any, ready: Any) -> None:
+    """A trainer that acknowledges its first group, reads two more, then is killed."""
+    stream = RowStream(url, timeout=60)
+    for count, group in enumerate(stream):
+        if count == 0:
+            stream.ack(group)
+            acknowledged.put(group_id(group.rows))
+            # Flushed to the parent before anything can kill this process.
+            acknowledged.close()
+            acknowledged.join_thread()
+        if count == 2:
+            ready.set()
+            threading.Event().wait()  # until killed
+
+
+def test_a_reader_killed_mid_stream_loses_and_duplicates_nothing(binary: str, tmp_path: Path) -> None:
+    engine = Engine(binary, tmp_path, groups=8, capacity=4)
+    context = multiprocessing.get_context("spawn")
+    acknowledged = context.Queue()
+    ready = context.Event()
+    reader = context.Process(target=_read_then_die, args=(engine.url, acknowledged, ready))
+    reader.start()
+    assert ready.wait(60), "the first reader never read three groups"
+    reader.kill()
+    reader.join()
+    first = acknowledged.get(timeout=10)
+    rest: list[int] = []
+    with RowStream(engine.url, timeout=60) as stream:
+        for group in stream:
+            rest.append(group_id(group.rows))
+            stream.ack(group)
+    assert engine.wait() == 0
+    assert first not in rest, "an acknowledged group delivered again"
+    assert sorted([first, *rest]) == sorted(engine.out_groups()), "a group lost or twice"
+
+
+def test_a_wrong_token_gets_nothing(binary: str, tmp_path: Path) -> None:
+    import pyarrow.flight as flight
+
+    engine = Engine(binary, tmp_path, groups=2, capacity=2, token="s3cret")
+    for token in (None, "wrong"):
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            next(iter(RowStream(engine.url, token, timeout=60)))
+    with RowStream(engine.url, "s3cret", timeout=60) as stream:
+        for group in stream:
+            stream.ack(group)
+    assert engine.wait() == 0
+
+
+def _read_all(url: str, out: Any) -> None:
+    seen = []
+    with RowStream(url, timeout=60) as stream:
+        for group in stream:
+            seen.append(group_id(group.rows))
+            stream.ack(group)
+    out.put(seen)
+
+
+def test_four_readers_split_the_groups_with_none_twice(binary: str, tmp_path: Path) -> None:
+    engine = Engine(binary, tmp_path, groups=24, capacity=4)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    readers = [context.Process(target=_read_all, args=(engine.url, out)) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    seen: list[int] = []
+    for _ in readers:
+        seen.extend(out.get(timeout=120))
+    for reader in readers:
+        reader.join(timeout=30)
+    assert engine.wait() == 0
+    assert sorted(seen) == sorted(engine.out_groups()), "a group lost or twice"
+    assert len(seen) == 24
