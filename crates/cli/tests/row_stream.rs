@@ -1,6 +1,7 @@
 //! `--serve-rows`: the binary's rows read live over Arrow Flight by arrow-flight's own client,
 //! as a trainer on another machine would: the groups the stream delivers are the groups
-//! `--out` holds, and a trainer that stops reading stops the run's admission.
+//! `--out` holds, a trainer that stops reading stops the run's admission, and an engine
+//! killed and resumed serves again exactly what its trainer did not acknowledge.
 
 use std::{
     collections::BTreeMap,
@@ -17,6 +18,15 @@ use test_support::ScratchDir;
 
 /// A run of the quickstart on the simulator, `groups` groups of 4, serving its rows.
 fn start(dir: &std::path::Path, groups: u32, capacity: u32) -> (Child, SocketAddr) {
+    start_with(dir, groups, capacity, &[])
+}
+
+fn start_with(
+    dir: &std::path::Path,
+    groups: u32,
+    capacity: u32,
+    args: &[&str],
+) -> (Child, SocketAddr) {
     let quickstart = super::rollout::quickstart();
     let config = format!(
         "dataset = {}\ntokenizer = {}\nnum_generations = 4\ngroups = {groups}\nmax_turns = 4\n\
@@ -29,6 +39,7 @@ fn start(dir: &std::path::Path, groups: u32, capacity: u32) -> (Child, SocketAdd
     std::fs::write(dir.join("run.toml"), config).expect("the config");
     let mut child = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
         .args(["rollout", "--config", "run.toml"])
+        .args(args)
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()
@@ -62,14 +73,26 @@ async fn client(address: SocketAddr) -> FlightClient {
 
 /// Every group the stream delivers, acknowledged: group id to its rows' `input_ids` lengths.
 async fn read_all(address: SocketAddr) -> BTreeMap<u64, Vec<usize>> {
+    read(address, usize::MAX, usize::MAX)
+        .await
+        .into_iter()
+        .map(|(_, id, lengths)| (id, lengths))
+        .collect()
+}
+
+/// The first `take` groups the stream delivers (all, to its end, when there are fewer), the
+/// first `acknowledge` of them acknowledged: position, group id, rows' `input_ids` lengths.
+async fn read(address: SocketAddr, take: usize, acknowledge: usize) -> Vec<(u64, u64, Vec<usize>)> {
     let mut client = client(address).await;
     let mut stream = client
         .do_get(Ticket::new("rows"))
         .await
         .expect("a stream")
         .into_inner();
-    let mut groups = BTreeMap::new();
-    while let Some(message) = stream.next().await {
+    let mut groups: Vec<(u64, u64, Vec<usize>)> = Vec::new();
+    while groups.len() < take
+        && let Some(message) = stream.next().await
+    {
         let message = message.expect("a message");
         let DecodedPayload::RecordBatch(batch) = message.payload else {
             continue;
@@ -88,9 +111,14 @@ async fn read_all(address: SocketAddr) -> BTreeMap<u64, Vec<usize>> {
             .map(|row| tokens.value(row).len())
             .collect();
         assert!(
-            groups.insert(ids.value(0), lengths).is_none(),
+            groups.iter().all(|(_, id, _)| *id != ids.value(0)),
             "a group twice"
         );
+        let position = place["position"].as_u64().expect("a position");
+        groups.push((position, ids.value(0), lengths));
+        if groups.len() > acknowledge {
+            continue;
+        }
         let ack = serde_json::json!({"reader": place["reader"], "through": place["position"]});
         let answer = client
             .do_action(Action::new("ack", ack.to_string()))
@@ -160,4 +188,54 @@ async fn a_trainer_that_does_not_read_stops_admission_and_ctrl_c_still_ends_the_
     // A clean drain: the rollouts in flight finished into the file, none lost.
     assert!(ended.success(), "{ended}");
     assert!(out_groups(&dir.join("rows.jsonl")).len() >= written);
+}
+
+/// Kills the engine outright (no drain, no goodbye), as a crash or an OOM kill would.
+fn kill(child: &mut Child) {
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_killed_and_resumed_serves_again_what_was_not_acknowledged_and_nothing_else() {
+    let dir = ScratchDir::new("async-grpo-row-stream-resume");
+    let (mut child, address) = start(&dir, 12, 3);
+    // Five groups read, the first three acknowledged; then the engine dies.
+    let first = tokio::time::timeout(Duration::from_secs(120), read(address, 5, 3))
+        .await
+        .expect("five groups");
+    let positions: Vec<u64> = first.iter().map(|(position, ..)| *position).collect();
+    assert_eq!(positions, [0, 1, 2, 3, 4]);
+    kill(&mut child);
+    let acknowledged: BTreeMap<u64, Vec<usize>> = first[..3]
+        .iter()
+        .map(|(_, id, lengths)| (*id, lengths.clone()))
+        .collect();
+
+    let (mut child, address) = start_with(&dir, 12, 3, &["--resume"]);
+    let rest = tokio::time::timeout(
+        Duration::from_secs(120),
+        read(address, usize::MAX, usize::MAX),
+    )
+    .await
+    .expect("the resumed stream ended");
+    let status = child.wait().expect("the run ends");
+    assert!(status.success(), "{status}");
+    // The resumed stream starts where the acknowledgements stop: group 3, read and not
+    // acknowledged before the kill, comes first, at its position.
+    assert_eq!(rest.first().map(|(position, ..)| *position), Some(3));
+    let mut streamed = acknowledged.clone();
+    for (position, id, lengths) in rest {
+        assert!(
+            !acknowledged.contains_key(&id),
+            "group {id} at {position}: acknowledged before the kill, delivered again"
+        );
+        assert!(streamed.insert(id, lengths).is_none(), "group {id} twice");
+    }
+    assert_eq!(
+        streamed,
+        out_groups(&dir.join("rows.jsonl")),
+        "the stream is the output"
+    );
+    assert_eq!(streamed.len(), 12);
 }

@@ -26,9 +26,10 @@ pub use crate::{
     data::{DatasetError, DatasetReader, DatasetRow, Shard},
     file_error::FileError,
 };
-/// Training rows as Arrow: the schema of Parquet outputs and a group's rows as one record
-/// batch of it (what the row stream serves).
+/// Training rows as Arrow: the schema of Parquet outputs, a group's rows as one record
+/// batch of it (what the row stream serves), and the groups an output holds as such batches
+/// (what a resumed row stream serves again).
 #[cfg(feature = "parquet")]
 pub mod arrow {
-    pub use crate::parquet::{batch as row_batch, schema as row_schema};
+    pub use crate::parquet::{batch as row_batch, output_groups, schema as row_schema};
 }

@@ -309,6 +309,157 @@ pub(crate) fn write(
     Ok((groups.len() as u64, written))
 }
 
+/// The groups an output this program wrote holds, in the order they were written, each as
+/// one record batch of [`schema`] with its position (its place among the output's groups,
+/// from 0): those whose position is `wanted`. A Parquet output's groups are its file's, then
+/// its journal's. Read after the output was opened to resume, which cut it back to its whole
+/// groups.
+pub fn output_groups(
+    out: &Path,
+    mut wanted: impl FnMut(u64) -> bool,
+) -> Result<Vec<(u64, RecordBatch)>, FileError> {
+    let mut groups = Groups::default();
+    match crate::data::Format::of(out) {
+        crate::data::Format::JsonLines => jsonl_groups(out, &mut groups, &mut wanted)?,
+        crate::data::Format::Parquet => {
+            if out.exists() {
+                parquet_output_groups(out, &mut groups, &mut wanted)?;
+            }
+            let journal = crate::output::journal_path(out);
+            if journal.exists() {
+                jsonl_groups(&journal, &mut groups, &mut wanted)?;
+            }
+        }
+    }
+    Ok(groups.found)
+}
+
+/// The groups found so far, and where the next one is.
+#[derive(Default)]
+struct Groups {
+    found: Vec<(u64, RecordBatch)>,
+    /// The position of the group being read (`None` before the first).
+    current: Option<(u64, u64)>,
+    next: u64,
+}
+
+impl Groups {
+    /// A row of group `id` is next: its position, a new one when the group changes.
+    fn position_of(&mut self, id: u64) -> u64 {
+        match self.current {
+            Some((current, position)) if current == id => position,
+            _ => {
+                let position = self.next;
+                self.next += 1;
+                self.current = Some((id, position));
+                position
+            }
+        }
+    }
+}
+
+fn jsonl_groups(
+    path: &Path,
+    groups: &mut Groups,
+    wanted: &mut impl FnMut(u64) -> bool,
+) -> Result<(), FileError> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        group_id: u64,
+    }
+    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut pending: Option<(u64, Vec<TrainingSample>)> = None;
+    let flush = |pending: &mut Option<(u64, Vec<TrainingSample>)>,
+                 groups: &mut Groups|
+     -> Result<(), FileError> {
+        if let Some((position, samples)) = pending.take() {
+            groups.found.push((position, batch(&samples)?));
+        }
+        Ok(())
+    };
+    for (index, line) in BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        let bad = |e: serde_json::Error| {
+            format!(
+                "{}:{}: not a training row ({e}); only an output this program wrote is served \
+                 again",
+                path.display(),
+                index + 1
+            )
+        };
+        let id: Id = serde_json::from_str(&line).map_err(|e| FileError::new(bad(e)))?;
+        let position = groups.position_of(id.group_id);
+        if pending.as_ref().is_some_and(|(p, _)| *p != position) {
+            flush(&mut pending, groups)?;
+        }
+        if wanted(position) {
+            let sample: TrainingSample =
+                serde_json::from_str(&line).map_err(|e| FileError::new(bad(e)))?;
+            pending
+                .get_or_insert_with(|| (position, Vec::new()))
+                .1
+                .push(sample);
+        }
+    }
+    flush(&mut pending, groups)
+}
+
+fn parquet_output_groups(
+    path: &Path,
+    groups: &mut Groups,
+    wanted: &mut impl FnMut(u64) -> bool,
+) -> Result<(), FileError> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(
+        File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
+    )
+    .and_then(|builder| builder.build())
+    .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    // A group's rows may span the reader's batches: its slices, joined when it ends.
+    let mut pending: Option<(u64, Vec<RecordBatch>)> = None;
+    let flush = |pending: &mut Option<(u64, Vec<RecordBatch>)>,
+                 groups: &mut Groups|
+     -> Result<(), FileError> {
+        if let Some((position, slices)) = pending.take() {
+            let joined = arrow_select::concat::concat_batches(&schema(), &slices)?;
+            groups.found.push((position, joined));
+        }
+        Ok(())
+    };
+    for batch in reader {
+        let batch = upgraded(batch?)?;
+        let ids = batch
+            .column_by_name("group_id")
+            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+            .cloned()
+            .with_context(|| {
+                format!(
+                    "{}: no u64 column `group_id`: not a file of training rows this program \
+                     wrote",
+                    path.display()
+                )
+            })?;
+        let mut start = 0;
+        while start < ids.len() {
+            let id = ids.value(start);
+            let end = (start..ids.len())
+                .find(|&i| ids.value(i) != id)
+                .unwrap_or(ids.len());
+            let position = groups.position_of(id);
+            if pending.as_ref().is_some_and(|(p, _)| *p != position) {
+                flush(&mut pending, groups)?;
+            }
+            if wanted(position) {
+                pending
+                    .get_or_insert_with(|| (position, Vec::new()))
+                    .1
+                    .push(batch.slice(start, end - start));
+            }
+            start = end;
+        }
+    }
+    flush(&mut pending, groups)
+}
+
 /// The `(group_id, group_samples)` of every row of a Parquet output this program wrote.
 pub(crate) fn groups(path: &Path) -> Result<Vec<(u64, u64)>, FileError> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(
@@ -367,6 +518,61 @@ mod tests {
             step_rewards: Vec::new(),
             advantage_spans: Vec::new(),
         }
+    }
+
+    /// The groups of a Parquet output and its journal, in the order written, at positions
+    /// counted across both: a group of 1,500 rows (past the reader's batches of 1,024) in one
+    /// batch, and only the positions asked for.
+    #[test]
+    fn an_outputs_groups_come_back_whole_at_their_positions() {
+        let dir = std::env::temp_dir().join(format!("parquet-groups-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let out = dir.join("rows.parquet");
+        let group = |id: u64, rows: usize| -> Vec<TrainingSample> {
+            (0..rows)
+                .map(|_| TrainingSample {
+                    group_samples: rows as u64,
+                    ..sample(id, Map::new())
+                })
+                .collect()
+        };
+        let mut writer = ArrowWriter::try_new(File::create(&out).expect("created"), schema(), None)
+            .expect("a writer");
+        for (id, rows) in [(7, 3), (5, 1_500), (9, 2)] {
+            writer
+                .write(&batch(&group(id, rows)).expect("a batch"))
+                .expect("written");
+        }
+        writer.close().expect("closed");
+        let journal = crate::output::journal_path(&out);
+        let lines: String = [(4, 2), (8, 1)]
+            .iter()
+            .flat_map(|&(id, rows)| group(id, rows))
+            .map(|s| serde_json::to_string(&s).expect("JSON") + "\n")
+            .collect();
+        std::fs::write(&journal, lines).expect("the journal");
+
+        let ids = |groups: &[(u64, RecordBatch)]| -> Vec<(u64, u64, usize)> {
+            groups
+                .iter()
+                .map(|(position, batch)| {
+                    let column = batch
+                        .column_by_name("group_id")
+                        .and_then(|c| c.as_any().downcast_ref::<UInt64Array>().cloned())
+                        .expect("group ids");
+                    assert!(column.values().iter().all(|&id| id == column.value(0)));
+                    (*position, column.value(0), batch.num_rows())
+                })
+                .collect()
+        };
+        let all = output_groups(&out, |_| true).expect("read back");
+        assert_eq!(
+            ids(&all),
+            [(0, 7, 3), (1, 5, 1_500), (2, 9, 2), (3, 4, 2), (4, 8, 1)]
+        );
+        let some = output_groups(&out, |position| position % 2 == 1).expect("read back");
+        assert_eq!(ids(&some), [(1, 5, 1_500), (3, 4, 2)]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -101,9 +101,13 @@ impl Destination {
         Output::open(&self.path, self.resumes(), &self.resumed)
     }
 
-    /// The files of this output (the output and, for Parquet, its journal): what nothing the
-    /// policy drives may read.
-    pub fn files(&self) -> [PathBuf; 2] {
-        [self.path.clone(), output::journal_path(&self.path)]
+    /// The files of this output (the output, a Parquet one's journal, and the row stream's
+    /// acknowledgements): what nothing the policy drives may read.
+    pub fn files(&self) -> [PathBuf; 3] {
+        [
+            self.path.clone(),
+            output::journal_path(&self.path),
+            output::acks_path(&self.path),
+        ]
     }
 }

@@ -105,9 +105,10 @@ fn a_parquet_output_left_unfinished_is_refused_by_its_journal() {
         other => panic!("expected the journal refused, got {other:?}"),
     }
     let destination = Destination::check(&path, OutputMode::Overwrite).expect("replacing is asked");
+    let acks = files::output::acks_path(&path);
     assert_eq!(
         destination.files(),
-        [path, journal],
-        "both are the run's own files"
+        [path, journal, acks],
+        "all three are the run's own files"
     );
 }

@@ -8,9 +8,14 @@
 //!   gives the groups it was sent and did not acknowledge back to the ledger, for whoever
 //!   reads next.
 //! - `DoAction "ack"`, body `{"reader": R, "through": P}`: acknowledges every group reader
-//!   `R` was sent up to position `P`; answers `{"acknowledged": N}`.
+//!   `R` was sent up to position `P`, recorded by the [`Feedback`] before the answer
+//!   `{"acknowledged": N}`.
 //! - `DoAction "model_version"`, body `{"version": N}`: the trainer's new policy version,
 //!   handed to the engine's [`Feedback`].
+//! - `DoAction "pause"`, body `{"mode": "wait" | "abort" | "continue"}` or empty, and
+//!   `DoAction "resume"`: stop and restart the engine's admission, as its control endpoint's
+//!   `/pause` and `/resume` do (a trainer pauses, moves its weights, posts its version,
+//!   resumes).
 //! - With a token, every call must carry `authorization: Bearer TOKEN`; others get
 //!   `UNAUTHENTICATED` and nothing else.
 
@@ -31,14 +36,38 @@ use arrow_flight::{
 use arrow_schema::SchemaRef;
 use futures::{Stream, StreamExt as _, stream};
 use serde::{Deserialize, Serialize};
+/// The attribute a [`Feedback`] implementation with a `pause` of its own wears.
+pub use tonic::async_trait;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{Ledger, Position, Reader};
 
 /// What the trainer sends back over the stream, for the engine to act on.
+#[tonic::async_trait]
 pub trait Feedback: Send + Sync + 'static {
     /// The trainer's policy is now `version`: turns sampled from now on record it.
     fn model_version(&self, version: u64) -> Result<(), String>;
+
+    /// Groups at `positions` were acknowledged, and are gone from the ledger: record them
+    /// where a resumed run finds them (an error is the trainer's, as the ack's answer).
+    /// Nothing is recorded by default.
+    fn acknowledged(&self, positions: &[Position]) -> Result<(), String> {
+        let _ = positions;
+        Ok(())
+    }
+
+    /// The trainer asks admission to stop (`mode` as the engine's `in_flight`: `wait`,
+    /// `abort`, `continue`; the engine's own when `None`), answering once it has: what to
+    /// tell the trainer. Refused by default.
+    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
+        let _ = mode;
+        Err("this stream cannot pause its engine".to_owned())
+    }
+
+    /// The trainer asks admission to start again. Refused by default.
+    fn resume(&self) -> Result<serde_json::Value, String> {
+        Err("this stream cannot resume its engine".to_owned())
+    }
 }
 
 /// The Flight service of a row stream: see the [module](self) documentation.
@@ -70,6 +99,13 @@ struct Ack {
 #[serde(deny_unknown_fields)]
 struct ModelVersion {
     version: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pause {
+    #[serde(default)]
+    mode: Option<String>,
 }
 
 impl std::fmt::Debug for RowServer {
@@ -210,8 +246,13 @@ impl FlightService for RowServer {
                         "ack: expected {{\"reader\": R, \"through\": POSITION}}: {e}"
                     ))
                 })?;
-                let acknowledged = self.ledger.ack_through(Reader(ack.reader), ack.through);
-                serde_json::json!({ "acknowledged": acknowledged })
+                let positions = self.ledger.ack_through(Reader(ack.reader), ack.through);
+                // Recorded before the answer: a trainer told its groups are acknowledged
+                // never gets them again, even from a run resumed after a crash.
+                self.feedback
+                    .acknowledged(&positions)
+                    .map_err(Status::internal)?;
+                serde_json::json!({ "acknowledged": positions.len() })
             }
             "model_version" => {
                 let version: ModelVersion = serde_json::from_slice(&action.body).map_err(|e| {
@@ -224,9 +265,29 @@ impl FlightService for RowServer {
                     .map_err(Status::failed_precondition)?;
                 serde_json::json!({ "version": version.version })
             }
+            "pause" => {
+                let pause: Pause = if action.body.is_empty() {
+                    Pause { mode: None }
+                } else {
+                    serde_json::from_slice(&action.body).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "pause: expected {{\"mode\": \"wait\" | \"abort\" | \"continue\"}} or \
+                             nothing: {e}"
+                        ))
+                    })?
+                };
+                self.feedback
+                    .pause(pause.mode)
+                    .await
+                    .map_err(Status::failed_precondition)?
+            }
+            "resume" => self
+                .feedback
+                .resume()
+                .map_err(Status::failed_precondition)?,
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "unknown action '{other}': expected ack or model_version"
+                    "unknown action '{other}': expected ack, model_version, pause or resume"
                 )));
             }
         };
@@ -250,6 +311,11 @@ impl FlightService for RowServer {
                 "model_version",
                 "the trainer's policy version: {\"version\": N}",
             ),
+            (
+                "pause",
+                "stop admission, answering once stopped: {\"mode\": \"wait\"|\"abort\"|\"continue\"} or nothing",
+            ),
+            ("resume", "start admission again"),
         ]
         .map(|(kind, description)| {
             Ok(ActionType {

@@ -3,7 +3,9 @@
 //! on it).
 //!
 //! - **Positions.** Each group gets a position when it is pushed, `0, 1, 2, ...` in the
-//!   order groups complete (from [`Ledger::starting_at`] for a run that resumes).
+//!   order groups complete (from [`Ledger::starting_at`] for a run that resumes; the groups
+//!   its earlier run delivered and no reader acknowledged come back with
+//!   [`Ledger::restore`], at their positions, ahead of the new ones).
 //! - **Each group to one reader.** Readers (a trainer's data-parallel ranks, or one trainer)
 //!   take groups with [`Ledger::next`]; a group taken is leased to that reader, and no other
 //!   reader gets it while the lease holds. The lowest position waiting is taken first.
@@ -67,6 +69,12 @@ pub enum LedgerError {
         /// The reader that acknowledged.
         reader: u64,
         /// The group it named.
+        position: Position,
+    },
+    /// A group restored at a position that is not an earlier run's, or that the ledger holds.
+    #[error("group {position} cannot be restored: it is not an earlier group, or is held")]
+    NotRestorable {
+        /// The position given.
         position: Position,
     },
 }
@@ -142,6 +150,18 @@ impl<G: Clone> Ledger<G> {
 
     /// Adds a group, waiting while `capacity` groups are held unacknowledged; its position.
     pub async fn push(&self, group: G) -> Result<Position, LedgerError> {
+        self.admit(group, None).await
+    }
+
+    /// Gives back a group an earlier run of the stream delivered and no reader acknowledged,
+    /// at its `position` (below the one [`Ledger::starting_at`] was given), waiting as
+    /// [`Ledger::push`] does: a resumed run serves them again, lowest first, ahead of its own.
+    /// A position pushed or restored already is refused.
+    pub async fn restore(&self, position: Position, group: G) -> Result<(), LedgerError> {
+        self.admit(group, Some(position)).await.map(|_| ())
+    }
+
+    async fn admit(&self, group: G, at: Option<Position>) -> Result<Position, LedgerError> {
         let mut group = Some(group);
         loop {
             let room = self.room.notified();
@@ -152,11 +172,23 @@ impl<G: Clone> Ledger<G> {
                 if state.closed {
                     return Err(LedgerError::Closed);
                 }
+                if let Some(position) = at {
+                    let held = state.leased.contains_key(&position)
+                        || state.waiting.iter().any(|(p, _)| *p == position);
+                    if position >= state.next || held {
+                        return Err(LedgerError::NotRestorable { position });
+                    }
+                }
                 if state.held() < state.capacity {
-                    let position = state.next;
-                    state.next += 1;
+                    let position = at.unwrap_or(state.next);
+                    if at.is_none() {
+                        state.next += 1;
+                    }
                     if let Some(group) = group.take() {
-                        state.waiting.push_back((position, group));
+                        // Waiting stays in position order: a restored group goes before
+                        // every later one.
+                        let index = state.waiting.partition_point(|(p, _)| *p < position);
+                        state.waiting.insert(index, (position, group));
                     }
                     drop(state);
                     self.waiting.notify_waiters();
@@ -207,8 +239,9 @@ impl<G: Clone> Ledger<G> {
         }
     }
 
-    /// Acknowledges every group `reader` holds up to `position` included; how many.
-    pub fn ack_through(&self, reader: Reader, position: Position) -> usize {
+    /// Acknowledges every group `reader` holds up to `position` included; their positions,
+    /// lowest first.
+    pub fn ack_through(&self, reader: Reader, position: Position) -> Vec<Position> {
         let mut state = self.lock();
         let mine: Vec<Position> = state
             .leased
@@ -223,7 +256,7 @@ impl<G: Clone> Ledger<G> {
         if !mine.is_empty() {
             self.acknowledged();
         }
-        mine.len()
+        mine
     }
 
     /// `reader` went away: the groups it holds wait again, in position order, ahead of those

@@ -40,13 +40,40 @@ fn group(group_id: u64, rows: usize) -> RecordBatch {
     .expect("a batch")
 }
 
+/// What the trainer sent back, as an engine would get it.
 #[derive(Default)]
-struct Versions(Mutex<Vec<u64>>);
+struct Versions(Mutex<Vec<u64>>, Mutex<Vec<u64>>, Mutex<Vec<String>>);
 
+#[tonic::async_trait]
 impl Feedback for Versions {
     fn model_version(&self, version: u64) -> Result<(), String> {
         self.0.lock().expect("not poisoned").push(version);
         Ok(())
+    }
+
+    fn acknowledged(&self, positions: &[u64]) -> Result<(), String> {
+        self.1.lock().expect("not poisoned").extend(positions);
+        Ok(())
+    }
+
+    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
+        let mode = mode.unwrap_or_else(|| "default".to_owned());
+        if mode == "sideways" {
+            return Err(format!("no mode {mode}"));
+        }
+        self.2
+            .lock()
+            .expect("not poisoned")
+            .push(format!("pause {mode}"));
+        Ok(serde_json::json!({ "paused": true }))
+    }
+
+    fn resume(&self) -> Result<serde_json::Value, String> {
+        self.2
+            .lock()
+            .expect("not poisoned")
+            .push("resume".to_owned());
+        Ok(serde_json::json!({ "paused": false }))
     }
 }
 
@@ -154,6 +181,11 @@ async fn every_group_arrives_once_in_order_and_the_stream_ends_with_the_run() {
     }
     within(writer).await.expect("the writer");
     assert_eq!(seen, (0..20).collect::<Vec<_>>());
+    assert_eq!(
+        *served.versions.1.lock().expect("not poisoned"),
+        seen,
+        "every acknowledgement recorded, as answered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,8 +272,30 @@ async fn the_trainers_model_version_reaches_the_engine_and_bad_actions_are_refus
         .expect("answered");
     assert!(results.next().await.expect("a result").is_ok());
     assert_eq!(*served.versions.0.lock().expect("not poisoned"), [7]);
-    for (kind, body) in [("model_version", "{\"v\": 1}"), ("pause_forever", "{}")] {
+    for (kind, body) in [
+        ("model_version", "{\"v\": 1}"),
+        ("pause_forever", "{}"),
+        ("pause", "{\"mode\": \"sideways\"}"),
+        ("pause", "[1]"),
+    ] {
         let refused = client.do_action(Action::new(kind, body)).await;
         assert!(refused.is_err(), "{kind} {body} was accepted");
     }
+    for (kind, body) in [
+        ("pause", ""),
+        ("pause", "{\"mode\": \"abort\"}"),
+        ("resume", ""),
+    ] {
+        let mut results = client
+            .do_action(Action::new(kind, body))
+            .await
+            .expect("answered");
+        let answer = results.next().await.expect("a result").expect("ok");
+        let answer: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+        assert_eq!(answer["paused"], kind == "pause", "{kind}: {answer}");
+    }
+    assert_eq!(
+        *served.versions.2.lock().expect("not poisoned"),
+        ["pause default", "pause abort", "resume"]
+    );
 }

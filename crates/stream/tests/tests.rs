@@ -92,7 +92,11 @@ async fn ack_through_acknowledges_only_the_readers_own_groups() {
     for reader in [one, two, one, two] {
         within(ledger.next(reader)).await.expect("a group");
     }
-    assert_eq!(ledger.ack_through(one, 2), 2, "positions 0 and 2");
+    assert_eq!(
+        ledger.ack_through(one, 2),
+        vec![0, 2],
+        "its own, not reader 2's 1"
+    );
     assert_eq!(ledger.stats().leased, 2);
     assert_eq!(ledger.release(two), 2, "positions 1 and 3 still its own");
 }
@@ -164,6 +168,55 @@ async fn a_resumed_ledger_continues_the_positions() {
     let ledger = Ledger::starting_at(4, 40);
     assert_eq!(within(ledger.push(())).await, Ok(40));
     assert_eq!(ledger.stats().next, 41);
+}
+
+/// A resumed run gives back its earlier run's unacknowledged groups (3 and 7 of 10): served
+/// first, in position order, whatever order they were restored in, then the new ones.
+#[tokio::test]
+async fn restored_groups_are_served_first_at_their_positions() {
+    let ledger = Ledger::starting_at(8, 10);
+    assert_eq!(within(ledger.push("new")).await, Ok(10));
+    within(ledger.restore(7, "seven"))
+        .await
+        .expect("an earlier position");
+    within(ledger.restore(3, "three"))
+        .await
+        .expect("an earlier position");
+    let reader = Reader(1);
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        served.push(within(ledger.next(reader)).await.expect("a group"));
+    }
+    assert_eq!(served, [(3, "three"), (7, "seven"), (10, "new")]);
+    assert_eq!(
+        within(ledger.restore(7, "again")).await,
+        Err(LedgerError::NotRestorable { position: 7 }),
+        "held (leased) already"
+    );
+    assert_eq!(
+        within(ledger.restore(11, "later")).await,
+        Err(LedgerError::NotRestorable { position: 11 }),
+        "not an earlier run's"
+    );
+}
+
+/// Restoring waits for room as a push does: a resumed run's backlog is bounded too.
+#[tokio::test]
+async fn restoring_waits_for_room() {
+    let ledger = Arc::new(Ledger::starting_at(1, 5));
+    within(ledger.restore(0, 0u8)).await.expect("room for one");
+    let second = tokio::spawn({
+        let ledger = Arc::clone(&ledger);
+        async move { ledger.restore(1, 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!second.is_finished(), "restored past capacity");
+    let (position, _) = within(ledger.next(Reader(1))).await.expect("a group");
+    ledger.ack(Reader(1), position).expect("held");
+    within(second)
+        .await
+        .expect("the task")
+        .expect("restored once room was made");
 }
 
 /// Four readers on a multi-threaded runtime, one of them dropping out part-way, share 2,000

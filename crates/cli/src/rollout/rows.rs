@@ -1,33 +1,43 @@
 //! `--serve-rows`: the row stream beside the output. The writer thread pushes each group it
 //! wrote as a record batch (the Parquet output's schema) into a bounded ledger that
 //! `async-grpo-stream`'s Flight server serves; when the trainer falls behind, the push waits,
-//! the writer with it, and the engine's admission stops. The trainer's model versions reach
-//! the engine as the control endpoint's do.
+//! the writer with it, and the engine's admission stops. The trainer's model versions, pauses
+//! and resumes reach the engine as the control endpoint's do.
+//!
+//! A group's position is its place among the output's groups, so positions hold across a
+//! `--resume`: each acknowledgement is appended to `OUT.acks` before it is answered, and a
+//! resumed run serves again, first, every group of the output that file does not list.
 
 use std::{
+    collections::HashSet,
+    fs::File,
+    io::Write as _,
     net::SocketAddr,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, OnceLock, PoisonError},
     time::Duration,
 };
 
 use anyhow::Context as _;
 use async_grpo_stream::{
-    Ledger, LedgerError,
+    Ledger, LedgerError, Position,
     flight::{self, Feedback, RecordBatch, RowServer},
 };
-use rollout::Engine;
+use rollout::{Engine, InFlight};
 use rollout_core::TrainingSample;
 use vllm_client::Client;
 
-/// The engine, once it runs, for the trainer's versions; before, the highest version the
-/// trainer sent, for the engine to start from.
+/// The trainer's side of the engine: the engine once it runs (before, the highest version
+/// the trainer sent, for the engine to start from), and the acknowledgement record.
 #[derive(Default)]
-struct Versions {
+struct Trainer {
     engine: OnceLock<Arc<Engine<Client>>>,
     early: Mutex<Option<u64>>,
+    /// `OUT.acks`, open once the output is (none with rows on stdout).
+    acks: Mutex<Option<(PathBuf, File)>>,
 }
 
-impl Versions {
+impl Trainer {
     fn attach(&self, engine: Arc<Engine<Client>>) {
         let early = self.early.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(version) = *early {
@@ -36,9 +46,16 @@ impl Versions {
         }
         let _ = self.engine.set(engine);
     }
+
+    fn engine(&self) -> Result<&Arc<Engine<Client>>, String> {
+        self.engine
+            .get()
+            .ok_or_else(|| "the run is starting: try again once it rolls out".to_owned())
+    }
 }
 
-impl Feedback for Versions {
+#[flight::async_trait]
+impl Feedback for Trainer {
     fn model_version(&self, version: u64) -> Result<(), String> {
         let mut early = self.early.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(engine) = self.engine.get() else {
@@ -50,36 +67,74 @@ impl Feedback for Versions {
             format!("model versions only grow: {version} is below the current {current}")
         })
     }
+
+    fn acknowledged(&self, positions: &[Position]) -> Result<(), String> {
+        let mut acks = self.acks.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((path, file)) = acks.as_mut() else {
+            return Ok(());
+        };
+        let lines: String = positions.iter().map(|p| format!("{p}\n")).collect();
+        // One write of whole lines: a run killed mid-write leaves a torn last line at most,
+        // which a resume does not count.
+        file.write_all(lines.as_bytes()).map_err(|e| {
+            format!(
+                "cannot record the acknowledgement in {}: {e}",
+                path.display()
+            )
+        })
+    }
+
+    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
+        let engine = self.engine()?;
+        let mode = match mode {
+            Some(mode) => mode.parse::<InFlight>().map_err(|e| e.to_string())?,
+            None => engine.config().in_flight,
+        };
+        engine.pause(mode).await;
+        let health = engine.health();
+        Ok(serde_json::json!({
+            "paused": true,
+            "in_flight": health.in_flight,
+            "queued": health.queued,
+        }))
+    }
+
+    fn resume(&self) -> Result<serde_json::Value, String> {
+        self.engine()?.resume();
+        Ok(serde_json::json!({ "paused": false }))
+    }
 }
 
 /// The row stream of a run.
 pub(crate) struct RowStream {
     ledger: Arc<Ledger<RecordBatch>>,
-    versions: Arc<Versions>,
+    trainer: Arc<Trainer>,
     address: SocketAddr,
     server: tokio::task::JoinHandle<()>,
 }
 
 impl RowStream {
-    /// Serves the stream on `address`, `capacity` groups held unacknowledged at most.
+    /// Serves the stream on `address`, `capacity` groups held unacknowledged at most; the
+    /// first group this run writes gets position `first` (the groups its output holds).
     pub(crate) fn start(
         address: SocketAddr,
         token: Option<String>,
         capacity: usize,
+        first: Position,
     ) -> anyhow::Result<RowStream> {
-        let ledger = Arc::new(Ledger::new(capacity));
-        let versions = Arc::new(Versions::default());
+        let ledger = Arc::new(Ledger::starting_at(capacity, first));
+        let trainer = Arc::new(Trainer::default());
         let server = RowServer::new(
             Arc::clone(&ledger),
             files::arrow::row_schema(),
-            Arc::clone(&versions) as Arc<dyn Feedback>,
+            Arc::clone(&trainer) as Arc<dyn Feedback>,
             token,
         );
         let (address, server) = flight::serve(server, address)
             .with_context(|| format!("--serve-rows: cannot listen on {address}"))?;
         Ok(RowStream {
             ledger,
-            versions,
+            trainer,
             address,
             server,
         })
@@ -90,9 +145,36 @@ impl RowStream {
         self.address
     }
 
-    /// The engine the trainer's versions go to.
+    /// The output `out` is open (created, or cut back to its whole groups to resume): the
+    /// acknowledgements go to `OUT.acks` from now on. A resumed run's backlog: the output's
+    /// groups its earlier runs served and no trainer acknowledged (none when no earlier run
+    /// served rows), for [`Pusher::restore`].
+    pub(crate) fn record_to(&self, out: &Path, resume: bool) -> anyhow::Result<Backlog> {
+        let earlier = if resume {
+            files::output::acknowledged(out)?
+        } else {
+            None
+        };
+        let path = files::output::acks_path(out);
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        *self
+            .trainer
+            .acks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((path, file));
+        Ok(Backlog {
+            out: out.to_path_buf(),
+            acknowledged: earlier,
+        })
+    }
+
+    /// The engine the trainer's versions, pauses and resumes go to.
     pub(crate) fn attach(&self, engine: Arc<Engine<Client>>) {
-        self.versions.attach(engine);
+        self.trainer.attach(engine);
     }
 
     /// What the writer thread pushes groups through.
@@ -126,6 +208,13 @@ impl RowStream {
     }
 }
 
+/// The groups of a resumed output to serve again.
+pub(crate) struct Backlog {
+    out: PathBuf,
+    /// What the earlier runs' trainers acknowledged; `None` when none served rows.
+    acknowledged: Option<HashSet<Position>>,
+}
+
 /// The writer thread's end of the stream.
 pub(crate) struct Pusher {
     ledger: Arc<Ledger<RecordBatch>>,
@@ -133,6 +222,26 @@ pub(crate) struct Pusher {
 }
 
 impl Pusher {
+    /// Serves `backlog` again, lowest position first, waiting for room as pushes do (call it
+    /// before the first push, off the runtime: it reads the output); how many groups.
+    pub(crate) fn restore(&self, backlog: &Backlog) -> anyhow::Result<usize> {
+        let Some(acknowledged) = &backlog.acknowledged else {
+            return Ok(0);
+        };
+        let groups = files::arrow::output_groups(&backlog.out, |position| {
+            !acknowledged.contains(&position)
+        })?;
+        let count = groups.len();
+        for (position, batch) in groups {
+            match self.runtime.block_on(self.ledger.restore(position, batch)) {
+                Ok(()) => {}
+                Err(LedgerError::Closed) => break,
+                Err(error) => return Err(error).context("serving the output's groups again"),
+            }
+        }
+        Ok(count)
+    }
+
     /// Adds a group, waiting while the stream holds its capacity unacknowledged; nothing once
     /// the stream is closed.
     pub(crate) fn push(&self, samples: &[TrainingSample]) -> anyhow::Result<()> {

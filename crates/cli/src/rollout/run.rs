@@ -21,7 +21,7 @@ use super::{
     control::ControlEndpoint,
     preflight::{self, Checked},
     progress::{Progress, Totals},
-    rows::{Pusher, RowStream},
+    rows::{Backlog, Pusher, RowStream},
 };
 
 /// Exit code of a run stopped by a signal whose drain had to cancel rollouts.
@@ -52,7 +52,6 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let mut signals = Signals::new()?;
     // Served from now on: `/health` answers while the run waits for its servers.
     let control = start_control(settings)?;
-    let rows = start_rows(settings)?;
     let Checked {
         tokenizer,
         dataset,
@@ -67,9 +66,20 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     if let Some(destination) = &destination {
         say_resumed(destination);
     }
+    let rows = start_rows(settings, destination.as_ref())?;
     if total == Some(0) {
         // Opened all the same: what was dropped is cut off, and a Parquet output is written.
-        open_output(destination.as_ref())?.finish()?;
+        let sink = open_output(destination.as_ref())?;
+        if let Some(rows) = rows {
+            // What the trainer did not acknowledge is served before the run ends.
+            let backlog = backlog(&rows, destination.as_ref())?;
+            let pusher = rows.pusher();
+            tokio::task::spawn_blocking(move || restore(&pusher, backlog.as_ref()))
+                .await
+                .context("the row stream's backlog was lost")??;
+            finish_rows(rows, settings, false).await;
+        }
+        sink.finish()?;
         eprintln!(
             "async-grpo: every group of this run is already in {}: nothing left to roll out",
             settings.out.display()
@@ -101,6 +111,10 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     };
     // Only now is the output touched: every check that could fail has passed.
     let sink = open_output(destination.as_ref())?;
+    let backlog = match &rows {
+        Some(rows) => backlog(rows, destination.as_ref())?,
+        None => None,
+    };
     let items = dataset.items(plan)?;
     let Running {
         engine,
@@ -131,7 +145,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     );
 
     let pusher = rows.as_ref().map(RowStream::pusher);
-    let (writer, done_rx) = start_writer(groups, sink, pusher, Arc::clone(&totals))?;
+    let (writer, done_rx) = start_writer(groups, sink, pusher, backlog, Arc::clone(&totals))?;
     let progress = Progress::start(
         settings.progress,
         total,
@@ -153,20 +167,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
         .context("the writer thread was lost")?
         .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
     if let Some(rows) = rows {
-        // After a signal, no wait for a trainer: what it did not acknowledge is in the file.
-        let wait = if interrupted {
-            Duration::ZERO
-        } else {
-            settings.drain_timeout
-        };
-        let left = rows.finish(wait).await;
-        if left > 0 {
-            eprintln!(
-                "async-grpo: the row stream ended with {left} groups not acknowledged within \
-                 --drain-timeout (they are in {})",
-                settings.out.display()
-            );
-        }
+        finish_rows(rows, settings, interrupted).await;
     }
     progress.finish(&engine.health(), total).await;
     drop(health_checks);
@@ -191,19 +192,68 @@ fn start_control(settings: &Settings) -> anyhow::Result<Option<ControlEndpoint>>
     Ok(Some(control))
 }
 
-/// The row stream, when `--serve-rows` asks for one.
-fn start_rows(settings: &Settings) -> anyhow::Result<Option<RowStream>> {
+/// The row stream, when `--serve-rows` asks for one; a resumed output's groups keep their
+/// positions, and this run's come after them.
+fn start_rows(
+    settings: &Settings,
+    destination: Option<&Destination>,
+) -> anyhow::Result<Option<RowStream>> {
     let Some(address) = &settings.serve_rows else {
         return Ok(None);
     };
     let address = listen_address(address).map_err(|e| anyhow::anyhow!("--serve-rows: {e}"))?;
+    let first = destination.map_or(0, |d| d.resumed().done.len() as u64);
     let rows = RowStream::start(
         address,
         settings.serve_rows_token.clone(),
         settings.serve_rows_capacity,
+        first,
     )?;
     eprintln!("async-grpo: serving rows on {}", rows.address());
     Ok(Some(rows))
+}
+
+/// Once the output is open: acknowledgements recorded beside it, and what a resumed output
+/// holds that no trainer acknowledged, to serve again.
+fn backlog(rows: &RowStream, destination: Option<&Destination>) -> anyhow::Result<Option<Backlog>> {
+    let Some(destination) = destination else {
+        return Ok(None);
+    };
+    rows.record_to(destination.path(), destination.resumes())
+        .map(Some)
+}
+
+/// Serves a resumed output's unacknowledged groups again (the writer thread, first).
+fn restore(pusher: &Pusher, backlog: Option<&Backlog>) -> anyhow::Result<()> {
+    let Some(backlog) = backlog else {
+        return Ok(());
+    };
+    let restored = pusher.restore(backlog)?;
+    if restored > 0 {
+        eprintln!(
+            "async-grpo: serving again {restored} groups of the output no trainer acknowledged"
+        );
+    }
+    Ok(())
+}
+
+/// Ends the row stream: after a signal at once, else once every group is acknowledged or
+/// `--drain-timeout` passed.
+async fn finish_rows(rows: RowStream, settings: &Settings, interrupted: bool) {
+    // After a signal, no wait for a trainer: what it did not acknowledge is in the file.
+    let wait = if interrupted {
+        Duration::ZERO
+    } else {
+        settings.drain_timeout
+    };
+    let left = rows.finish(wait).await;
+    if left > 0 {
+        eprintln!(
+            "async-grpo: the row stream ended with {left} groups not acknowledged within \
+             --drain-timeout (they are in {}, served again by a --resume)",
+            settings.out.display()
+        );
+    }
 }
 
 /// The writer thread (files block): every scored group to the output, one write each; the
@@ -214,13 +264,17 @@ fn start_writer(
     groups: Groups,
     sink: Output,
     rows: Option<Pusher>,
+    backlog: Option<Backlog>,
     totals: Arc<Totals>,
 ) -> anyhow::Result<(Writer, tokio::sync::oneshot::Receiver<()>)> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let writer = std::thread::Builder::new()
         .name("rollout-writer".to_owned())
         .spawn(move || {
-            let result = write_groups(groups, sink, rows.as_ref(), &totals);
+            let result = rows
+                .as_ref()
+                .map_or(Ok(()), |rows| restore(rows, backlog.as_ref()))
+                .and_then(|()| write_groups(groups, sink, rows.as_ref(), &totals));
             let _ = done_tx.send(());
             result
         })

@@ -56,6 +56,42 @@ pub fn journal_path(out: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Where a run that serves its rows (`--serve-rows`) records the groups its trainers
+/// acknowledged, beside `out`: `OUT.acks`, one position (a group's place among the output's
+/// groups, from 0) per line. A run that starts afresh removes it; one that resumes serves the
+/// output's groups it does not list again.
+pub fn acks_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".acks");
+    PathBuf::from(name)
+}
+
+/// The positions `out`'s acknowledgement record lists (see [`acks_path`]); `None` when there
+/// is none. A torn last line (a write cut short) is not an acknowledgement.
+pub fn acknowledged(out: &Path) -> Result<Option<HashSet<u64>>, FileError> {
+    let path = acks_path(out);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => bail!("cannot read {}: {error}", path.display()),
+    };
+    let whole = text.rfind('\n').map_or("", |at| &text[..at]);
+    let mut positions = HashSet::new();
+    for (index, line) in whole.lines().enumerate() {
+        match line.trim().parse::<u64>() {
+            Ok(position) => {
+                positions.insert(position);
+            }
+            Err(_) => bail!(
+                "{}:{}: expected a group's position (a whole number), found {line:?}",
+                path.display(),
+                index + 1
+            ),
+        }
+    }
+    Ok(Some(positions))
+}
+
 /// What an output path already holds that a run starting afresh would replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Held {
@@ -103,6 +139,16 @@ impl Output {
         if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        if !resume {
+            // Acknowledgements of the rows this run replaces would name its own.
+            let acks = acks_path(out);
+            match std::fs::remove_file(&acks) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                    bail!("cannot remove {}: {error}", acks.display())
+                }
+                _ => {}
+            }
         }
         match Format::of(out) {
             Format::JsonLines => Ok(Output::Jsonl(open_jsonl(out, resume, resumed)?)),
