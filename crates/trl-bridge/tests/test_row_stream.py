@@ -1,7 +1,8 @@
 """``RowStream`` (pyarrow.flight) against the binary's ``--serve-rows``, the engine in a
 process of its own as a remote trainer meets it: every group once and equal to ``--out``,
-a reader killed mid-stream losing and duplicating nothing, a wrong token refused, four
-readers splitting the groups."""
+a reader killed mid-stream losing and duplicating nothing, an engine killed and resumed
+continuing from the acknowledged position, a wrong token refused, four readers splitting
+the groups."""
 
 from __future__ import annotations
 
@@ -34,11 +35,19 @@ def binary() -> str:
 class Engine:
     """``async-grpo rollout --serve-rows`` on the simulator, in `directory`."""
 
-    def __init__(self, binary: str, directory: Path, groups: int, capacity: int, token: str | None = None) -> None:
+    def __init__(
+        self,
+        binary: str,
+        directory: Path,
+        groups: int,
+        capacity: int,
+        token: str | None = None,
+        resume: bool = False,
+    ) -> None:
         config = directory / "run.toml"
         config.write_text(
             f'dataset = "{QUICKSTART / "arithmetic.jsonl"}"\ntokenizer = "{QUICKSTART}"\n'
-            f'num_generations = 4\ngroups = {groups}\nout = "rows.jsonl"\noverwrite = true\n'
+            f'num_generations = 4\ngroups = {groups}\nout = "rows.jsonl"\n'
             f'serve_rows = "127.0.0.1:0"\nserve_rows_capacity = {capacity}\nprogress = "off"\n'
             '[[rewards]]\nspec = "numeric:answer"\n'
         )
@@ -46,7 +55,7 @@ class Engine:
         if token:
             env["ASYNC_GRPO_ROWS_TOKEN"] = token
         self.process = subprocess.Popen(
-            [binary, "rollout", "--config", str(config)],
+            [binary, "rollout", "--config", str(config), "--resume" if resume else "--overwrite"],
             cwd=directory,
             stderr=subprocess.PIPE,
             text=True,
@@ -86,7 +95,12 @@ def test_every_group_arrives_once_with_the_rows_of_out(binary: str, tmp_path: Pa
     streamed: dict[int, int] = {}
     with RowStream(engine.url, timeout=60) as stream:
         stream.update_model_version(2)
-        for group in stream:
+        for count, group in enumerate(stream):
+            if count == 1:
+                # A weight update's handshake: admission stops, the version moves, it resumes.
+                assert stream.pause("wait")["paused"] is True
+                stream.update_model_version(3)
+                stream.resume()
             gid = group_id(group.rows)
             assert gid not in streamed, f"group {gid} twice"
             streamed[gid] = group.rows.num_rows
@@ -132,6 +146,37 @@ def test_a_reader_killed_mid_stream_loses_and_duplicates_nothing(binary: str, tm
     assert engine.wait() == 0
     assert first not in rest, "an acknowledged group delivered again"
     assert sorted([first, *rest]) == sorted(engine.out_groups()), "a group lost or twice"
+
+
+def test_an_engine_killed_and_resumed_continues_from_the_acknowledged_position(
+    binary: str, tmp_path: Path
+) -> None:
+    engine = Engine(binary, tmp_path, groups=10, capacity=3)
+    acknowledged: dict[int, int] = {}
+    with RowStream(engine.url, timeout=60) as stream:
+        for count, group in enumerate(stream):
+            if count < 3:
+                stream.ack(group)
+                acknowledged[group.position] = group_id(group.rows)
+            if count == 4:
+                break
+    assert sorted(acknowledged) == [0, 1, 2]
+    engine.process.kill()  # no drain, no goodbye: a crash
+    engine.process.wait()
+
+    resumed = Engine(binary, tmp_path, groups=10, capacity=3, resume=True)
+    rest: dict[int, int] = {}
+    with RowStream(resumed.url, timeout=60) as stream:
+        for group in stream:
+            assert group.position not in acknowledged, f"{group.position} acknowledged, delivered again"
+            assert group.position not in rest, f"{group.position} twice"
+            rest[group.position] = group_id(group.rows)
+            stream.ack(group)
+    assert resumed.wait() == 0
+    assert min(rest) == 3, "the resumed stream starts where the acknowledgements stop"
+    streamed = [*acknowledged.values(), *rest.values()]
+    assert sorted(streamed) == sorted(resumed.out_groups()), "a group lost or twice"
+    assert len(streamed) == 10
 
 
 def test_a_wrong_token_gets_nothing(binary: str, tmp_path: Path) -> None:

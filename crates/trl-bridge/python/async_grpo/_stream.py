@@ -22,7 +22,8 @@ class StreamedGroup:
     """One group of training rows as the stream delivered it."""
 
     position: int
-    """The group's place in the stream (the order groups completed)."""
+    """The group's place in the stream: its place among the run's output's groups, the same
+    after the engine is killed and resumed (``--resume``)."""
     rows: Any
     """The rows, a ``pyarrow.RecordBatch``."""
     reader: int
@@ -36,8 +37,13 @@ class RowStream:
     Iterate it for ``StreamedGroup``s as groups complete; the iteration ends when the run
     does. ``ack(group)`` acknowledges a group and every earlier one this stream received;
     ``update_model_version(version)`` tells the engine the trainer's new policy version, as
-    ``RolloutWorker.update_model_version`` does in process. ``timeout`` (seconds), when
-    given, bounds each call, the whole stream included: for a job that must end."""
+    ``RolloutWorker.update_model_version`` does in process; ``pause()`` and ``resume()``
+    stop and restart the engine's admission around a weight update. ``timeout`` (seconds),
+    when given, bounds each call, the whole stream included: for a job that must end.
+
+    An engine killed and restarted with ``--resume`` serves again, first, the groups of its
+    output no trainer acknowledged, at their positions: a trainer that keeps the positions it
+    trained on skips any it sees twice (one read and not acknowledged before the kill)."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
         import pyarrow.flight as flight
@@ -73,6 +79,18 @@ class RowStream:
         """The trainer's policy is now ``version``: turns the engine samples from now on
         record it (versions only grow)."""
         self._action("model_version", json.dumps({"version": int(version)}).encode())
+
+    def pause(self, mode: str | None = None) -> dict[str, Any]:
+        """Stops the engine's admission, answering once it has: ``mode`` is what happens to
+        the rollouts in flight (``"wait"``: they finish; ``"abort"``: dropped;
+        ``"continue"``: interrupted, continued after the resume), the run's ``in_flight``
+        when not given. The engine's answer: ``paused``, ``in_flight``, ``queued``."""
+        body = json.dumps({"mode": mode}).encode() if mode is not None else b""
+        return self._action("pause", body)
+
+    def resume(self) -> None:
+        """Starts the engine's admission again (post the new version first)."""
+        self._action("resume", b"")
 
     def close(self) -> None:
         """Closes the stream: the groups it received and did not acknowledge go back to the
