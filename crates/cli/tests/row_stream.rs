@@ -239,3 +239,44 @@ async fn an_engine_killed_and_resumed_serves_again_what_was_not_acknowledged_and
     );
     assert_eq!(streamed.len(), 12);
 }
+
+#[test]
+fn a_certificate_that_is_not_pem_is_refused_before_the_run_naming_the_field_and_file() {
+    let dir = ScratchDir::new("async-grpo-row-stream-tls");
+    let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    std::fs::write(dir.join("not-a-key.pem"), "hello\n").expect("a file");
+    let quickstart = super::rollout::quickstart();
+    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .arg("rollout")
+        .arg("--dataset")
+        .arg(quickstart.join("arithmetic.jsonl"))
+        .arg("--tokenizer")
+        .arg(&quickstart)
+        .args(["--serve-rows", "0"])
+        .arg("--serve-rows-cert")
+        .arg(tls.join("cert.pem"))
+        .arg("--serve-rows-key")
+        .arg(dir.join("not-a-key.pem"))
+        .args(["--reward", "numeric:answer"])
+        .current_dir(&dir)
+        .output()
+        .expect("the binary runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--serve-rows-key")
+            && stderr.contains("not-a-key.pem holds no PEM private key"),
+        "{stderr}"
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_async-grpo"))
+        .args(["rollout", "--serve-rows", "0", "--serve-rows-cert"])
+        .arg(tls.join("cert.pem"))
+        .current_dir(&dir)
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("--serve-rows-key"),
+        "{stderr}"
+    );
+}

@@ -17,7 +17,7 @@
 //!   `/pause` and `/resume` do (a trainer pauses, moves its weights, posts its version,
 //!   resumes).
 //! - With a token, every call must carry `authorization: Bearer TOKEN`; others get
-//!   `UNAUTHENTICATED` and nothing else.
+//!   `UNAUTHENTICATED` and nothing else. With a certificate ([`Tls`]), TLS only.
 
 use std::{
     pin::Pin,
@@ -384,16 +384,42 @@ impl FlightService for RowServer {
     }
 }
 
-/// Serves `server` on `address` (port 0 for any) on the current tokio runtime: the address it
-/// listens on, and the task serving it (abort it to stop).
+/// The certificate (chain) and private key a stream serves TLS with, both PEM.
+#[derive(Clone)]
+pub struct Tls {
+    /// The certificate chain, PEM.
+    pub certificate: Vec<u8>,
+    /// Its private key, PEM.
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").finish_non_exhaustive()
+    }
+}
+
+/// Serves `server` on `address` (port 0 for any) on the current tokio runtime, over TLS when
+/// `tls` is given (clients connect to `grpc+tls://`): the address it listens on, and the task
+/// serving it (abort it to stop). A certificate or key that is not PEM is an error now, not
+/// at the first connection.
 pub fn serve(
     server: RowServer,
     address: std::net::SocketAddr,
+    tls: Option<Tls>,
 ) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        check_pem(&tls)?;
+        let identity = tonic::transport::Identity::from_pem(tls.certificate, tls.key);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    }
     let incoming = tonic::transport::server::TcpIncoming::bind(address)?;
     let bound = incoming.local_addr()?;
     let task = tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
+        let served = builder
             .add_service(server.into_service())
             .serve_with_incoming(incoming)
             .await;
@@ -402,6 +428,29 @@ pub fn serve(
         }
     });
     Ok((bound, task))
+}
+
+/// tonic reads the identity at the first handshake; a file that holds no PEM certificate or
+/// key is said before the server starts.
+fn check_pem(tls: &Tls) -> std::io::Result<()> {
+    let holds = |pem: &[u8], label: &str| {
+        String::from_utf8_lossy(pem)
+            .lines()
+            .any(|line| line.starts_with("-----BEGIN ") && line.contains(label))
+    };
+    let invalid =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_owned());
+    if !holds(&tls.certificate, "CERTIFICATE") {
+        return Err(invalid(
+            "the certificate is not PEM (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    if !holds(&tls.key, "PRIVATE KEY") {
+        return Err(invalid(
+            "the key is not a PEM private key (-----BEGIN ... PRIVATE KEY-----)",
+        ));
+    }
+    Ok(())
 }
 
 /// A server that stopped on an error says so on stderr (this crate logs nothing else).

@@ -21,6 +21,8 @@ from async_grpo import RowStream
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "examples" / "quickstart"
+# A self-signed certificate for localhost and 127.0.0.1 (the binary's tests' own).
+TLS = ROOT / "crates" / "cli" / "tests" / "fixtures" / "tls"
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +45,15 @@ class Engine:
         capacity: int,
         token: str | None = None,
         resume: bool = False,
+        tls: bool = False,
     ) -> None:
         config = directory / "run.toml"
         config.write_text(
             f'dataset = "{QUICKSTART / "arithmetic.jsonl"}"\ntokenizer = "{QUICKSTART}"\n'
             f'num_generations = 4\ngroups = {groups}\nout = "rows.jsonl"\n'
             f'serve_rows = "127.0.0.1:0"\nserve_rows_capacity = {capacity}\nprogress = "off"\n'
-            '[[rewards]]\nspec = "numeric:answer"\n'
+            + (f'serve_rows_cert = "{TLS / "cert.pem"}"\nserve_rows_key = "{TLS / "key.pem"}"\n' if tls else "")
+            + '[[rewards]]\nspec = "numeric:answer"\n'
         )
         env = dict(os.environ)
         if token:
@@ -67,7 +71,7 @@ class Engine:
         for line in self.process.stderr:
             found = re.search(r"serving rows on (\S+)", line)
             if found:
-                self.url = "grpc://" + found.group(1)
+                self.url = ("grpc+tls://" if tls else "grpc://") + found.group(1)
                 break
         assert self.url, "the engine never said where it serves rows"
         # The rest of stderr, drained so the engine never blocks on it.
@@ -104,6 +108,7 @@ def test_every_group_arrives_once_with_the_rows_of_out(binary: str, tmp_path: Pa
             gid = group_id(group.rows)
             assert gid not in streamed, f"group {gid} twice"
             streamed[gid] = group.rows.num_rows
+            assert group.rows.schema.metadata[b"async_grpo.rows_schema"] == b"1"
             # Zero-copy into NumPy: the token ids of the first row.
             assert group.rows.column("input_ids")[0].values.to_numpy().size > 0
             assert stream.ack(group) == 1
@@ -190,6 +195,26 @@ def test_a_wrong_token_gets_nothing(binary: str, tmp_path: Path) -> None:
         for group in stream:
             stream.ack(group)
     assert engine.wait() == 0
+
+
+def test_over_tls_with_the_certificate_trusted_and_not_without(binary: str, tmp_path: Path) -> None:
+    import pyarrow.flight as flight
+
+    engine = Engine(binary, tmp_path, groups=3, capacity=2, tls=True)
+    assert engine.url.startswith("grpc+tls://")
+    plain = engine.url.replace("grpc+tls://", "grpc://")
+    with pytest.raises(flight.FlightUnavailableError):
+        next(iter(RowStream(plain, timeout=10)))
+    with pytest.raises(flight.FlightUnavailableError):
+        # TLS, the certificate not trusted (self-signed).
+        next(iter(RowStream(engine.url, timeout=10)))
+    seen = []
+    with RowStream(engine.url, timeout=60, ca=TLS / "cert.pem") as stream:
+        for group in stream:
+            seen.append(group_id(group.rows))
+            stream.ack(group)
+    assert engine.wait() == 0
+    assert sorted(seen) == sorted(engine.out_groups())
 
 
 def _read_all(url: str, out: Any) -> None:

@@ -168,6 +168,15 @@ pub(crate) struct Settings {
     /// for the trainer
     #[arg(long, value_name = "N")]
     pub(crate) serve_rows_capacity: usize,
+    /// With --serve-rows: serve TLS only (clients connect to grpc+tls://) with this PEM
+    /// certificate (chain); needs --serve-rows-key
+    #[arg(long, value_name = "FILE.pem", requires = "serve_rows_key")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) serve_rows_cert: Option<PathBuf>,
+    /// The PEM private key of --serve-rows-cert
+    #[arg(long, value_name = "FILE.pem", requires = "serve_rows_cert")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) serve_rows_key: Option<PathBuf>,
     /// A reward function: numeric:COLUMN, exact:COLUMN, regex:PATTERN, command:PROGRAM or
     /// length:MAX, each with an optional @WEIGHT (repeat for several; at least one)
     #[arg(long = "reward", value_name = "SPEC", value_parser = RewardTable::from_spec)]
@@ -240,6 +249,8 @@ impl Default for Settings {
             serve_rows: None,
             serve_rows_token: None,
             serve_rows_capacity: 64,
+            serve_rows_cert: None,
+            serve_rows_key: None,
             rewards: Vec::new(),
             estimator: "trl".to_owned(),
             credit: "episode".to_owned(),
@@ -471,6 +482,42 @@ impl Settings {
             )
             .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("serve_rows")))?;
         }
+        match (&self.serve_rows_cert, &self.serve_rows_key) {
+            (Some(_), Some(_)) if self.serve_rows.is_none() => bail!(
+                "{}: a certificate for the row stream, but no --serve-rows",
+                places.of("serve_rows_cert")
+            ),
+            (Some(certificate), Some(key)) => {
+                for (path, field, label) in [
+                    (certificate, "serve_rows_cert", "CERTIFICATE"),
+                    (key, "serve_rows_key", "PRIVATE KEY"),
+                ] {
+                    let text = std::fs::read(path).with_context(|| {
+                        format!("{}: cannot read {}", places.of(field), path.display())
+                    })?;
+                    let holds = String::from_utf8_lossy(&text)
+                        .lines()
+                        .any(|line| line.starts_with("-----BEGIN ") && line.contains(label));
+                    if !holds {
+                        bail!(
+                            "{}: {} holds no PEM {} (-----BEGIN {label}-----)",
+                            places.of(field),
+                            path.display(),
+                            label.to_lowercase()
+                        );
+                    }
+                }
+            }
+            (None, None) => {}
+            (Some(_), None) => bail!(
+                "{}: serve_rows_cert needs serve_rows_key (its private key)",
+                places.of("serve_rows_cert")
+            ),
+            (None, Some(_)) => bail!(
+                "{}: serve_rows_key needs serve_rows_cert (the certificate it signs)",
+                places.of("serve_rows_key")
+            ),
+        }
         if self.serve_rows_capacity == 0 {
             bail!(
                 "{}: serve_rows_capacity must be at least 1",
@@ -565,6 +612,12 @@ impl Settings {
         }
         if let Some(path) = &mut self.ca_cert {
             absolute(path, "ca_cert");
+        }
+        if let Some(path) = &mut self.serve_rows_cert {
+            absolute(path, "serve_rows_cert");
+        }
+        if let Some(path) = &mut self.serve_rows_key {
+            absolute(path, "serve_rows_key");
         }
         for tool in &mut self.tools {
             if let ToolKind::Command(command) = &mut tool.kind

@@ -105,6 +105,22 @@ impl Feedback for Trainer {
     }
 }
 
+/// The version of the rows' schema the stream serves, in its metadata
+/// (`async_grpo.rows_schema`): raised when a column changes meaning or goes; new nullable
+/// columns do not raise it.
+pub(crate) const SCHEMA_VERSION: &str = "1";
+
+/// The rows' schema (the Parquet output's) with its version.
+fn schema() -> arrow_schema::SchemaRef {
+    let schema = files::arrow::row_schema();
+    let metadata: std::collections::HashMap<String, String> = [(
+        "async_grpo.rows_schema".to_owned(),
+        SCHEMA_VERSION.to_owned(),
+    )]
+    .into();
+    Arc::new(schema.as_ref().clone().with_metadata(metadata))
+}
+
 /// The row stream of a run.
 pub(crate) struct RowStream {
     ledger: Arc<Ledger<RecordBatch>>,
@@ -121,17 +137,18 @@ impl RowStream {
         token: Option<String>,
         capacity: usize,
         first: Position,
+        tls: Option<flight::Tls>,
     ) -> anyhow::Result<RowStream> {
         let ledger = Arc::new(Ledger::starting_at(capacity, first));
         let trainer = Arc::new(Trainer::default());
         let server = RowServer::new(
             Arc::clone(&ledger),
-            files::arrow::row_schema(),
+            schema(),
             Arc::clone(&trainer) as Arc<dyn Feedback>,
             token,
         );
-        let (address, server) = flight::serve(server, address)
-            .with_context(|| format!("--serve-rows: cannot listen on {address}"))?;
+        let (address, server) = flight::serve(server, address, tls)
+            .with_context(|| format!("--serve-rows: cannot serve rows on {address}"))?;
         Ok(RowStream {
             ledger,
             trainer,

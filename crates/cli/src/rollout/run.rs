@@ -203,13 +203,35 @@ fn start_rows(
     };
     let address = listen_address(address).map_err(|e| anyhow::anyhow!("--serve-rows: {e}"))?;
     let first = destination.map_or(0, |d| d.resumed().done.len() as u64);
+    let tls = match (&settings.serve_rows_cert, &settings.serve_rows_key) {
+        (Some(certificate), Some(key)) => {
+            let read = |path: &std::path::Path, flag: &str| {
+                std::fs::read(path)
+                    .with_context(|| format!("{flag} {}: cannot read the file", path.display()))
+            };
+            Some(async_grpo_stream::flight::Tls {
+                certificate: read(certificate, "--serve-rows-cert")?,
+                key: read(key, "--serve-rows-key")?,
+            })
+        }
+        _ => None,
+    };
     let rows = RowStream::start(
         address,
         settings.serve_rows_token.clone(),
         settings.serve_rows_capacity,
         first,
+        tls,
     )?;
-    eprintln!("async-grpo: serving rows on {}", rows.address());
+    eprintln!(
+        "async-grpo: serving rows on {}{}",
+        rows.address(),
+        if settings.serve_rows_cert.is_some() {
+            " (TLS)"
+        } else {
+            ""
+        }
+    );
     Ok(Some(rows))
 }
 

@@ -12,6 +12,7 @@ group goes to one of them. Needs ``pyarrow`` (``pip install pyarrow``).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,10 @@ class StreamedGroup:
 
 
 class RowStream:
-    """Training rows served by an engine at ``url`` (``grpc://HOST:PORT``), with the bearer
-    ``token`` it was given (``--serve-rows-token``), if any.
+    """Training rows served by an engine at ``url`` (``grpc://HOST:PORT``, or
+    ``grpc+tls://HOST:PORT`` when it serves TLS: ``--serve-rows-cert``), with the bearer
+    ``token`` it was given (``--serve-rows-token``), if any. ``ca`` is a PEM file of the
+    certificates to trust for TLS besides the system's (a self-signed certificate's own).
 
     Iterate it for ``StreamedGroup``s as groups complete; the iteration ends when the run
     does. ``ack(group)`` acknowledges a group and every earlier one this stream received;
@@ -45,11 +48,21 @@ class RowStream:
     output no trainer acknowledged, at their positions: a trainer that keeps the positions it
     trained on skips any it sees twice (one read and not acknowledged before the kill)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float | None = None,
+        ca: str | os.PathLike[str] | None = None,
+    ) -> None:
         import pyarrow.flight as flight
 
         self._flight = flight
-        self._client = flight.FlightClient(url)
+        if ca is not None:
+            with open(ca, "rb") as file:
+                self._client = flight.FlightClient(url, tls_root_certs=file.read())
+        else:
+            self._client = flight.FlightClient(url)
         headers = [(b"authorization", b"Bearer " + token.encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers, timeout=timeout)
         self._reader: Any = None
