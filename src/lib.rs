@@ -14,12 +14,15 @@
 //! | `rollout-api` | [`rollout_api`] | the engine's API without its loop: the `Environment`, `Agent` and `Generator` traits and the dataset row |
 //! | `rollout` | [`rollout`] | the rollout engine over any `Generator` (with tool-dispatch and scoring's `Scorer`): dataset rows in, scored groups out; re-exports `rollout_api` |
 //! | `files` | [`files`] | datasets and outputs as files: JSON Lines (and Parquet with `parquet`), the run's plan of passes, shards and resume |
+//! | `parquet` (default) | [`files`] | Parquet datasets and outputs too |
+//! | `stream` | [`stream`] | the row stream: groups held for remote trainers until acknowledged, served over Apache Arrow Flight |
 //! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
 //! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
 //! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, the recording proxy and agent programs; turns on `rollout-api` |
-//! | `run` | [`run`] | one run specified once: the plan (passes, shuffle, shards, resume), the dataset, the output, and the engine wired with its servers, tools, rewards, environment or agent; turns on `harness` and `vllm-client` |
-//! | `sim` (default) | [`vllm_sim`] | the vLLM-compatible simulator behind `async-grpo simulate` and a rollout without `--server` |
-//! | `cli` (default) | | the `async-grpo` binary and its dependencies (clap, anyhow, toml, tracing-subscriber, tokio); turns on `rollout`, `harness`, `vllm-client` and the built-in rewards |
+//! | `run` (default) | [`run`] | one run specified once: the plan (passes, shuffle, shards, resume), the dataset, the output, and the engine wired with its servers, tools, rewards, environment or agent; turns on `harness` and `vllm-client` |
+//! | `sim` | [`vllm_sim`] | the vLLM-compatible simulator behind `async-grpo simulate` and a rollout without `--server` |
+//!
+//! The `async-grpo` binary is the package async-grpo-cli: no feature of this one brings it.
 //!
 //! For example `async-grpo = { default-features = false, features = ["rollout-core"] }`
 //! compiles rollout-core alone, without the loop, a client or the CLI. Each crate is also
@@ -42,6 +45,9 @@
 #[cfg(feature = "run")]
 #[doc(inline)]
 pub use async_grpo_run as run;
+#[cfg(feature = "stream")]
+#[doc(inline)]
+pub use async_grpo_stream as stream;
 #[cfg(feature = "files")]
 #[doc(inline)]
 pub use files;

@@ -194,7 +194,13 @@ pub(crate) fn trl() -> anyhow::Result<()> {
     // With the `trl` extra, as `pip install "async-grpo[trl]"` resolves it: TRL 1.16 must
     // satisfy it.
     install_wheel(&venv, &build_wheel()?, Some("trl"))?;
-    run_pytest(&python, &["tests/trl"], &[])
+    // The row-stream example trains from the binary's stream: the test step's build of it.
+    let binary = crate::workspace_binary("async-grpo")?;
+    run_pytest(
+        &python,
+        &["tests/trl"],
+        &[("ASYNC_GRPO_BIN", binary.as_os_str())],
+    )
 }
 
 /// `cargo xtask bench trl`: the bridge and the binary against TRL's worker
