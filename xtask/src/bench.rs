@@ -38,6 +38,7 @@ pub(crate) fn run(only: Option<&str>) -> anyhow::Result<()> {
         ("async-grpo-harness", "proxy", ""),
         ("async-grpo-process", "spawn", ""),
         ("async-grpo-process", "sessions", ""),
+        ("async-grpo-cli", "rows", ""),
     ];
     for (package, bench, features) in benches {
         if bench == "turns" {

@@ -172,6 +172,28 @@ async fn a_trainer_that_does_not_read_stops_admission_and_ctrl_c_still_ends_the_
     );
     let written = out_groups(&dir.join("rows.jsonl")).len();
     assert!(written < 64, "{written} groups written with no reader");
+    // Stopped, not slowed: two seconds on, nothing more was written, and the engine's memory
+    // did not grow with groups held for no one.
+    let rss = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    };
+    let before = rss(child.id());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        out_groups(&dir.join("rows.jsonl")).len(),
+        written,
+        "admission went on"
+    );
+    let after = rss(child.id());
+    assert!(
+        after < before + 16 * 1024,
+        "the engine grew from {before} kB to {after} kB with admission stopped"
+    );
     let pid =
         rustix::process::Pid::from_raw(i32::try_from(child.id()).expect("a pid")).expect("a pid");
     rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT");

@@ -20,3 +20,33 @@ fn resuming_a_file_the_engine_did_not_write_names_its_path_and_line_and_no_flag(
         "a library error names no flag: {error}"
     );
 }
+
+/// The row stream's acknowledgement record across a kill: a torn last line is no
+/// acknowledgement, and is cut before the next run appends (else `1` and `3` would read `13`).
+#[test]
+fn a_torn_acknowledgement_is_dropped_and_cut_before_appending() {
+    use std::io::Write as _;
+
+    let dir = std::env::temp_dir().join(format!("rollout-acks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let out = dir.join("rows.jsonl");
+    assert_eq!(
+        output::acknowledged(&out),
+        Ok(None),
+        "no record: no earlier stream"
+    );
+    std::fs::write(output::acks_path(&out), "0\n2\n1").expect("a record");
+    let acknowledged = output::acknowledged(&out).expect("read").expect("a record");
+    assert_eq!(acknowledged, [0, 2].into_iter().collect());
+    let mut file = output::open_acks(&out).expect("opened");
+    file.write_all(b"3\n").expect("appended");
+    drop(file);
+    let acknowledged = output::acknowledged(&out).expect("read").expect("a record");
+    assert_eq!(acknowledged, [0, 2, 3].into_iter().collect());
+    std::fs::write(output::acks_path(&out), "0\nzero\n1\n").expect("a record");
+    let error = output::acknowledged(&out)
+        .expect_err("not a position")
+        .to_string();
+    assert!(error.contains("rows.jsonl.acks:2"), "{error}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -173,11 +173,7 @@ impl RowStream {
             None
         };
         let path = files::output::acks_path(out);
-        let file = File::options()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let file = files::output::open_acks(out)?;
         *self
             .trainer
             .acks

@@ -92,6 +92,29 @@ pub fn acknowledged(out: &Path) -> Result<Option<HashSet<u64>>, FileError> {
     Ok(Some(positions))
 }
 
+/// Opens `out`'s acknowledgement record to append to (created when missing), cut back to its
+/// whole lines first: a torn last line left by a killed run would otherwise run into the
+/// next position written.
+pub fn open_acks(out: &Path) -> Result<File, FileError> {
+    let path = acks_path(out);
+    let file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let text = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let whole = text
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |at| at + 1);
+    if whole < text.len() {
+        file.set_len(whole as u64)
+            .with_context(|| format!("cannot cut {} back to its whole lines", path.display()))?;
+    }
+    Ok(file)
+}
+
 /// What an output path already holds that a run starting afresh would replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Held {
