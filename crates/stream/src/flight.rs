@@ -416,7 +416,9 @@ pub fn serve(
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     }
-    let incoming = tonic::transport::server::TcpIncoming::bind(address)?;
+    // No Nagle: an acknowledgement is a small write answered at once, and waiting to batch
+    // it with the next costs a trainer that acknowledges each group tens of milliseconds.
+    let incoming = tonic::transport::server::TcpIncoming::bind(address)?.with_nodelay(Some(true));
     let bound = incoming.local_addr()?;
     let task = tokio::spawn(async move {
         let served = builder

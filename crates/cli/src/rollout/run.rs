@@ -95,6 +95,11 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     let servers = servers(settings, simulator.as_ref())?;
     let mut spec = run_spec(&resolved, tokenizer, servers)?;
     spec.config_mut().max_groups = max_groups;
+    if rows.is_some() {
+        // The stream's capacity is the run's buffer: groups waiting in the engine's own would
+        // be invisible to the trainer, and older by the time it reads them.
+        spec.config_mut().output_buffer = 1;
+    }
     let tool_count = spec.tool_count();
     spec.check()?;
     let connected = tokio::select! {

@@ -24,13 +24,16 @@ def test_a_pytorch_loop_in_another_process_trains_on_every_group_and_moves_the_v
     assert binary and Path(binary).is_file(), f"ASYNC_GRPO_BIN is {binary!r}"
     groups = 16
     config = tmp_path / "run.toml"
-    # One group held at a time and two rollouts in flight: the engine keeps pace with the
-    # trainer, so later groups are sampled after the trainer's version moved.
+    # The quickstart's task (a calculator call, then an answer right half the time), one group
+    # held at a time and two rollouts in flight: the engine keeps pace with the trainer, so
+    # later groups are sampled after the trainer's version moved.
     config.write_text(
         f'dataset = "{QUICKSTART / "arithmetic.jsonl"}"\ntokenizer = "{QUICKSTART}"\n'
-        f'num_generations = 4\ngroups = {groups}\nmax_inflight = 2\nout = "rows.jsonl"\n'
-        'serve_rows = "127.0.0.1:0"\nserve_rows_capacity = 1\nprogress = "off"\n'
+        f'num_generations = 4\ngroups = {groups}\nmax_inflight = 2\nmax_turns = 4\n'
+        'out = "rows.jsonl"\nserve_rows = "127.0.0.1:0"\nserve_rows_capacity = 1\nprogress = "off"\n'
         '[[rewards]]\nspec = "numeric:answer"\n'
+        '[[tools]]\nname = "calculator"\nkind = "calculator"\n'
+        "[simulator]\ntool_rounds = 1\ncorrect_rate = 0.5\n"
     )
     engine = subprocess.Popen(
         [binary, "rollout", "--config", str(config)], cwd=tmp_path, stderr=subprocess.PIPE, text=True
@@ -48,7 +51,7 @@ def test_a_pytorch_loop_in_another_process_trains_on_every_group_and_moves_the_v
     drain.start()
 
     trainer = subprocess.run(
-        [sys.executable, str(EXAMPLE), url, "--version-every", "3"],
+        [sys.executable, str(EXAMPLE), url, "--version-every", "3", "--vocab", "512"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -60,6 +63,8 @@ def test_a_pytorch_loop_in_another_process_trains_on_every_group_and_moves_the_v
     assert [step["step"] for step in steps] == list(range(1, groups + 1))
     assert sorted(step["position"] for step in steps) == list(range(groups))
     assert all(step["rows"] == 4 for step in steps)
+    # The engine's advantages reached the loss: a group of right and wrong answers moves it.
+    assert any(step["loss"] != 0 for step in steps), steps
     assert not any("not acknowledged" in line for line in said), "".join(said)
     # The versions the trainer posted reached the engine: the last groups were sampled
     # under a version it moved to (16 steps, an update every 3: versions 1 to 5).
