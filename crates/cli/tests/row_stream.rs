@@ -302,3 +302,59 @@ fn a_certificate_that_is_not_pem_is_refused_before_the_run_naming_the_field_and_
         "{stderr}"
     );
 }
+
+/// A Flight action on `client`, retried while the run is starting (no engine to act on yet):
+/// its JSON answer.
+async fn action(client: &mut FlightClient, kind: &str, body: &str) -> serde_json::Value {
+    for _ in 0..600 {
+        match client.do_action(Action::new(kind, body.to_owned())).await {
+            Ok(mut results) => {
+                let answer = results.next().await.expect("an answer").expect("ok");
+                return serde_json::from_slice(&answer).expect("JSON");
+            }
+            Err(error) if error.to_string().contains("starting") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("{kind}: {error}"),
+        }
+    }
+    panic!("{kind}: the run never started");
+}
+
+/// The engine's `/health` (its control endpoint's, beside the stream).
+async fn paused(port: u16) -> bool {
+    let health: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .expect("/health answers")
+        .json()
+        .await
+        .expect("JSON");
+    health["paused"].as_bool().expect("paused")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trainer_pauses_and_resumes_the_engine_over_the_stream() {
+    let dir = ScratchDir::new("async-grpo-row-stream-pause");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let (mut child, address) = start_with(&dir, 16, 2, &["--listen", &listen]);
+    let mut control = client(address).await;
+    let answer = action(&mut control, "pause", r#"{"mode": "wait"}"#).await;
+    assert_eq!(answer["paused"], true, "{answer}");
+    assert_eq!(
+        answer["in_flight"], 0,
+        "a wait pause answers once none is in flight"
+    );
+    assert!(paused(port).await, "the engine is paused");
+    assert_eq!(action(&mut control, "resume", "").await["paused"], false);
+    assert!(!paused(port).await, "the engine runs again");
+    let streamed = tokio::time::timeout(Duration::from_secs(120), read_all(address))
+        .await
+        .expect("the stream ended");
+    let status = child.wait().expect("the run ends");
+    assert!(status.success(), "{status}");
+    assert_eq!(streamed.len(), 16);
+}

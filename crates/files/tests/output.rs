@@ -50,3 +50,24 @@ fn a_torn_acknowledgement_is_dropped_and_cut_before_appending() {
     assert!(error.contains("rows.jsonl.acks:2"), "{error}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run that starts an output afresh drops the acknowledgements of the rows it replaces
+/// (its positions are its own); one that resumes keeps them.
+#[test]
+fn a_fresh_output_drops_the_acknowledgements_of_the_rows_it_replaces() {
+    let dir = std::env::temp_dir().join(format!("rollout-acks-fresh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let out = dir.join("rows.jsonl");
+    std::fs::write(&out, "").expect("an output");
+    std::fs::write(output::acks_path(&out), "0\n1\n").expect("a record");
+    let resumed = output::resume(&out).expect("resumable");
+    drop(output::Output::open(&out, true, &resumed).expect("continued"));
+    assert!(output::acks_path(&out).exists(), "a resume keeps them");
+    drop(output::Output::open(&out, false, &output::Resumed::default()).expect("created"));
+    assert_eq!(
+        output::acknowledged(&out),
+        Ok(None),
+        "a fresh run drops them"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
