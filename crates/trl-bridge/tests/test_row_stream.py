@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +47,18 @@ class Engine:
         token: str | None = None,
         resume: bool = False,
         tls: bool = False,
+        settings: str = "",
+        tables: str = "",
     ) -> None:
         config = directory / "run.toml"
         config.write_text(
             f'dataset = "{QUICKSTART / "arithmetic.jsonl"}"\ntokenizer = "{QUICKSTART}"\n'
             f'num_generations = 4\ngroups = {groups}\nout = "rows.jsonl"\n'
             f'serve_rows = "127.0.0.1:0"\nserve_rows_capacity = {capacity}\nprogress = "off"\n'
+            + settings
             + (f'serve_rows_cert = "{TLS / "cert.pem"}"\nserve_rows_key = "{TLS / "key.pem"}"\n' if tls else "")
             + '[[rewards]]\nspec = "numeric:answer"\n'
+            + tables
         )
         env = dict(os.environ)
         if token:
@@ -217,27 +222,62 @@ def test_over_tls_with_the_certificate_trusted_and_not_without(binary: str, tmp_
     assert sorted(seen) == sorted(engine.out_groups())
 
 
-def _read_all(url: str, out: Any) -> None:
+def _read_all(url: str, out: Any, ready: Any) -> None:
     seen = []
     with RowStream(url, timeout=60) as stream:
+        ready.set()  # connecting as it iterates
         for group in stream:
             seen.append(group_id(group.rows))
             stream.ack(group)
     out.put(seen)
 
 
+def _paused(url: str) -> RowStream:
+    """A connection to the engine that has paused its admission (retried while it starts)."""
+    import pyarrow.flight as flight
+
+    control = RowStream(url, timeout=60)
+    for _ in range(600):
+        try:
+            control.pause("wait")
+            return control
+        except flight.FlightError as error:
+            if "starting" not in str(error):
+                raise
+            time.sleep(0.1)
+    raise AssertionError("the run never started")
+
+
 def test_four_readers_split_the_groups_with_none_twice(binary: str, tmp_path: Path) -> None:
-    engine = Engine(binary, tmp_path, groups=24, capacity=4)
+    # One group at a time, each 100 ms of simulated sampling: the run lasts while the readers
+    # read, and the engine is paused until all four are there.
+    engine = Engine(
+        binary,
+        tmp_path,
+        groups=24,
+        capacity=4,
+        settings="max_inflight = 4\n",
+        tables='[simulator]\nlatency = "100ms"\n',
+    )
+    control = _paused(engine.url)
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    readers = [context.Process(target=_read_all, args=(engine.url, out)) for _ in range(4)]
+    ready = [context.Event() for _ in range(4)]
+    readers = [context.Process(target=_read_all, args=(engine.url, out, r)) for r in ready]
     for reader in readers:
         reader.start()
-    seen: list[int] = []
+    for event in ready:
+        assert event.wait(60), "a reader never started"
+    time.sleep(1)  # their streams opened
+    control.resume()
+    control.close()
+    per_reader: list[list[int]] = []
     for _ in readers:
-        seen.extend(out.get(timeout=120))
+        per_reader.append(out.get(timeout=120))
     for reader in readers:
         reader.join(timeout=30)
     assert engine.wait() == 0
+    seen = [group for groups in per_reader for group in groups]
     assert sorted(seen) == sorted(engine.out_groups()), "a group lost or twice"
     assert len(seen) == 24
+    assert sum(1 for groups in per_reader if groups) >= 2, f"one reader took every group: {per_reader}"
