@@ -234,14 +234,12 @@ def _read_all(url: str, out: Any, ready: Any) -> None:
 
 def _paused(url: str) -> RowStream:
     """A connection to the engine that has paused its admission (retried while it starts)."""
-    import pyarrow.flight as flight
-
     control = RowStream(url, timeout=60)
     for _ in range(600):
         try:
             control.pause("wait")
             return control
-        except flight.FlightError as error:
+        except Exception as error:  # pyarrow's ArrowInvalid: the run is starting
             if "starting" not in str(error):
                 raise
             time.sleep(0.1)
