@@ -44,7 +44,7 @@ def padded(column: Any, dtype: Any) -> np.ndarray:
     """A list column (one list per row) as a rows x longest array, zero-padded. The values
     are read from the Arrow buffer without a copy; only the padding copies."""
     offsets = column.offsets.to_numpy()
-    values = column.values.to_numpy(zero_copy_only=False)
+    values = column.values.to_numpy()  # zero_copy_only: raises rather than copy
     out = np.zeros((len(column), int(np.diff(offsets).max())), dtype=dtype)
     for row in range(len(column)):
         start, end = offsets[row], offsets[row + 1]

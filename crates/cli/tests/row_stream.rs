@@ -120,15 +120,7 @@ async fn read(address: SocketAddr, take: usize, acknowledge: usize) -> Vec<(u64,
             continue;
         }
         let ack = serde_json::json!({"reader": place["reader"], "through": place["position"]});
-        let answer = client
-            .do_action(Action::new("ack", ack.to_string()))
-            .await
-            .expect("acknowledged")
-            .next()
-            .await
-            .expect("an answer")
-            .expect("ok");
-        let answer: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+        let answer = action(&mut client, "ack", &ack.to_string()).await;
         assert_eq!(answer["acknowledged"], 1);
     }
     groups

@@ -393,6 +393,36 @@ pub struct Tls {
     pub key: Vec<u8>,
 }
 
+/// The part of a [`Tls`] that is not PEM of its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    /// The certificate.
+    #[error("holds no PEM certificate (-----BEGIN CERTIFICATE-----)")]
+    Certificate,
+    /// The key.
+    #[error("holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)")]
+    Key,
+}
+
+impl Tls {
+    /// Whether each part is PEM of its kind: tonic reads them only at the first handshake,
+    /// so [`serve`] asks first, and a program can ask before it starts anything.
+    pub fn check(&self) -> Result<(), TlsError> {
+        let holds = |pem: &[u8], label: &str| {
+            String::from_utf8_lossy(pem)
+                .lines()
+                .any(|line| line.starts_with("-----BEGIN ") && line.contains(label))
+        };
+        if !holds(&self.certificate, "CERTIFICATE") {
+            return Err(TlsError::Certificate);
+        }
+        if !holds(&self.key, "PRIVATE KEY") {
+            return Err(TlsError::Key);
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tls").finish_non_exhaustive()
@@ -410,7 +440,13 @@ pub fn serve(
 ) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
-        check_pem(&tls)?;
+        tls.check().map_err(|error| {
+            let part = match error {
+                TlsError::Certificate => "the certificate",
+                TlsError::Key => "the key",
+            };
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{part} {error}"))
+        })?;
         let identity = tonic::transport::Identity::from_pem(tls.certificate, tls.key);
         builder = builder
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
@@ -430,29 +466,6 @@ pub fn serve(
         }
     });
     Ok((bound, task))
-}
-
-/// tonic reads the identity at the first handshake; a file that holds no PEM certificate or
-/// key is said before the server starts.
-fn check_pem(tls: &Tls) -> std::io::Result<()> {
-    let holds = |pem: &[u8], label: &str| {
-        String::from_utf8_lossy(pem)
-            .lines()
-            .any(|line| line.starts_with("-----BEGIN ") && line.contains(label))
-    };
-    let invalid =
-        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_owned());
-    if !holds(&tls.certificate, "CERTIFICATE") {
-        return Err(invalid(
-            "the certificate is not PEM (-----BEGIN CERTIFICATE-----)",
-        ));
-    }
-    if !holds(&tls.key, "PRIVATE KEY") {
-        return Err(invalid(
-            "the key is not a PEM private key (-----BEGIN ... PRIVATE KEY-----)",
-        ));
-    }
-    Ok(())
 }
 
 /// A server that stopped on an error says so on stderr (this crate logs nothing else).

@@ -24,6 +24,16 @@ def cache_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def binary() -> str:
+    """The `async-grpo` binary (`cargo xtask pytest` builds it and names it here)."""
+    path = os.environ.get("ASYNC_GRPO_BIN", "")
+    assert path and Path(path).is_file(), (
+        f"ASYNC_GRPO_BIN is {path!r}: run the suite with `cargo xtask pytest`, which builds the binary"
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir() -> str:
     path = cache_dir() / "qwen3"
     assert (path / "tokenizer.json").is_file(), f"{path} has no tokenizer.json: run `cargo xtask fixtures`"

@@ -9,7 +9,6 @@ the order groups are written in depends on which finishes first, the plan does n
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,6 @@ ROWS = 7
 # Shard 1/3 of 7 rows holds rows 1 and 4 of each pass: 6 groups in 3 shuffled passes.
 PLAN: dict[str, Any] = {"shard": "1/3", "epochs": 3, "shuffle": True, "seed": 5}
 TOTAL = 6
-
-
-@pytest.fixture(scope="module")
-def binary() -> str:
-    """The `async-grpo` binary (`cargo xtask pytest` builds it and names it here)."""
-    path = os.environ.get("ASYNC_GRPO_BIN", "")
-    assert path and Path(path).is_file(), (
-        f"ASYNC_GRPO_BIN is {path!r}: run the suite with `cargo xtask pytest`, which builds the binary"
-    )
-    return path
 
 
 @pytest.fixture

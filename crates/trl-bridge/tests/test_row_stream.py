@@ -26,15 +26,6 @@ QUICKSTART = ROOT / "examples" / "quickstart"
 TLS = ROOT / "crates" / "cli" / "tests" / "fixtures" / "tls"
 
 
-@pytest.fixture(scope="module")
-def binary() -> str:
-    path = os.environ.get("ASYNC_GRPO_BIN", "")
-    assert path and Path(path).is_file(), (
-        f"ASYNC_GRPO_BIN is {path!r}: run the suite with `cargo xtask pytest`, which builds the binary"
-    )
-    return path
-
-
 class Engine:
     """``async-grpo rollout --serve-rows`` on the simulator, in `directory`."""
 

@@ -488,24 +488,23 @@ impl Settings {
                 places.of("serve_rows_cert")
             ),
             (Some(certificate), Some(key)) => {
-                for (path, field, label) in [
-                    (certificate, "serve_rows_cert", "CERTIFICATE"),
-                    (key, "serve_rows_key", "PRIVATE KEY"),
-                ] {
-                    let text = std::fs::read(path).with_context(|| {
+                let read = |path: &PathBuf, field: &str| {
+                    std::fs::read(path).with_context(|| {
                         format!("{}: cannot read {}", places.of(field), path.display())
-                    })?;
-                    let holds = String::from_utf8_lossy(&text)
-                        .lines()
-                        .any(|line| line.starts_with("-----BEGIN ") && line.contains(label));
-                    if !holds {
-                        bail!(
-                            "{}: {} holds no PEM {} (-----BEGIN {label}-----)",
-                            places.of(field),
-                            path.display(),
-                            label.to_lowercase()
-                        );
-                    }
+                    })
+                };
+                let tls = async_grpo_stream::flight::Tls {
+                    certificate: read(certificate, "serve_rows_cert")?,
+                    key: read(key, "serve_rows_key")?,
+                };
+                if let Err(error) = tls.check() {
+                    let (field, path) = match error {
+                        async_grpo_stream::flight::TlsError::Certificate => {
+                            ("serve_rows_cert", certificate)
+                        }
+                        async_grpo_stream::flight::TlsError::Key => ("serve_rows_key", key),
+                    };
+                    bail!("{}: {} {error}", places.of(field), path.display());
                 }
             }
             (None, None) => {}

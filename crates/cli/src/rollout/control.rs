@@ -478,19 +478,33 @@ async fn pause(State(control): State<Control>, Query(query): Query<PauseQuery>) 
     let Some(watched) = control.run.get() else {
         return starting();
     };
-    let mode = query.mode.unwrap_or(watched.engine.config().in_flight);
-    watched.engine.pause(mode).await;
-    let health = watched.engine.health();
-    Json(json!({"paused": true, "in_flight": health.in_flight, "queued": health.queued}))
-        .into_response()
+    Json(pause_engine(&watched.engine, query.mode).await).into_response()
 }
 
 async fn resume(State(control): State<Control>) -> Response {
     let Some(watched) = control.run.get() else {
         return starting();
     };
-    watched.engine.resume();
-    Json(json!({"paused": false})).into_response()
+    Json(resume_engine(&watched.engine)).into_response()
+}
+
+/// Stops `engine`'s admission (`mode`, else the run's `in_flight`), once it has: the answer
+/// of `/pause` and of the row stream's `pause` action.
+pub(crate) async fn pause_engine(
+    engine: &Engine<Client>,
+    mode: Option<InFlight>,
+) -> serde_json::Value {
+    engine
+        .pause(mode.unwrap_or(engine.config().in_flight))
+        .await;
+    let health = engine.health();
+    json!({"paused": true, "in_flight": health.in_flight, "queued": health.queued})
+}
+
+/// Starts `engine`'s admission again: the answer of `/resume` and of the stream's `resume`.
+pub(crate) fn resume_engine(engine: &Engine<Client>) -> serde_json::Value {
+    engine.resume();
+    json!({"paused": false})
 }
 
 /// The run's metrics at each scrape: the engine's, and what the writer has written; none

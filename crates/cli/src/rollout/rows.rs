@@ -27,6 +27,8 @@ use rollout::{Engine, InFlight};
 use rollout_core::TrainingSample;
 use vllm_client::Client;
 
+use super::control;
+
 /// The trainer's side of the engine: the engine once it runs (before, the highest version
 /// the trainer sent, for the engine to start from), and the acknowledgement record.
 #[derive(Default)]
@@ -86,22 +88,15 @@ impl Feedback for Trainer {
 
     async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
         let engine = self.engine()?;
-        let mode = match mode {
-            Some(mode) => mode.parse::<InFlight>().map_err(|e| e.to_string())?,
-            None => engine.config().in_flight,
-        };
-        engine.pause(mode).await;
-        let health = engine.health();
-        Ok(serde_json::json!({
-            "paused": true,
-            "in_flight": health.in_flight,
-            "queued": health.queued,
-        }))
+        let mode = mode
+            .map(|mode| mode.parse::<InFlight>())
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        Ok(control::pause_engine(engine, mode).await)
     }
 
     fn resume(&self) -> Result<serde_json::Value, String> {
-        self.engine()?.resume();
-        Ok(serde_json::json!({ "paused": false }))
+        Ok(control::resume_engine(self.engine()?))
     }
 }
 
