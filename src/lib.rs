@@ -15,7 +15,7 @@
 //! | `rollout` | [`rollout`] | the rollout engine over any `Generator` (with tool-dispatch and scoring's `Scorer`): dataset rows in, scored groups out; re-exports `rollout_api` |
 //! | `files` | [`files`] | datasets and outputs as files: JSON Lines (and Parquet with `parquet`), the run's plan of passes, shards and resume |
 //! | `parquet` (default) | [`files`] | Parquet datasets and outputs too |
-//! | `stream` | [`stream`] | the row stream: groups held for remote trainers until acknowledged, served over Apache Arrow Flight |
+//! | `stream` | [`stream`] | the row stream: groups held for remote trainers until acknowledged, served over Apache Arrow Flight; with `run`, a run's stream wired too (`run::rows`) |
 //! | `scoring` | [`scoring`] | group advantages (GRPO, Dr. GRPO, RLOO, batch std), reward functions; `rollout` adds the scorer |
 //! | `vllm-client` | [`vllm_client`] | typed client of vLLM's HTTP API: token ids in, ids and logprobs out, retries, replicas |
 //! | `harness` | [`harness`] | environment sessions (sync and async), MCP servers as environments, the recording proxy and agent programs; turns on `rollout-api` |

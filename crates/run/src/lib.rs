@@ -16,13 +16,22 @@
 //!   environment's sessions on that pool; the recording proxy and the loop-owning agent on
 //!   it; the scorer; the loop.
 //!
+//! - [`rows`] (feature `stream`): the row stream, groups served live to trainers over Arrow
+//!   Flight as the output is written, held until acknowledged, positions kept across a resume.
+//! - [`control`] and [`listen`]: a trainer's pause and resume, answered alike by the binary's
+//!   control endpoint and the stream; where a server listens and the token it then wants.
+//!
 //! What stays with the adapters is what is theirs alone: argument parsing, printing, signals
 //! and the control endpoint (the binary), Python callables, the GIL and TRL's queues (the
 //! bridge).
 
+pub mod control;
 mod dataset;
+pub mod listen;
 mod output;
 mod plan;
+#[cfg(feature = "stream")]
+pub mod rows;
 mod spec;
 
 pub use crate::{

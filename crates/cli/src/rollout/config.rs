@@ -34,6 +34,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use async_grpo_run::rows::RowsSpec;
 use clap::Args;
 use files::Shard;
 use harness::{agent::ProgramConfig, mcp::McpEnvironment};
@@ -248,7 +249,7 @@ impl Default for Settings {
             listen_token: None,
             serve_rows: None,
             serve_rows_token: None,
-            serve_rows_capacity: 64,
+            serve_rows_capacity: async_grpo_run::rows::DEFAULT_CAPACITY,
             serve_rows_cert: None,
             serve_rows_key: None,
             rewards: Vec::new(),
@@ -345,21 +346,22 @@ fn settings_table(settings: &Settings) -> Result<toml::Table, toml::ser::Error> 
     Ok(table)
 }
 
-/// The control endpoint's address: `PORT` (on 127.0.0.1) or `HOST:PORT`.
-pub(crate) fn listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
-    if let Ok(port) = text.parse::<u16>() {
-        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    text.parse().map_err(|_| {
-        format!(
-            "'{text}' is not an address to listen on: expected PORT (on 127.0.0.1) or HOST:PORT \
-             with HOST an IP address, such as 9090 or 127.0.0.1:9090 (an address other machines \
-             reach, such as 0.0.0.0:9090, also wants --listen-token)"
-        )
-    })
-}
+/// How a refusal of the row stream says to set its token.
+pub(crate) const SET_ROWS_TOKEN: &str = "--serve-rows-token TOKEN or ASYNC_GRPO_ROWS_TOKEN";
 
 impl Settings {
+    /// The row stream's settings, when `--serve-rows` asks for one.
+    pub(crate) fn rows_spec(&self) -> Option<RowsSpec> {
+        let address = self.serve_rows.clone()?;
+        Some(RowsSpec {
+            address,
+            token: self.serve_rows_token.clone(),
+            capacity: self.serve_rows_capacity,
+            certificate: self.serve_rows_cert.clone(),
+            key: self.serve_rows_key.clone(),
+        })
+    }
+
     /// Whether the rows go to stdout (`--out -`).
     pub(crate) fn writes_stdout(&self) -> bool {
         self.out.as_os_str() == "-"
@@ -460,7 +462,7 @@ impl Settings {
             );
         }
         if let Some(listen) = &self.listen {
-            let address = listen_address(listen)
+            let address = async_grpo_run::listen::listen_address(listen, control::SET_TOKEN)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
             if let Some(token) = &self.listen_token {
                 control::check_token(token).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -468,60 +470,16 @@ impl Settings {
             control::check_address(address, self.listen_token.is_some())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
         }
-        if let Some(serve) = &self.serve_rows {
-            let address = listen_address(serve)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("serve_rows")))?;
-            if let Some(token) = &self.serve_rows_token {
-                control::check_token(token).map_err(|e| anyhow::anyhow!("{e}"))?;
+        match self.rows_spec() {
+            Some(spec) => {
+                spec.resolve(SET_ROWS_TOKEN)
+                    .map_err(|e| anyhow::anyhow!("{}: {}", places.of(e.key), e.message))?;
             }
-            control::check_reach(
-                address,
-                self.serve_rows_token.is_some(),
-                "--serve-rows-token",
-                "ASYNC_GRPO_ROWS_TOKEN",
-            )
-            .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("serve_rows")))?;
-        }
-        match (&self.serve_rows_cert, &self.serve_rows_key) {
-            (Some(_), Some(_)) if self.serve_rows.is_none() => bail!(
+            None if self.serve_rows_cert.is_some() || self.serve_rows_key.is_some() => bail!(
                 "{}: a certificate for the row stream, but no --serve-rows",
                 places.of("serve_rows_cert")
             ),
-            (Some(certificate), Some(key)) => {
-                let read = |path: &PathBuf, field: &str| {
-                    std::fs::read(path).with_context(|| {
-                        format!("{}: cannot read {}", places.of(field), path.display())
-                    })
-                };
-                let tls = async_grpo_stream::flight::Tls {
-                    certificate: read(certificate, "serve_rows_cert")?,
-                    key: read(key, "serve_rows_key")?,
-                };
-                if let Err(error) = tls.check() {
-                    let (field, path) = match error {
-                        async_grpo_stream::flight::TlsError::Certificate => {
-                            ("serve_rows_cert", certificate)
-                        }
-                        async_grpo_stream::flight::TlsError::Key => ("serve_rows_key", key),
-                    };
-                    bail!("{}: {} {error}", places.of(field), path.display());
-                }
-            }
-            (None, None) => {}
-            (Some(_), None) => bail!(
-                "{}: serve_rows_cert needs serve_rows_key (its private key)",
-                places.of("serve_rows_cert")
-            ),
-            (None, Some(_)) => bail!(
-                "{}: serve_rows_key needs serve_rows_cert (the certificate it signs)",
-                places.of("serve_rows_key")
-            ),
-        }
-        if self.serve_rows_capacity == 0 {
-            bail!(
-                "{}: serve_rows_capacity must be at least 1",
-                places.of("serve_rows_capacity")
-            );
+            None => {}
         }
         if self.tool_threads == Some(0) {
             bail!(

@@ -45,6 +45,7 @@ use std::{
 };
 
 use anyhow::Context;
+use async_grpo_run::listen::{self, is_loopback};
 use axum::{
     Json, Router,
     extract::{Query, Request, State},
@@ -95,56 +96,22 @@ struct Control {
     address: SocketAddr,
 }
 
+/// How a refusal says to set the endpoint's token.
+pub(crate) const SET_TOKEN: &str = "--listen-token TOKEN or ASYNC_GRPO_LISTEN_TOKEN";
+
 /// Refuses, before anything runs, a token that guards nothing: an empty one, or one an
 /// `Authorization` header cannot carry.
 pub(crate) fn check_token(token: &str) -> Result<(), String> {
-    if token.is_empty() {
-        return Err("the control endpoint's token (--listen-token or \
-             ASYNC_GRPO_LISTEN_TOKEN) is empty, and an empty token guards nothing: set one that \
-             is hard to guess (e.g. `openssl rand -hex 32`), or leave both unset to listen on a \
-             loopback address without one"
-            .to_owned());
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("the control endpoint's token (--listen-token or \
-             ASYNC_GRPO_LISTEN_TOKEN) holds a space, a control or a non-ASCII character, which an \
-             Authorization header cannot carry: use letters, digits and punctuation"
-            .to_owned());
-    }
-    Ok(())
+    listen::check_token(
+        token,
+        "the control endpoint's token (--listen-token or ASYNC_GRPO_LISTEN_TOKEN)",
+    )
 }
 
 /// Refuses, before anything runs, an address other machines reach (anything but
 /// 127.0.0.0/8 and ::1) when no token is set: anyone reaching it could steer the run.
 pub(crate) fn check_address(address: SocketAddr, token_set: bool) -> Result<(), String> {
-    check_reach(
-        address,
-        token_set,
-        "--listen-token",
-        "ASYNC_GRPO_LISTEN_TOKEN",
-    )
-}
-
-/// [`check_address`] for an endpoint whose token is given by `flag` or `variable`.
-pub(crate) fn check_reach(
-    address: SocketAddr,
-    token_set: bool,
-    flag: &str,
-    variable: &str,
-) -> Result<(), String> {
-    if token_set || is_loopback(address.ip()) {
-        return Ok(());
-    }
-    Err(format!(
-        "{address} is reachable from other machines, and without a token anyone who reaches it \
-         can pause the run or set its model version: set a token with {flag} TOKEN or \
-         {variable}, or listen on a loopback address (a bare port listens on 127.0.0.1)"
-    ))
-}
-
-/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
-fn is_loopback(ip: IpAddr) -> bool {
-    ip.to_canonical().is_loopback()
+    listen::check_reach(address, token_set, SET_TOKEN)
 }
 
 /// The 503 of an endpoint that steers the engine while there is none yet.
@@ -478,33 +445,14 @@ async fn pause(State(control): State<Control>, Query(query): Query<PauseQuery>) 
     let Some(watched) = control.run.get() else {
         return starting();
     };
-    Json(pause_engine(&watched.engine, query.mode).await).into_response()
+    Json(async_grpo_run::control::pause(&watched.engine, query.mode).await).into_response()
 }
 
 async fn resume(State(control): State<Control>) -> Response {
     let Some(watched) = control.run.get() else {
         return starting();
     };
-    Json(resume_engine(&watched.engine)).into_response()
-}
-
-/// Stops `engine`'s admission (`mode`, else the run's `in_flight`), once it has: the answer
-/// of `/pause` and of the row stream's `pause` action.
-pub(crate) async fn pause_engine(
-    engine: &Engine<Client>,
-    mode: Option<InFlight>,
-) -> serde_json::Value {
-    engine
-        .pause(mode.unwrap_or(engine.config().in_flight))
-        .await;
-    let health = engine.health();
-    json!({"paused": true, "in_flight": health.in_flight, "queued": health.queued})
-}
-
-/// Starts `engine`'s admission again: the answer of `/resume` and of the stream's `resume`.
-pub(crate) fn resume_engine(engine: &Engine<Client>) -> serde_json::Value {
-    engine.resume();
-    json!({"paused": false})
+    Json(async_grpo_run::control::resume(&watched.engine)).into_response()
 }
 
 /// The run's metrics at each scrape: the engine's, and what the writer has written; none
@@ -612,32 +560,14 @@ mod tests {
     }
 
     #[test]
-    fn an_address_other_machines_reach_wants_a_token_and_a_token_must_be_one() {
-        let on = |address: &str| address.parse::<SocketAddr>().expect("an address");
-        for loopback in [
-            "127.0.0.1:0",
-            "127.3.2.1:9",
-            "[::1]:9",
-            "[::ffff:127.0.0.1]:9",
-        ] {
-            assert_eq!(check_address(on(loopback), false), Ok(()), "{loopback}");
-        }
-        for exposed in [
-            "0.0.0.0:9090",
-            "[::]:9090",
-            "192.0.2.1:9",
-            "[::ffff:10.0.0.1]:9",
-        ] {
-            let refused = check_address(on(exposed), false).expect_err(exposed);
-            assert!(refused.contains("--listen-token"), "{refused}");
-            assert!(refused.contains("ASYNC_GRPO_LISTEN_TOKEN"), "{refused}");
-            assert_eq!(check_address(on(exposed), true), Ok(()), "{exposed}");
-        }
-        assert!(check_token("").is_err_and(|e| e.contains("empty")));
-        for unusable in ["two words", "tab\t", "caf\u{e9}", "line\n"] {
-            assert!(check_token(unusable).is_err(), "{unusable:?}");
-        }
-        assert_eq!(check_token("s3cret-TOKEN_~!"), Ok(()));
+    fn the_endpoints_refusals_say_how_to_set_its_token() {
+        let exposed = "0.0.0.0:9090".parse::<SocketAddr>().expect("an address");
+        let refused = check_address(exposed, false).expect_err("exposed without a token");
+        assert!(refused.contains("--listen-token"), "{refused}");
+        assert!(refused.contains("ASYNC_GRPO_LISTEN_TOKEN"), "{refused}");
+        assert_eq!(check_address(exposed, true), Ok(()));
+        let empty = check_token("").expect_err("an empty token");
+        assert!(empty.starts_with("the control endpoint's token"), "{empty}");
     }
 
     #[test]

@@ -1,9 +1,8 @@
 //! `async-grpo rollout`: dataset rows to multi-turn conversations, tool calls, rewards and
 //! training rows. [`config`] holds its settings, [`preflight`] checks them (and the dataset)
-//! before anything is touched, [`data`] orders the rows (epochs, shuffle, shard, resume),
-//! [`run`] wires the engine, [`output`] writes the rows (JSON Lines, stdout, Parquet) and
-//! reads them back to resume, [`control`] serves the control endpoint, and [`progress`]
-//! shows how it goes.
+//! before anything is touched, [`run`] hands them to `async_grpo_run` (the plan, the output,
+//! the engine wired, the row stream) and writes the rows, [`control`] serves the control
+//! endpoint, and [`progress`] shows how it goes.
 
 pub(crate) mod agent;
 pub(crate) mod config;
@@ -12,5 +11,4 @@ pub(crate) mod environment;
 pub(crate) mod preflight;
 pub(crate) mod programs;
 pub(crate) mod progress;
-pub(crate) mod rows;
 pub(crate) mod run;

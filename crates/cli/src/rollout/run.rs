@@ -8,7 +8,11 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use async_grpo_run::{Destination, RunPlan, RunSpec, Running, Servers, SpecError, ToolPool};
+use async_grpo_run::{
+    Destination, RunPlan, RunSpec, Running, Servers, SpecError, ToolPool,
+    listen::listen_address,
+    rows::{Backlog, Pusher, RowStream},
+};
 use files::{FileError, output::Output};
 use rollout::{Agent, DrainReport, Engine, Groups};
 use rollout_core::{ChatTokenizer, parse::parser_by_name};
@@ -17,11 +21,10 @@ use vllm_client::Client;
 use vllm_sim::{SimConfig, Simulator};
 
 use super::{
-    config::{Resolved, Settings, listen_address},
+    config::{Resolved, SET_ROWS_TOKEN, Settings},
     control::ControlEndpoint,
     preflight::{self, Checked},
     progress::{Progress, Totals},
-    rows::{Backlog, Pusher, RowStream},
 };
 
 /// Exit code of a run stopped by a signal whose drain had to cancel rollouts.
@@ -191,7 +194,8 @@ fn start_control(settings: &Settings) -> anyhow::Result<Option<ControlEndpoint>>
     let Some(address) = &settings.listen else {
         return Ok(None);
     };
-    let address = listen_address(address).map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+    let address = listen_address(address, super::control::SET_TOKEN)
+        .map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
     let control = ControlEndpoint::start(address, settings.listen_token.clone())?;
     tracing::info!(address = %control.address(), "control endpoint listening");
     Ok(Some(control))
@@ -203,39 +207,20 @@ fn start_rows(
     settings: &Settings,
     destination: Option<&Destination>,
 ) -> anyhow::Result<Option<RowStream>> {
-    let Some(address) = &settings.serve_rows else {
+    let Some(spec) = settings.rows_spec() else {
         return Ok(None);
     };
-    let address = listen_address(address).map_err(|e| anyhow::anyhow!("--serve-rows: {e}"))?;
+    // Checked with the settings; read again here (the PEM files).
+    let serve = spec
+        .resolve(SET_ROWS_TOKEN)
+        .map_err(|e| anyhow::anyhow!("--{}: {}", e.key.replace('_', "-"), e.message))?;
+    let tls = serve.tls();
     let first = destination.map_or(0, |d| d.resumed().done.len() as u64);
-    let tls = match (&settings.serve_rows_cert, &settings.serve_rows_key) {
-        (Some(certificate), Some(key)) => {
-            let read = |path: &std::path::Path, flag: &str| {
-                std::fs::read(path)
-                    .with_context(|| format!("{flag} {}: cannot read the file", path.display()))
-            };
-            Some(async_grpo_stream::flight::Tls {
-                certificate: read(certificate, "--serve-rows-cert")?,
-                key: read(key, "--serve-rows-key")?,
-            })
-        }
-        _ => None,
-    };
-    let rows = RowStream::start(
-        address,
-        settings.serve_rows_token.clone(),
-        settings.serve_rows_capacity,
-        first,
-        tls,
-    )?;
+    let rows = RowStream::start(serve, first)?;
     eprintln!(
         "async-grpo: serving rows on {}{}",
         rows.address(),
-        if settings.serve_rows_cert.is_some() {
-            " (TLS)"
-        } else {
-            ""
-        }
+        if tls { " (TLS)" } else { "" }
     );
     Ok(Some(rows))
 }
@@ -246,8 +231,9 @@ fn backlog(rows: &RowStream, destination: Option<&Destination>) -> anyhow::Resul
     let Some(destination) = destination else {
         return Ok(None);
     };
-    rows.record_to(destination.path(), destination.resumes())
-        .map(Some)
+    Ok(Some(
+        rows.record_to(destination.path(), destination.resumes())?,
+    ))
 }
 
 /// Serves a resumed output's unacknowledged groups again (the writer thread, first).
@@ -506,6 +492,7 @@ fn write_groups(
         sink.write_group(&group.samples)?;
         // Written first: a group the stream holds is in the file, for a resume.
         if let Some(rows) = rows {
+            // Not pushed once the stream is closed (a signal): the group is in the file.
             rows.push(&group.samples)?;
         }
         totals.groups.fetch_add(1, Ordering::Relaxed);
