@@ -24,7 +24,10 @@ use std::{
     time::Duration,
 };
 
-use async_grpo_run::{DatasetSource, Destination, RunSpec, Running, Servers, SpecError, ToolPool};
+use async_grpo_run::{
+    DatasetSource, Destination, RunSpec, Running, Servers, SpecError, ToolPool,
+    rows::{Backlog, Pusher, RowStream, ServeRows},
+};
 use files::{data::Plan, output::Output};
 use harness::{Harness, HarnessConfig};
 use numpy::{PyArray1, PyArrayMethods};
@@ -72,6 +75,8 @@ struct Prepared {
     nice: i32,
     /// The worker processes, started by the driver (so that they inherit its priority).
     pool: Option<Arc<Pool>>,
+    /// The row stream to serve instead of handing groups to Python.
+    rows: Option<ServeRows>,
 }
 
 /// What the driver task and the Python side share.
@@ -89,6 +94,8 @@ struct State {
     stopping: AtomicBool,
     /// The drain's report: the first shutdown runs it, later calls read it.
     report: tokio::sync::Mutex<Option<DrainReport>>,
+    /// The row stream, from [`NativeEngine::start`] to [`NativeEngine::finish_rows`].
+    rows: Mutex<Option<RowStream>>,
 }
 
 impl State {
@@ -137,7 +144,17 @@ pub(crate) struct NativeEngine {
     pool: Option<Arc<Pool>>,
     /// The names of `reward_funcs`' functions, in order.
     reward_names: Vec<String>,
+    /// The row stream's end [`NativeEngine::forward`] pushes through, once started.
+    pusher: OnceLock<Pusher>,
+    /// A resumed output's groups no trainer acknowledged, served again by the first
+    /// [`NativeEngine::forward`].
+    backlog: Mutex<Option<Backlog>>,
+    /// Where the row stream listens, once started.
+    rows_address: OnceLock<std::net::SocketAddr>,
 }
+
+/// How a refusal of the row stream says to set its token.
+const SET_ROWS_TOKEN: &str = "serve_rows_token= (or ASYNC_GRPO_ROWS_TOKEN)";
 
 /// A tool as the Python side describes it: name, description, JSON schema of the
 /// parameters (text), the callable, whether it is async, and, for a sync one the worker
@@ -215,6 +232,16 @@ impl NativeEngine {
         };
         // Like the binary's `--groups`, `groups` counts the whole run's groups: those a
         // resumed output holds are of them.
+        let rows = settings
+            .rows_spec()
+            .map(|spec| py.detach(|| spec.resolve(SET_ROWS_TOKEN)))
+            .transpose()
+            .map_err(|e| bad(e.key, e.message))?;
+        if rows.is_some() {
+            // The stream's capacity is the run's buffer, as the binary's: groups waiting in
+            // the engine's own would be invisible to the trainer, and older when it reads them.
+            config.output_buffer = 1;
+        }
         let plan_spec = data::plan_spec(&settings, config.sampling.seed, config.max_groups);
         let run_plan = data::plan(&plan_spec, scanned.rows, destination.as_ref())
             .map_err(PyValueError::new_err)?;
@@ -339,6 +366,7 @@ impl NativeEngine {
                 runtime_threads: settings.runtime_threads,
                 nice: settings.nice,
                 pool: pool.clone(),
+                rows,
             })),
             runtime: Mutex::new(None),
             handle: OnceLock::new(),
@@ -349,6 +377,9 @@ impl NativeEngine {
             handed: Mutex::new(None),
             pool,
             reward_names,
+            pusher: OnceLock::new(),
+            backlog: Mutex::new(None),
+            rows_address: OnceLock::new(),
         })
     }
 
@@ -359,11 +390,12 @@ impl NativeEngine {
         self.reward_names.clone()
     }
 
-    /// Opens the output (created, or continued after its whole groups), starts the runtime
-    /// and the loop (it waits for the servers in the background).
+    /// Opens the output (created, or continued after its whole groups), starts the runtime,
+    /// the row stream if one was asked for, and the loop (it waits for the servers in the
+    /// background).
     fn start(&self, py: Python<'_>) -> PyResult<()> {
         let mut slot = lock(&self.prepared);
-        let Some(prepared) = slot.take() else {
+        let Some(mut prepared) = slot.take() else {
             return Err(PyRuntimeError::new_err(
                 "the engine was already started; a worker starts once",
             ));
@@ -388,6 +420,9 @@ impl NativeEngine {
             .enable_all()
             .build()
             .map_err(|e| PyRuntimeError::new_err(format!("cannot start the runtime: {e}")))?;
+        if let Some(rows) = prepared.rows.take() {
+            self.start_rows(&runtime, rows, prepared.destination.as_ref())?;
+        }
         let (sender, receiver) = mpsc::channel(1);
         let state = Arc::clone(&self.state);
         let driver = py.detach(|| runtime.spawn(drive(prepared, state, sender)));
@@ -445,6 +480,101 @@ impl NativeEngine {
             None => Ok(()),
         })
         .map_err(|e| PyOSError::new_err(format!("output: cannot write a group: {e}")))
+    }
+
+    /// With a row stream: the next scored group, waiting up to `timeout` seconds, written to
+    /// the output and pushed to the stream (waiting while it holds its capacity
+    /// unacknowledged), all without the GIL on the caller's thread (the pump's). `(False,
+    /// (samples, pushed))`, `(False, None)` on a timeout, `(True, None)` once the loop has
+    /// ended and every group was forwarded (the stream then closes: its readers' iterations
+    /// end once they acknowledged every group); `pushed` is false once the stream no longer takes
+    /// groups (a stop: the group is then in the output only). The first call serves again a
+    /// resumed output's groups no trainer acknowledged.
+    fn forward(&self, py: Python<'_>, timeout: f64) -> PyResult<(bool, Option<(usize, bool)>)> {
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        let (Some(handle), Some(pusher)) = (self.handle.get(), self.pusher.get()) else {
+            return Err(PyRuntimeError::new_err(
+                "the engine serves no rows (serve_rows) or was not started",
+            ));
+        };
+        py.detach(|| {
+            if let Some(backlog) = lock(&self.backlog).take() {
+                let restored = pusher
+                    .restore(&backlog)
+                    .map_err(|e| PyOSError::new_err(e.to_string()))?;
+                if restored > 0 {
+                    tracing::warn!(
+                        restored,
+                        "serving again the output's groups no trainer acknowledged"
+                    );
+                }
+            }
+            let mut guard = lock(&self.groups);
+            let Some(receiver) = guard.as_mut() else {
+                return Ok((true, None));
+            };
+            let group = match handle
+                .block_on(async { tokio::time::timeout(wait, receiver.recv()).await })
+            {
+                Err(_) => return Ok((false, None)),
+                Ok(None) => {
+                    *guard = None;
+                    // No group comes any more: the readers' streams end once they have
+                    // acknowledged what is left.
+                    if let Some(rows) = lock(&self.state.rows).as_ref() {
+                        rows.close();
+                    }
+                    return Ok((true, None));
+                }
+                Ok(Some(group)) => group,
+            };
+            // Written first: a group the stream holds is in the file, for a resume.
+            if let Some(output) = lock(&self.output).as_mut() {
+                output.write_group(&group.samples).map_err(|e| {
+                    PyOSError::new_err(format!("output: cannot write a group: {e}"))
+                })?;
+            }
+            let pushed = pusher
+                .push(&group.samples)
+                .map_err(|e| PyOSError::new_err(e.to_string()))?;
+            Ok((false, Some((group.samples.len(), pushed))))
+        })
+    }
+
+    /// Where the row stream listens (`HOST:PORT`), once started; `None` without one.
+    #[getter]
+    fn rows_address(&self) -> Option<String> {
+        self.rows_address.get().map(ToString::to_string)
+    }
+
+    /// Waits up to `timeout` seconds, without the GIL, for the trainer to acknowledge every
+    /// group the row stream holds: whether it did (true without a stream).
+    fn wait_rows(&self, py: Python<'_>, timeout: f64) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+        py.detach(|| {
+            loop {
+                let held = lock(&self.state.rows).as_ref().map_or(0, RowStream::held);
+                if held == 0 {
+                    return true;
+                }
+                if std::time::Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    }
+
+    /// Ends the row stream once the trainer acknowledged every group, or after `timeout`
+    /// seconds: how many groups were left unacknowledged (in the output, served again by a
+    /// resumed worker). Call after [`NativeEngine::shutdown`] and after the pump has stopped,
+    /// before [`NativeEngine::close`]. Idempotent.
+    fn finish_rows(&self, py: Python<'_>, timeout: f64) -> usize {
+        let (Some(handle), Some(rows)) = (self.handle.get(), lock(&self.state.rows).take()) else {
+            return 0;
+        };
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        py.detach(|| handle.block_on(rows.finish(wait)))
     }
 
     /// Closes the output (a Parquet output is written now, from its journal); returns the
@@ -518,6 +648,11 @@ impl NativeEngine {
         let deadline = Duration::from_secs_f64(drain_timeout.max(0.0));
         let report = PyDict::new(py);
         self.state.stopping.store(true, Ordering::Release);
+        if let Some(rows) = lock(&self.state.rows).as_ref() {
+            // As after the binary's signal: a pump waiting for the trainer must not hold the
+            // drain; what the stream does not take is in the output only.
+            rows.close();
+        }
         let Some(handle) = self.handle.get() else {
             return Ok(report);
         };
@@ -585,6 +720,32 @@ impl NativeEngine {
     }
 }
 
+impl NativeEngine {
+    /// Serves the row stream on `runtime`; its positions go on after the groups a resumed
+    /// `destination` holds, and the acknowledgements are recorded beside it.
+    fn start_rows(
+        &self,
+        runtime: &Runtime,
+        rows: ServeRows,
+        destination: Option<&Destination>,
+    ) -> PyResult<()> {
+        let _inside = runtime.enter();
+        let first = destination.map_or(0, |d| d.resumed().done.len() as u64);
+        let stream = RowStream::start(rows, first)
+            .map_err(|e| PyOSError::new_err(format!("serve_rows: {e}")))?;
+        if let Some(destination) = destination {
+            let backlog = stream
+                .record_to(destination.path(), destination.resumes())
+                .map_err(|e| PyOSError::new_err(format!("output: {e}")))?;
+            *lock(&self.backlog) = Some(backlog);
+        }
+        let _ = self.pusher.set(stream.pusher());
+        let _ = self.rows_address.set(stream.address());
+        *lock(&self.state.rows) = Some(stream);
+        Ok(())
+    }
+}
+
 /// The driver: waits for the servers, starts the loop, forwards its groups; records why it
 /// ended when it ended on its own.
 async fn drive(prepared: Prepared, state: Arc<State>, groups_out: mpsc::Sender<ScoredGroup>) {
@@ -606,6 +767,7 @@ async fn run(
         runtime_threads: _,
         nice: _,
         pool,
+        rows: _,
     } = prepared;
     if let Some(pool) = pool {
         // On a thread of the runtime's, whose priority the processes inherit.
@@ -635,6 +797,10 @@ async fn run(
     // either way (versions only grow, so applying one twice is harmless).
     *lock(&state.engine) = Some(Arc::clone(&engine));
     let _ = engine.set_model_version(state.version.load(Ordering::Acquire));
+    if let Some(rows) = lock(&state.rows).as_ref() {
+        // The trainer's versions, pauses and resumes over the stream reach the loop.
+        rows.attach(Arc::clone(&engine));
+    }
     while let Some(group) = groups.recv().await {
         if groups_out.send(group).await.is_err() {
             break;

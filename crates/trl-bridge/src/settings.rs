@@ -66,12 +66,23 @@ pub(crate) struct BridgeSettings {
     pub(crate) output: Option<PathBuf>,
     /// Continue `output`: the groups it holds are not rolled out again.
     pub(crate) resume: bool,
+    /// Serve the rows live on this address (`PORT` or `HOST:PORT`) over Arrow Flight,
+    /// instead of handing them to TRL's `rollout_buffer`.
+    pub(crate) serve_rows: Option<String>,
+    /// The bearer token every call to the row stream must carry.
+    pub(crate) serve_rows_token: Option<String>,
+    /// Groups the stream holds unacknowledged at most.
+    pub(crate) serve_rows_capacity: usize,
+    /// The stream's PEM certificate (chain): TLS only.
+    pub(crate) serve_rows_cert: Option<PathBuf>,
+    /// Its PEM private key.
+    pub(crate) serve_rows_key: Option<PathBuf>,
 }
 
 impl Default for BridgeSettings {
     /// TRL's estimator, a minute per tool call, five per reward, two runtime threads at nice
     /// 10 below the trainer's, passes in order over the whole dataset until stopped, no
-    /// output.
+    /// output, no row stream.
     fn default() -> Self {
         BridgeSettings {
             max_inflight: None,
@@ -87,6 +98,11 @@ impl Default for BridgeSettings {
             shard: None,
             output: None,
             resume: false,
+            serve_rows: None,
+            serve_rows_token: None,
+            serve_rows_capacity: async_grpo_run::rows::DEFAULT_CAPACITY,
+            serve_rows_cert: None,
+            serve_rows_key: None,
         }
     }
 }
@@ -116,7 +132,30 @@ impl BridgeSettings {
         if self.resume && self.output.is_none() {
             return Err("resume: give output=, the file to continue".to_owned());
         }
+        if self.serve_rows.is_none() {
+            let given = [
+                ("serve_rows_token", self.serve_rows_token.is_some()),
+                ("serve_rows_cert", self.serve_rows_cert.is_some()),
+                ("serve_rows_key", self.serve_rows_key.is_some()),
+            ];
+            if let Some((key, _)) = given.iter().find(|(_, given)| *given) {
+                return Err(format!(
+                    "{key}: a setting of the row stream, but no serve_rows"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The row stream's settings, when `serve_rows` asks for one.
+    pub(crate) fn rows_spec(&self) -> Option<async_grpo_run::rows::RowsSpec> {
+        Some(async_grpo_run::rows::RowsSpec {
+            address: self.serve_rows.clone()?,
+            token: self.serve_rows_token.clone(),
+            capacity: self.serve_rows_capacity,
+            certificate: self.serve_rows_cert.clone(),
+            key: self.serve_rows_key.clone(),
+        })
     }
 }
 

@@ -65,6 +65,19 @@ class Engine:
         ``(False, None)`` on a timeout, ``(True, None)`` once every group was read."""
     def delivered(self) -> None:
         """Says the last group handed out was delivered: it is written to the output."""
+    def forward(self, timeout: float) -> tuple[bool, tuple[int, bool] | None]:
+        """With a row stream: the next group written to the output and pushed to the stream,
+        waiting up to ``timeout`` seconds for one: ``(False, (samples, pushed))``, ``(False,
+        None)`` on a timeout, ``(True, None)`` once every group was forwarded."""
+    @property
+    def rows_address(self) -> str | None:
+        """Where the row stream listens (``HOST:PORT``), once started."""
+    def wait_rows(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for every group the stream holds to be
+        acknowledged; whether it was."""
+    def finish_rows(self, timeout: float) -> int:
+        """Ends the row stream once every group is acknowledged or after ``timeout``
+        seconds; the groups left unacknowledged."""
     def finish_output(self) -> tuple[int, int]:
         """Closes the output; the groups and samples written to it."""
     def set_model_version(self, version: int) -> None:

@@ -7,7 +7,8 @@ Threads (all started by ``start()``, all joined by ``stop()``):
   reward function runs;
 - ``async-grpo-asyncio``: the asyncio loop where ``async def`` tools and rewards run;
 - ``async-grpo-pump``: moves scored groups from the engine into ``rollout_buffer`` as
-  ``RolloutSample``s and pushes metrics; it waits on the engine without the GIL;
+  ``RolloutSample``s and pushes metrics (with ``serve_rows``: writes them to the output and
+  pushes them to the row stream, all in Rust); it waits on the engine without the GIL;
 - ``async-grpo-pool-N``: one per worker process of sync tools and rewards
   (``python_processes``, ``async_grpo._pool``), reading its answers; the processes
   themselves are killed by ``stop()``.
@@ -121,6 +122,34 @@ def _shard(shard: Any) -> str | None:
     ):
         return f"{shard[0]}/{shard[1]}"
     raise TypeError(f"shard must be 'I/N' or a pair of ints (I, N), got {shard!r}")
+
+
+def _serve_rows(
+    address: Any, token: Any, capacity: Any, certificate: Any, key: Any
+) -> dict[str, Any]:
+    """The row stream's settings (checked by the engine: the address, the token, the PEM
+    files), or none without ``serve_rows``."""
+    if address is None:
+        for name, value in (("serve_rows_token", token), ("serve_rows_cert", certificate), ("serve_rows_key", key)):
+            if value is not None:
+                raise ValueError(f"{name}: a setting of the row stream, but no serve_rows")
+        return {}
+    if isinstance(address, bool) or not isinstance(address, (str, int)):
+        raise TypeError(f"serve_rows must be 'HOST:PORT' or a port, got {type(address).__name__}")
+    if token is None:
+        token = os.environ.get("ASYNC_GRPO_ROWS_TOKEN")
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"serve_rows_token must be a str, got {type(token).__name__}")
+    for name, path in (("serve_rows_cert", certificate), ("serve_rows_key", key)):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{name} must be a path, got {type(path).__name__}")
+    return {
+        "serve_rows": str(address),
+        "serve_rows_token": token,
+        "serve_rows_capacity": _positive_int("serve_rows_capacity", capacity),
+        "serve_rows_cert": None if certificate is None else os.fspath(certificate),
+        "serve_rows_key": None if key is None else os.fspath(key),
+    }
 
 
 def _duration(seconds: float) -> str:
@@ -239,6 +268,18 @@ class RolloutWorker:
       dropped (``"drop"``); both are counted in the metrics.
     - ``routed_experts``: routing replay; the vLLM server must run with
       ``--enable-return-routed-experts``.
+
+    The row stream (``docs/row-stream.md``), for a trainer in another process or on another
+    machine, as the binary's ``--serve-rows``: with ``serve_rows`` the groups go to an Arrow
+    Flight stream (read with ``async_grpo.RowStream(worker.rows_url)``) instead of
+    ``rollout_buffer``, each held until the trainer acknowledges it, admission waiting while
+    ``serve_rows_capacity`` groups are unacknowledged; the trainer's model version, pause and
+    resume come back over it. ``serve_rows`` is ``PORT`` (on 127.0.0.1) or ``HOST:PORT``; an
+    address other machines reach wants ``serve_rows_token`` (default: the environment's
+    ``ASYNC_GRPO_ROWS_TOKEN``); ``serve_rows_cert`` and ``serve_rows_key`` (PEM files) serve
+    TLS only. With ``output``, the file and the stream hold the same groups, acknowledgements
+    are recorded beside it, and a resumed worker serves again what no trainer acknowledged.
+    ``join()`` waits for the run to end and every group to be acknowledged.
     """
 
     def __init__(
@@ -290,6 +331,11 @@ class RolloutWorker:
         max_token_staleness: int | None = None,
         stale_tokens: str = "mask",
         routed_experts: bool = False,
+        serve_rows: str | int | None = None,
+        serve_rows_token: str | None = None,
+        serve_rows_capacity: int = 64,
+        serve_rows_cert: str | os.PathLike[str] | None = None,
+        serve_rows_key: str | os.PathLike[str] | None = None,
     ) -> None:
         environment_name = None if environment is None else check_factory(environment)
         if agent is not None:
@@ -410,6 +456,7 @@ class RolloutWorker:
         shard = _shard(shard)
         if output is not None and not isinstance(output, (str, os.PathLike)):
             raise TypeError(f"output must be a path, got {type(output).__name__}")
+        serve = _serve_rows(serve_rows, serve_rows_token, serve_rows_capacity, serve_rows_cert, serve_rows_key)
         rows, path = _dataset(dataset)
         tokenizer = tokenizer_source(processing_class)
         servers = _servers(vllm_server_url)
@@ -464,6 +511,7 @@ class RolloutWorker:
             "max_token_staleness": max_token_staleness,
             "stale_tokens": stale_tokens,
             "routed_experts": routed_experts,
+            **serve,
         }
         # Sync tools and rewards that can be pickled run in worker processes (a GIL each, not
         # the trainer's); the others here, with a warning. Async ones stay on the loop thread.
@@ -541,6 +589,8 @@ class RolloutWorker:
         self._pump_error: BaseException | None = None
         self._last_stats: dict[str, float] = {}
         self._dropped_at_stop = 0
+        self._serving = serve_rows is not None
+        self._rows_tls = serve_rows_cert is not None
         self.delivered = 0
         self.report: dict[str, Any] = {}
 
@@ -596,7 +646,13 @@ class RolloutWorker:
         (then are cancelled), complete groups still reach ``rollout_buffer`` while it has
         room; then joins every thread the worker started and closes ``output`` (a Parquet
         one is written now). Idempotent; also runs at interpreter exit. A
-        ``KeyboardInterrupt`` during the drain cancels at once."""
+        ``KeyboardInterrupt`` during the drain cancels at once.
+
+        With ``serve_rows``, as the binary after a signal: the stream takes no group from
+        the start of the drain (those are in ``output`` only), the trainer has up to
+        ``drain_timeout`` seconds to acknowledge what it holds (``report["rows_unacknowledged"]``
+        counts the rest), then the stream closes. ``join()`` first to serve a bounded run
+        whole."""
         with self._lock:
             if self._stopped:
                 return
@@ -605,14 +661,22 @@ class RolloutWorker:
         if self._started_at is None:
             return
         self._stopping.set()
+        interrupted = False
         try:
             self.report = dict(self._engine.shutdown(self._drain_timeout))
         except KeyboardInterrupt:
             self._engine.cancel()
             self.report = dict(self._engine.shutdown(0.0))
+            interrupted = True
         finally:
             if self._pump is not None:
                 self._pump.join(30.0)
+            if self._serving:
+                # The trainer acknowledges what the stream holds, for up to drain_timeout
+                # (at once after a KeyboardInterrupt); the rest is in output, served again by a
+                # resumed worker.
+                wait = 0.0 if interrupted else self._drain_timeout
+                self.report["rows_unacknowledged"] = self._engine.finish_rows(wait)
             self._engine.close(10.0)
             self._loop.stop(10.0)
         self.report["dropped_at_stop"] = self._dropped_at_stop
@@ -652,6 +716,40 @@ class RolloutWorker:
 
     # -- Beyond the protocol --------------------------------------------------------------
 
+    @property
+    def rows_url(self) -> str | None:
+        """With ``serve_rows``, once started: the row stream's URL for ``RowStream``
+        (``grpc://HOST:PORT``, ``grpc+tls://`` with a certificate; the host is the address
+        listened on, ``0.0.0.0`` included); ``None`` otherwise."""
+        address = self._engine.rows_address
+        if address is None:
+            return None
+        return f"{'grpc+tls' if self._rows_tls else 'grpc'}://{address}"
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits for the run to end (a bounded run: ``epochs`` or ``groups``): every group
+        handed to ``rollout_buffer``, or with ``serve_rows`` pushed to the stream and
+        acknowledged by the trainer. Whether it ended within ``timeout`` seconds (``None``:
+        no bound); raises ``RuntimeError`` when the engine failed. ``stop()`` after it ends the
+        worker."""
+        if self._pump is None:
+            raise RuntimeError("the rollout worker was not started")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._pump.join(timeout)
+        if self._pump.is_alive():
+            return False
+        error = self._engine.error()
+        if error is not None:
+            raise RuntimeError(f"the rollout engine failed: {error}")
+        if self._pump_error is not None:
+            raise RuntimeError("the rollout worker's pump thread failed") from self._pump_error
+        while True:
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if self._engine.wait_rows(max(left, 0.0)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
     def stats(self) -> dict[str, float]:
         """The engine's counters and gauges now (rollouts, turns, tokens, tool calls, the
         heartbeat's age and lag, ...)."""
@@ -668,6 +766,16 @@ class RolloutWorker:
 
     def _run_pump(self) -> None:
         try:
+            while self._serving:
+                ended, forwarded = self._engine.forward(0.2)
+                if ended:
+                    return
+                if forwarded is not None:
+                    samples, pushed = forwarded
+                    if pushed:
+                        self.delivered += samples
+                    else:
+                        self._dropped_at_stop += samples
             while True:
                 ended, group = self._engine.next_group(0.2)
                 if ended:
