@@ -498,7 +498,8 @@ impl NativeEngine {
             ));
         };
         py.detach(|| {
-            if let Some(backlog) = lock(&self.backlog).take() {
+            let backlog = lock(&self.backlog).take();
+            if let Some(backlog) = backlog {
                 let restored = pusher
                     .restore(&backlog)
                     .map_err(|e| PyOSError::new_err(e.to_string()))?;
