@@ -114,7 +114,7 @@ fn jsonl(groups: &[Vec<TrainingSample>]) -> Measured {
 struct Nothing;
 
 impl Feedback for Nothing {
-    fn model_version(&self, _: u64) -> Result<(), String> {
+    fn model_version(&self, _: u64) -> Result<(), async_grpo_stream::flight::Refusal> {
         Ok(())
     }
 }

@@ -27,7 +27,7 @@ use std::{
 
 use async_grpo_stream::{
     Ledger, LedgerError, Position,
-    flight::{self, Feedback, RecordBatch, RowServer},
+    flight::{self, Feedback, RecordBatch, Refusal, RowServer},
 };
 use files::FileError;
 use rollout::{Engine, InFlight};
@@ -207,16 +207,16 @@ impl Trainer {
         let _ = self.engine.set(engine);
     }
 
-    fn engine(&self) -> Result<&Arc<Engine<Client>>, String> {
-        self.engine
-            .get()
-            .ok_or_else(|| "the run is starting: try again once it rolls out".to_owned())
+    fn engine(&self) -> Result<&Arc<Engine<Client>>, Refusal> {
+        self.engine.get().ok_or_else(|| {
+            Refusal::NotYet("the run is starting: try again once it rolls out".to_owned())
+        })
     }
 }
 
 #[flight::async_trait]
 impl Feedback for Trainer {
-    fn model_version(&self, version: u64) -> Result<(), String> {
+    fn model_version(&self, version: u64) -> Result<(), Refusal> {
         let mut early = self.early.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(engine) = self.engine.get() else {
             *early = Some(early.map_or(version, |seen| seen.max(version)));
@@ -224,7 +224,9 @@ impl Feedback for Trainer {
         };
         drop(early);
         engine.set_model_version(version).map_err(|current| {
-            format!("model versions only grow: {version} is below the current {current}")
+            Refusal::Refused(format!(
+                "model versions only grow: {version} is below the current {current}"
+            ))
         })
     }
 
@@ -244,16 +246,16 @@ impl Feedback for Trainer {
         })
     }
 
-    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
+    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, Refusal> {
         let engine = self.engine()?;
         let mode = mode
             .map(|mode| mode.parse::<InFlight>())
             .transpose()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::Refused(e.to_string()))?;
         Ok(crate::control::pause(engine, mode).await)
     }
 
-    fn resume(&self) -> Result<serde_json::Value, String> {
+    fn resume(&self) -> Result<serde_json::Value, Refusal> {
         Ok(crate::control::resume(self.engine()?))
     }
 }
@@ -359,19 +361,18 @@ impl RowStream {
         stats.waiting + stats.leased
     }
 
+    /// Waits until every group pushed is acknowledged.
+    pub async fn settled(&self) {
+        self.ledger.settled().await;
+    }
+
     /// Ends the stream once every group is acknowledged, or after `timeout`: how many groups
     /// were left unacknowledged (they are in the output file).
-    pub async fn finish(self, timeout: Duration) -> usize {
+    pub async fn finish(&self, timeout: Duration) -> usize {
         self.ledger.close();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let held = self.held();
-            if held == 0 || tokio::time::Instant::now() >= deadline {
-                self.server.abort();
-                return held;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let _ = tokio::time::timeout(timeout, self.ledger.settled()).await;
+        self.server.abort();
+        self.held()
     }
 }
 

@@ -16,6 +16,8 @@
 //!   `DoAction "resume"`: stop and restart the engine's admission, as its control endpoint's
 //!   `/pause` and `/resume` do (a trainer pauses, moves its weights, posts its version,
 //!   resumes).
+//! - An action the engine cannot do yet (the run is starting) answers `UNAVAILABLE`, the
+//!   status clients retry; one it will not do as asked, `FAILED_PRECONDITION` ([`Refusal`]).
 //! - With a token, every call must carry `authorization: Bearer TOKEN`; others get
 //!   `UNAUTHENTICATED` and nothing else. With a certificate ([`Tls`]), TLS only.
 
@@ -46,7 +48,7 @@ use crate::{Ledger, Position, Reader};
 #[tonic::async_trait]
 pub trait Feedback: Send + Sync + 'static {
     /// The trainer's policy is now `version`: turns sampled from now on record it.
-    fn model_version(&self, version: u64) -> Result<(), String>;
+    fn model_version(&self, version: u64) -> Result<(), Refusal>;
 
     /// Groups at `positions` were acknowledged, and are gone from the ledger: record them
     /// where a resumed run finds them (an error is the trainer's, as the ack's answer).
@@ -59,14 +61,39 @@ pub trait Feedback: Send + Sync + 'static {
     /// The trainer asks admission to stop (`mode` as the engine's `in_flight`: `wait`,
     /// `abort`, `continue`; the engine's own when `None`), answering once it has: what to
     /// tell the trainer. Refused by default.
-    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
+    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, Refusal> {
         let _ = mode;
-        Err("this stream cannot pause its engine".to_owned())
+        Err(Refusal::Refused(
+            "this stream cannot pause its engine".to_owned(),
+        ))
     }
 
     /// The trainer asks admission to start again. Refused by default.
-    fn resume(&self) -> Result<serde_json::Value, String> {
-        Err("this stream cannot resume its engine".to_owned())
+    fn resume(&self) -> Result<serde_json::Value, Refusal> {
+        Err(Refusal::Refused(
+            "this stream cannot resume its engine".to_owned(),
+        ))
+    }
+}
+
+/// Why the engine did not do what the trainer asked, as the action's gRPC status says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Not now, later (the run is starting): `UNAVAILABLE`, the status clients retry.
+    #[error("{0}")]
+    NotYet(String),
+    /// Not as asked (a version below the current one, an unknown mode):
+    /// `FAILED_PRECONDITION`.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<Refusal> for Status {
+    fn from(refusal: Refusal) -> Status {
+        match refusal {
+            Refusal::NotYet(message) => Status::unavailable(message),
+            Refusal::Refused(message) => Status::failed_precondition(message),
+        }
     }
 }
 
@@ -260,9 +287,7 @@ impl FlightService for RowServer {
                         "model_version: expected {{\"version\": N}}: {e}"
                     ))
                 })?;
-                self.feedback
-                    .model_version(version.version)
-                    .map_err(Status::failed_precondition)?;
+                self.feedback.model_version(version.version)?;
                 serde_json::json!({ "version": version.version })
             }
             "pause" => {
@@ -276,15 +301,9 @@ impl FlightService for RowServer {
                         ))
                     })?
                 };
-                self.feedback
-                    .pause(pause.mode)
-                    .await
-                    .map_err(Status::failed_precondition)?
+                self.feedback.pause(pause.mode).await?
             }
-            "resume" => self
-                .feedback
-                .resume()
-                .map_err(Status::failed_precondition)?,
+            "resume" => self.feedback.resume()?,
             other => {
                 return Err(Status::invalid_argument(format!(
                     "unknown action '{other}': expected ack, model_version, pause or resume"

@@ -302,6 +302,20 @@ impl<G: Clone> Ledger<G> {
         self.room.notify_waiters();
     }
 
+    /// Waits until the ledger holds no group: every group pushed is acknowledged (the end of
+    /// a stream whose pushes are over; a push after it holds a group again).
+    pub async fn settled(&self) {
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if self.lock().held() == 0 {
+                return;
+            }
+            room.await;
+        }
+    }
+
     /// What the ledger holds now.
     pub fn stats(&self) -> LedgerStats {
         let state = self.lock();

@@ -13,7 +13,7 @@ use arrow_flight::{Action, FlightClient, Ticket, decode::DecodedPayload};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use async_grpo_stream::{
     Ledger,
-    flight::{BatchPlace, Feedback, RowServer},
+    flight::{BatchPlace, Feedback, Refusal, RowServer},
 };
 use futures::StreamExt as _;
 
@@ -46,7 +46,7 @@ struct Versions(Mutex<Vec<u64>>, Mutex<Vec<u64>>, Mutex<Vec<String>>);
 
 #[tonic::async_trait]
 impl Feedback for Versions {
-    fn model_version(&self, version: u64) -> Result<(), String> {
+    fn model_version(&self, version: u64) -> Result<(), Refusal> {
         self.0.lock().expect("not poisoned").push(version);
         Ok(())
     }
@@ -56,10 +56,12 @@ impl Feedback for Versions {
         Ok(())
     }
 
-    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, String> {
+    async fn pause(&self, mode: Option<String>) -> Result<serde_json::Value, Refusal> {
         let mode = mode.unwrap_or_else(|| "default".to_owned());
-        if mode == "sideways" {
-            return Err(format!("no mode {mode}"));
+        match mode.as_str() {
+            "sideways" => return Err(Refusal::Refused(format!("no mode {mode}"))),
+            "later" => return Err(Refusal::NotYet("starting".to_owned())),
+            _ => {}
         }
         self.2
             .lock()
@@ -68,7 +70,7 @@ impl Feedback for Versions {
         Ok(serde_json::json!({ "paused": true }))
     }
 
-    fn resume(&self) -> Result<serde_json::Value, String> {
+    fn resume(&self) -> Result<serde_json::Value, Refusal> {
         self.2
             .lock()
             .expect("not poisoned")
@@ -280,6 +282,21 @@ async fn the_trainers_model_version_reaches_the_engine_and_bad_actions_are_refus
     ] {
         let refused = client.do_action(Action::new(kind, body)).await;
         assert!(refused.is_err(), "{kind} {body} was accepted");
+    }
+    // What the engine refuses as asked is not to be retried; what it cannot do yet is
+    // UNAVAILABLE, which clients retry.
+    for (mode, code) in [
+        ("sideways", tonic::Code::FailedPrecondition),
+        ("later", tonic::Code::Unavailable),
+    ] {
+        let body = format!("{{\"mode\": \"{mode}\"}}");
+        match client.do_action(Action::new("pause", body)).await {
+            Err(arrow_flight::error::FlightError::Tonic(status)) => {
+                assert_eq!(status.code(), code, "{mode}: {status}");
+            }
+            Err(other) => panic!("{mode}: not a gRPC status: {other}"),
+            Ok(_) => panic!("{mode}: accepted"),
+        }
     }
     for (kind, body) in [
         ("pause", ""),

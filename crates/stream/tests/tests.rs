@@ -120,6 +120,28 @@ async fn push_waits_while_capacity_groups_are_unacknowledged() {
 }
 
 #[tokio::test]
+async fn settled_waits_for_the_last_acknowledgement_not_the_last_delivery() {
+    let ledger = Arc::new(Ledger::new(4));
+    within(ledger.settled()).await;
+    within(ledger.push(0u32)).await.expect("pushed");
+    within(ledger.push(1u32)).await.expect("pushed");
+    let settled = tokio::spawn({
+        let ledger = Arc::clone(&ledger);
+        async move { ledger.settled().await }
+    });
+    let (first, _) = within(ledger.next(Reader(1))).await.expect("a group");
+    let (second, _) = within(ledger.next(Reader(1))).await.expect("a group");
+    ledger.ack(Reader(1), first).expect("held");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !settled.is_finished(),
+        "settled with a group delivered, not acknowledged"
+    );
+    ledger.ack(Reader(1), second).expect("held");
+    within(settled).await.expect("the task");
+}
+
+#[tokio::test]
 async fn closing_ends_waiting_readers_and_refuses_pushes() {
     let ledger = Arc::new(Ledger::<u32>::new(1));
     within(ledger.push(0)).await.expect("pushed");

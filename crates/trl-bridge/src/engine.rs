@@ -95,7 +95,7 @@ struct State {
     /// The drain's report: the first shutdown runs it, later calls read it.
     report: tokio::sync::Mutex<Option<DrainReport>>,
     /// The row stream, from [`NativeEngine::start`] to [`NativeEngine::finish_rows`].
-    rows: Mutex<Option<RowStream>>,
+    rows: Mutex<Option<Arc<RowStream>>>,
 }
 
 impl State {
@@ -551,18 +551,14 @@ impl NativeEngine {
     /// Waits up to `timeout` seconds, without the GIL, for the trainer to acknowledge every
     /// group the row stream holds: whether it did (true without a stream).
     fn wait_rows(&self, py: Python<'_>, timeout: f64) -> bool {
-        let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        let (Some(handle), Some(rows)) = (self.handle.get(), lock(&self.state.rows).clone()) else {
+            return true;
+        };
         py.detach(|| {
-            loop {
-                let held = lock(&self.state.rows).as_ref().map_or(0, RowStream::held);
-                if held == 0 {
-                    return true;
-                }
-                if std::time::Instant::now() >= deadline {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            handle
+                .block_on(async { tokio::time::timeout(wait, rows.settled()).await })
+                .is_ok()
         })
     }
 
@@ -742,7 +738,7 @@ impl NativeEngine {
         }
         let _ = self.pusher.set(stream.pusher());
         let _ = self.rows_address.set(stream.address());
-        *lock(&self.state.rows) = Some(stream);
+        *lock(&self.state.rows) = Some(Arc::new(stream));
         Ok(())
     }
 }

@@ -225,14 +225,15 @@ def _read_all(url: str, out: Any, ready: Any) -> None:
 
 def _paused(url: str) -> RowStream:
     """A connection to the engine that has paused its admission (retried while it starts)."""
+    import pyarrow.flight as flight
+
     control = RowStream(url, timeout=60)
     for _ in range(600):
         try:
             control.pause("wait")
             return control
-        except Exception as error:  # pyarrow's ArrowInvalid: the run is starting
-            if "starting" not in str(error):
-                raise
+        except flight.FlightUnavailableError as error:  # UNAVAILABLE: the run is starting
+            assert "starting" in str(error), error
             time.sleep(0.1)
     raise AssertionError("the run never started")
 

@@ -97,7 +97,9 @@ class RowStream:
         """Stops the engine's admission, answering once it has: ``mode`` is what happens to
         the rollouts in flight (``"wait"``: they finish; ``"abort"``: dropped;
         ``"continue"``: interrupted, continued after the resume), the run's ``in_flight``
-        when not given. The engine's answer: ``paused``, ``in_flight``, ``queued``."""
+        when not given. The engine's answer: ``paused``, ``in_flight``, ``queued``. While the
+        run is starting (waiting for its servers) it raises ``pyarrow.flight.FlightUnavailableError``:
+        try again; ``resume`` likewise."""
         body = json.dumps({"mode": mode}).encode() if mode is not None else b""
         return self._action("pause", body)
 
