@@ -34,7 +34,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use async_grpo_run::rows::RowsSpec;
+use async_grpo_run::rows::{RowsSpec, ServeRows};
 use clap::Args;
 use files::Shard;
 use harness::{agent::ProgramConfig, mcp::McpEnvironment};
@@ -295,6 +295,8 @@ pub(crate) struct Resolved {
     pub(crate) rewards: Vec<RewardSetting>,
     /// The file the settings came from, if any.
     pub(crate) config_file: Option<PathBuf>,
+    /// The row stream, checked and its PEM files read, when `--serve-rows` asks for one.
+    pub(crate) rows: Option<ServeRows>,
 }
 
 impl Resolved {
@@ -347,11 +349,11 @@ fn settings_table(settings: &Settings) -> Result<toml::Table, toml::ser::Error> 
 }
 
 /// How a refusal of the row stream says to set its token.
-pub(crate) const SET_ROWS_TOKEN: &str = "--serve-rows-token TOKEN or ASYNC_GRPO_ROWS_TOKEN";
+const SET_ROWS_TOKEN: &str = "--serve-rows-token TOKEN or ASYNC_GRPO_ROWS_TOKEN";
 
 impl Settings {
     /// The row stream's settings, when `--serve-rows` asks for one.
-    pub(crate) fn rows_spec(&self) -> Option<RowsSpec> {
+    fn rows_spec(&self) -> Option<RowsSpec> {
         let address = self.serve_rows.clone()?;
         Some(RowsSpec {
             address,
@@ -389,6 +391,11 @@ impl Settings {
             .map_or_else(String::new, |s| format!(" in {}", s.path.display()));
         settings.check_paths(&file_name)?;
         settings.check_values(&places)?;
+        let rows = settings
+            .rows_spec()
+            .map(|spec| spec.resolve(SET_ROWS_TOKEN))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("{}: {}", places.of(e.key), e.message))?;
         settings.check_tables(&places, base, &file_name)?;
         let sandbox = run_sandbox(&settings, source.as_ref().map(|s| s.path.as_path()));
         let rewards = build_rewards(&settings, &places, base, &file_name, &sandbox)?;
@@ -398,6 +405,7 @@ impl Settings {
             settings,
             rewards,
             config_file: source.map(|s| s.path),
+            rows,
         })
     }
 
@@ -470,16 +478,13 @@ impl Settings {
             control::check_address(address, self.listen_token.is_some())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", places.of("listen")))?;
         }
-        match self.rows_spec() {
-            Some(spec) => {
-                spec.resolve(SET_ROWS_TOKEN)
-                    .map_err(|e| anyhow::anyhow!("{}: {}", places.of(e.key), e.message))?;
-            }
-            None if self.serve_rows_cert.is_some() || self.serve_rows_key.is_some() => bail!(
+        if self.serve_rows.is_none()
+            && (self.serve_rows_cert.is_some() || self.serve_rows_key.is_some())
+        {
+            bail!(
                 "{}: a certificate for the row stream, but no --serve-rows",
                 places.of("serve_rows_cert")
-            ),
-            None => {}
+            );
         }
         if self.tool_threads == Some(0) {
             bail!(

@@ -104,7 +104,7 @@ pub(crate) const SET_TOKEN: &str = "--listen-token TOKEN or ASYNC_GRPO_LISTEN_TO
 pub(crate) fn check_token(token: &str) -> Result<(), String> {
     listen::check_token(
         token,
-        "the control endpoint's token (--listen-token or ASYNC_GRPO_LISTEN_TOKEN)",
+        &format!("the control endpoint's token ({SET_TOKEN})"),
     )
 }
 

@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use async_grpo_run::{
     Destination, RunPlan, RunSpec, Running, Servers, SpecError, ToolPool,
     listen::listen_address,
-    rows::{Backlog, Pusher, RowStream},
+    rows::{Backlog, Pusher, RowStream, ServeRows},
 };
 use files::{FileError, output::Output};
 use rollout::{Agent, DrainReport, Engine, Groups};
@@ -21,7 +21,7 @@ use vllm_client::Client;
 use vllm_sim::{SimConfig, Simulator};
 
 use super::{
-    config::{Resolved, SET_ROWS_TOKEN, Settings},
+    config::{Resolved, Settings},
     control::ControlEndpoint,
     preflight::{self, Checked},
     progress::{Progress, Totals},
@@ -69,7 +69,7 @@ async fn rollout(resolved: Resolved, checked: Checked) -> anyhow::Result<ExitCod
     if let Some(destination) = &destination {
         say_resumed(destination);
     }
-    let rows = start_rows(settings, destination.as_ref())?;
+    let rows = start_rows(resolved.rows.clone(), destination.as_ref())?;
     if total == Some(0) {
         // Opened all the same: what was dropped is cut off, and a Parquet output is written.
         let sink = open_output(destination.as_ref())?;
@@ -204,16 +204,12 @@ fn start_control(settings: &Settings) -> anyhow::Result<Option<ControlEndpoint>>
 /// The row stream, when `--serve-rows` asks for one; a resumed output's groups keep their
 /// positions, and this run's come after them.
 fn start_rows(
-    settings: &Settings,
+    serve: Option<ServeRows>,
     destination: Option<&Destination>,
 ) -> anyhow::Result<Option<RowStream>> {
-    let Some(spec) = settings.rows_spec() else {
+    let Some(serve) = serve else {
         return Ok(None);
     };
-    // Checked with the settings; read again here (the PEM files).
-    let serve = spec
-        .resolve(SET_ROWS_TOKEN)
-        .map_err(|e| anyhow::anyhow!("--{}: {}", e.key.replace('_', "-"), e.message))?;
     let tls = serve.tls();
     let first = destination.map_or(0, |d| d.resumed().done.len() as u64);
     let rows = RowStream::start(serve, first)?;
