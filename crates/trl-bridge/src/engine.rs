@@ -94,8 +94,8 @@ struct State {
     stopping: AtomicBool,
     /// The drain's report: the first shutdown runs it, later calls read it.
     report: tokio::sync::Mutex<Option<DrainReport>>,
-    /// The row stream, from [`NativeEngine::start`] to [`NativeEngine::finish_rows`].
-    rows: Mutex<Option<Arc<RowStream>>>,
+    /// The row stream, once [`NativeEngine::start`] served it.
+    rows: OnceLock<RowStream>,
 }
 
 impl State {
@@ -149,8 +149,6 @@ pub(crate) struct NativeEngine {
     /// A resumed output's groups no trainer acknowledged, served again by the first
     /// [`NativeEngine::forward`].
     backlog: Mutex<Option<Backlog>>,
-    /// Where the row stream listens, once started.
-    rows_address: OnceLock<std::net::SocketAddr>,
 }
 
 /// How a refusal of the row stream says to set its token.
@@ -379,7 +377,6 @@ impl NativeEngine {
             reward_names,
             pusher: OnceLock::new(),
             backlog: Mutex::new(None),
-            rows_address: OnceLock::new(),
         })
     }
 
@@ -441,24 +438,13 @@ impl NativeEngine {
         py: Python<'py>,
         timeout: f64,
     ) -> PyResult<(bool, Option<Bound<'py, PyAny>>)> {
-        let wait = Duration::from_secs_f64(timeout.max(0.0));
         let Some(handle) = self.handle.get() else {
             return Err(PyRuntimeError::new_err("the engine was not started"));
         };
-        let mut guard = lock(&self.groups);
-        let Some(receiver) = guard.as_mut() else {
-            return Ok((true, None));
-        };
-        let received = py.detach(|| {
-            handle.block_on(async { tokio::time::timeout(wait, receiver.recv()).await })
-        });
-        match received {
-            Err(_) => Ok((false, None)),
-            Ok(None) => {
-                *guard = None;
-                Ok((true, None))
-            }
-            Ok(Some(group)) => {
+        match py.detach(|| self.receive(handle, timeout)) {
+            Next::Timeout => Ok((false, None)),
+            Next::Ended => Ok((true, None)),
+            Next::Group(group) => {
                 let python = group_to_python(py, &group)?;
                 // Written once the pump says the trainer has it (`delivered`).
                 *lock(&self.handed) = Some(group);
@@ -475,11 +461,7 @@ impl NativeEngine {
         let Some(group) = lock(&self.handed).take() else {
             return Ok(());
         };
-        py.detach(|| match lock(&self.output).as_mut() {
-            Some(output) => output.write_group(&group.samples),
-            None => Ok(()),
-        })
-        .map_err(|e| PyOSError::new_err(format!("output: cannot write a group: {e}")))
+        py.detach(|| self.write(&group))
     }
 
     /// With a row stream: the next scored group, waiting up to `timeout` seconds, written to
@@ -491,7 +473,6 @@ impl NativeEngine {
     /// groups (a stop: the group is then in the output only). The first call serves again a
     /// resumed output's groups no trainer acknowledged.
     fn forward(&self, py: Python<'_>, timeout: f64) -> PyResult<(bool, Option<(usize, bool)>)> {
-        let wait = Duration::from_secs_f64(timeout.max(0.0));
         let (Some(handle), Some(pusher)) = (self.handle.get(), self.pusher.get()) else {
             return Err(PyRuntimeError::new_err(
                 "the engine serves no rows (serve_rows) or was not started",
@@ -510,31 +491,20 @@ impl NativeEngine {
                     );
                 }
             }
-            let mut guard = lock(&self.groups);
-            let Some(receiver) = guard.as_mut() else {
-                return Ok((true, None));
-            };
-            let group = match handle
-                .block_on(async { tokio::time::timeout(wait, receiver.recv()).await })
-            {
-                Err(_) => return Ok((false, None)),
-                Ok(None) => {
-                    *guard = None;
+            let group = match self.receive(handle, timeout) {
+                Next::Timeout => return Ok((false, None)),
+                Next::Ended => {
                     // No group comes any more: the readers' streams end once they have
                     // acknowledged what is left.
-                    if let Some(rows) = lock(&self.state.rows).as_ref() {
+                    if let Some(rows) = self.state.rows.get() {
                         rows.close();
                     }
                     return Ok((true, None));
                 }
-                Ok(Some(group)) => group,
+                Next::Group(group) => group,
             };
             // Written first: a group the stream holds is in the file, for a resume.
-            if let Some(output) = lock(&self.output).as_mut() {
-                output.write_group(&group.samples).map_err(|e| {
-                    PyOSError::new_err(format!("output: cannot write a group: {e}"))
-                })?;
-            }
+            self.write(&group)?;
             let pushed = pusher
                 .push(&group.samples)
                 .map_err(|e| PyOSError::new_err(e.to_string()))?;
@@ -545,14 +515,14 @@ impl NativeEngine {
     /// Where the row stream listens (`HOST:PORT`), once started; `None` without one.
     #[getter]
     fn rows_address(&self) -> Option<String> {
-        self.rows_address.get().map(ToString::to_string)
+        self.state.rows.get().map(|rows| rows.address().to_string())
     }
 
     /// Waits up to `timeout` seconds, without the GIL, for the trainer to acknowledge every
     /// group the row stream holds: whether it did (true without a stream).
     fn wait_rows(&self, py: Python<'_>, timeout: f64) -> bool {
         let wait = Duration::from_secs_f64(timeout.max(0.0));
-        let (Some(handle), Some(rows)) = (self.handle.get(), lock(&self.state.rows).clone()) else {
+        let (Some(handle), Some(rows)) = (self.handle.get(), self.state.rows.get()) else {
             return true;
         };
         py.detach(|| {
@@ -565,9 +535,9 @@ impl NativeEngine {
     /// Ends the row stream once the trainer acknowledged every group, or after `timeout`
     /// seconds: how many groups were left unacknowledged (in the output, served again by a
     /// resumed worker). Call after [`NativeEngine::shutdown`] and after the pump has stopped,
-    /// before [`NativeEngine::close`]. Idempotent.
+    /// before [`NativeEngine::close`].
     fn finish_rows(&self, py: Python<'_>, timeout: f64) -> usize {
-        let (Some(handle), Some(rows)) = (self.handle.get(), lock(&self.state.rows).take()) else {
+        let (Some(handle), Some(rows)) = (self.handle.get(), self.state.rows.get()) else {
             return 0;
         };
         let wait = Duration::from_secs_f64(timeout.max(0.0));
@@ -645,7 +615,7 @@ impl NativeEngine {
         let deadline = Duration::from_secs_f64(drain_timeout.max(0.0));
         let report = PyDict::new(py);
         self.state.stopping.store(true, Ordering::Release);
-        if let Some(rows) = lock(&self.state.rows).as_ref() {
+        if let Some(rows) = self.state.rows.get() {
             // As after the binary's signal: a pump waiting for the trainer must not hold the
             // drain; what the stream does not take is in the output only.
             rows.close();
@@ -717,7 +687,43 @@ impl NativeEngine {
     }
 }
 
+/// What [`NativeEngine::receive`] got.
+enum Next {
+    Group(ScoredGroup),
+    Timeout,
+    /// The loop has ended and every group was taken.
+    Ended,
+}
+
 impl NativeEngine {
+    /// The next scored group, waiting up to `timeout` seconds on the caller's thread (call it
+    /// without the GIL).
+    fn receive(&self, handle: &tokio::runtime::Handle, timeout: f64) -> Next {
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        let mut guard = lock(&self.groups);
+        let Some(receiver) = guard.as_mut() else {
+            return Next::Ended;
+        };
+        match handle.block_on(async { tokio::time::timeout(wait, receiver.recv()).await }) {
+            Err(_) => Next::Timeout,
+            Ok(Some(group)) => Next::Group(group),
+            Ok(None) => {
+                *guard = None;
+                Next::Ended
+            }
+        }
+    }
+
+    /// Writes `group` to the output, if there is one (call it without the GIL).
+    fn write(&self, group: &ScoredGroup) -> PyResult<()> {
+        match lock(&self.output).as_mut() {
+            Some(output) => output
+                .write_group(&group.samples)
+                .map_err(|e| PyOSError::new_err(format!("output: cannot write a group: {e}"))),
+            None => Ok(()),
+        }
+    }
+
     /// Serves the row stream on `runtime`; its positions go on after the groups a resumed
     /// `destination` holds, and the acknowledgements are recorded beside it.
     fn start_rows(
@@ -737,8 +743,7 @@ impl NativeEngine {
             *lock(&self.backlog) = Some(backlog);
         }
         let _ = self.pusher.set(stream.pusher());
-        let _ = self.rows_address.set(stream.address());
-        *lock(&self.state.rows) = Some(Arc::new(stream));
+        let _ = self.state.rows.set(stream);
         Ok(())
     }
 }
@@ -794,7 +799,7 @@ async fn run(
     // either way (versions only grow, so applying one twice is harmless).
     *lock(&state.engine) = Some(Arc::clone(&engine));
     let _ = engine.set_model_version(state.version.load(Ordering::Acquire));
-    if let Some(rows) = lock(&state.rows).as_ref() {
+    if let Some(rows) = state.rows.get() {
         // The trainer's versions, pauses and resumes over the stream reach the loop.
         rows.attach(Arc::clone(&engine));
     }

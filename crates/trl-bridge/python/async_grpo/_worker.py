@@ -127,16 +127,11 @@ def _shard(shard: Any) -> str | None:
 def _serve_rows(
     address: Any, token: Any, capacity: Any, certificate: Any, key: Any
 ) -> dict[str, Any]:
-    """The row stream's settings (checked by the engine: the address, the token, the PEM
-    files), or none without ``serve_rows``."""
-    if address is None:
-        for name, value in (("serve_rows_token", token), ("serve_rows_cert", certificate), ("serve_rows_key", key)):
-            if value is not None:
-                raise ValueError(f"{name}: a setting of the row stream, but no serve_rows")
-        return {}
-    if isinstance(address, bool) or not isinstance(address, (str, int)):
+    """The row stream's settings; the engine checks them (the address, the token, the PEM
+    files, a setting of the stream without ``serve_rows``)."""
+    if address is not None and (isinstance(address, bool) or not isinstance(address, (str, int))):
         raise TypeError(f"serve_rows must be 'HOST:PORT' or a port, got {type(address).__name__}")
-    if token is None:
+    if token is None and address is not None:
         token = os.environ.get("ASYNC_GRPO_ROWS_TOKEN")
     if token is not None and not isinstance(token, str):
         raise TypeError(f"serve_rows_token must be a str, got {type(token).__name__}")
@@ -144,7 +139,7 @@ def _serve_rows(
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"{name} must be a path, got {type(path).__name__}")
     return {
-        "serve_rows": str(address),
+        "serve_rows": None if address is None else str(address),
         "serve_rows_token": token,
         "serve_rows_capacity": _positive_int("serve_rows_capacity", capacity),
         "serve_rows_cert": None if certificate is None else os.fspath(certificate),
