@@ -130,7 +130,8 @@ async fn stream(groups: &[Vec<TrainingSample>], ack_every: u64) -> Measured {
         Arc::new(Nothing),
         None,
     );
-    let (address, serving) = flight::serve(server, "127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let serving = flight::serve(server, "127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let address = serving.address();
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .unwrap()
         .connect()
@@ -188,7 +189,7 @@ async fn stream(groups: &[Vec<TrainingSample>], ack_every: u64) -> Measured {
     assert_eq!(read, GROUPS, "every group read ({last:?})");
     writer.join().unwrap();
     let result = measured(started, bytes);
-    serving.abort();
+    serving.stop(std::time::Duration::ZERO).await;
     result
 }
 

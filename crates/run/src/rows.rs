@@ -44,6 +44,10 @@ pub const SCHEMA_VERSION: &str = "1";
 /// How many groups a stream holds unacknowledged when not told.
 pub const DEFAULT_CAPACITY: usize = 64;
 
+/// How long the readers' streams of a settled stream have to send their ends before the
+/// connections are cut (they end at once; this bounds a reader that does not read).
+const STREAMS_END: Duration = Duration::from_secs(5);
+
 /// A row stream's settings as a program takes them (the binary's `serve_rows*` keys and
 /// flags, the bridge's arguments of the same names).
 #[derive(Debug, Clone)]
@@ -276,8 +280,7 @@ fn schema() -> arrow_schema::SchemaRef {
 pub struct RowStream {
     ledger: Arc<Ledger<RecordBatch>>,
     trainer: Arc<Trainer>,
-    address: SocketAddr,
-    server: tokio::task::JoinHandle<()>,
+    server: flight::Serving,
 }
 
 impl RowStream {
@@ -298,19 +301,18 @@ impl RowStream {
             Arc::clone(&trainer) as Arc<dyn Feedback>,
             token,
         );
-        let (address, server) = flight::serve(server, address, tls)
+        let server = flight::serve(server, address, tls)
             .map_err(|source| RowsError::Serve { address, source })?;
         Ok(RowStream {
             ledger,
             trainer,
-            address,
             server,
         })
     }
 
     /// Where it listens.
     pub fn address(&self) -> SocketAddr {
-        self.address
+        self.server.address()
     }
 
     /// The output `out` is open (created, or cut back to its whole groups to resume): the
@@ -370,8 +372,14 @@ impl RowStream {
     /// were left unacknowledged (they are in the output file).
     pub async fn finish(&self, timeout: Duration) -> usize {
         self.ledger.close();
-        let _ = tokio::time::timeout(timeout, self.ledger.settled()).await;
-        self.server.abort();
+        let settled = tokio::time::timeout(timeout, self.ledger.settled())
+            .await
+            .is_ok();
+        // Settled, every reader's stream ends now: let each send its end rather than cut the
+        // connection under a reader about to read it. Otherwise the readers still hold
+        // groups, and their streams would not end by themselves.
+        let grace = if settled { STREAMS_END } else { Duration::ZERO };
+        self.server.stop(grace).await;
         self.held()
     }
 }

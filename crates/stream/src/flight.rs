@@ -22,11 +22,13 @@
 //!   `UNAUTHENTICATED` and nothing else. With a certificate ([`Tls`]), TLS only.
 
 use std::{
+    net::SocketAddr,
     pin::Pin,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 pub use arrow_array::RecordBatch;
@@ -38,6 +40,7 @@ use arrow_flight::{
 use arrow_schema::SchemaRef;
 use futures::{Stream, StreamExt as _, stream};
 use serde::{Deserialize, Serialize};
+use tokio::{sync::oneshot, task::JoinHandle};
 /// The attribute a [`Feedback`] implementation with a `pause` of its own wears.
 pub use tonic::async_trait;
 use tonic::{Request, Response, Status, Streaming};
@@ -449,14 +452,9 @@ impl std::fmt::Debug for Tls {
 }
 
 /// Serves `server` on `address` (port 0 for any) on the current tokio runtime, over TLS when
-/// `tls` is given (clients connect to `grpc+tls://`): the address it listens on, and the task
-/// serving it (abort it to stop). A certificate or key that is not PEM is an error now, not
-/// at the first connection.
-pub fn serve(
-    server: RowServer,
-    address: std::net::SocketAddr,
-    tls: Option<Tls>,
-) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+/// `tls` is given (clients connect to `grpc+tls://`). A certificate or key that is not PEM is
+/// an error now, not at the first connection.
+pub fn serve(server: RowServer, address: SocketAddr, tls: Option<Tls>) -> std::io::Result<Serving> {
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         tls.check().map_err(|error| {
@@ -474,17 +472,70 @@ pub fn serve(
     // No Nagle: an acknowledgement is a small write answered at once, and waiting to batch
     // it with the next costs a trainer that acknowledges each group tens of milliseconds.
     let incoming = tonic::transport::server::TcpIncoming::bind(address)?.with_nodelay(Some(true));
-    let bound = incoming.local_addr()?;
+    let address = incoming.local_addr()?;
+    let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let served = builder
             .add_service(server.into_service())
-            .serve_with_incoming(incoming)
+            .serve_with_incoming_shutdown(incoming, async {
+                // A dropped sender stops the server as a sent stop does.
+                let _ = stopped.await;
+            })
             .await;
         if let Err(error) = served {
             tracing_free_log(&error);
         }
     });
-    Ok((bound, task))
+    Ok(Serving {
+        address,
+        stop: Mutex::new(Some((stop, task))),
+    })
+}
+
+/// A [`RowServer`] being served: where it listens, and its end.
+#[derive(Debug)]
+pub struct Serving {
+    address: SocketAddr,
+    /// The server's stop signal and task, until stopped.
+    stop: Mutex<Option<(oneshot::Sender<()>, JoinHandle<()>)>>,
+}
+
+impl Serving {
+    /// Where it listens.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stops serving: no new connection or call, and the streams and calls under way end as
+    /// they would for at most `grace` (a reader whose stream ended receives its end, not a
+    /// cut connection); then the connections are cut. Once; later calls return at once.
+    pub async fn stop(&self, grace: Duration) {
+        let taken = self
+            .stop
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some((stop, mut task)) = taken else {
+            return;
+        };
+        let _ = stop.send(());
+        if tokio::time::timeout(grace, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self
+            .stop
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
 }
 
 /// A server that stopped on an error says so on stderr (this crate logs nothing else).

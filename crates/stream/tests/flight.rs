@@ -13,7 +13,7 @@ use arrow_flight::{Action, FlightClient, Ticket, decode::DecodedPayload};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use async_grpo_stream::{
     Ledger,
-    flight::{BatchPlace, Feedback, Refusal, RowServer},
+    flight::{self, BatchPlace, Feedback, Refusal, RowServer},
 };
 use futures::StreamExt as _;
 
@@ -315,4 +315,71 @@ async fn the_trainers_model_version_reaches_the_engine_and_bad_actions_are_refus
         *served.versions.2.lock().expect("not poisoned"),
         ["pause default", "pause abort", "resume"]
     );
+}
+
+/// The program's end, as the binary's: the server stopped on its own runtime, then that runtime
+/// dropped (the process exits).
+#[test]
+fn a_stop_lets_a_reader_receive_its_streams_end_before_the_program_exits() {
+    let ledger = Arc::new(Ledger::new(4));
+    let (serving_tx, serving_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let engine = std::thread::spawn({
+        let ledger = Arc::clone(&ledger);
+        move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let server = RowServer::new(
+                    Arc::clone(&ledger),
+                    schema(),
+                    Arc::new(Versions::default()) as Arc<dyn Feedback>,
+                    None,
+                );
+                let serving = flight::serve(server, "127.0.0.1:0".parse().expect("addr"), None)
+                    .expect("served");
+                serving_tx.send(serving.address()).expect("the test waits");
+                tokio::task::spawn_blocking(move || stop_rx.recv())
+                    .await
+                    .expect("joined")
+                    .expect("told to stop");
+                serving.stop(Duration::from_secs(20)).await;
+            });
+            drop(runtime);
+        }
+    });
+    let address = serving_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("serving");
+    let client_runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    client_runtime.block_on(async {
+        ledger.push(group(0, 2)).await.expect("open");
+        let mut client = client(address, None).await;
+        let mut stream = within(client.do_get(Ticket::new("rows")))
+            .await
+            .expect("a stream")
+            .into_inner();
+        let (place, _) = within(next_group(&mut stream)).await.expect("group 0");
+        assert_eq!(ack(&mut client, place).await["acknowledged"], 1);
+        // Told to stop while the reader's stream is open (the run might push more); the run
+        // ends a moment later, everything acknowledged: the stream's end must reach the
+        // reader before the engine's runtime goes.
+        stop_tx.send(()).expect("the engine waits");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ledger.close();
+        match within(stream.next()).await {
+            None => {}
+            Some(Ok(message)) => panic!("a message after the last group: {message:?}"),
+            Some(Err(error)) => panic!("the stream was cut, not ended: {error}"),
+        }
+        let refused = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .expect("a URL")
+            .connect()
+            .await;
+        assert!(refused.is_err(), "a stopped server takes no connection");
+    });
+    engine.join().expect("the engine's thread");
 }
