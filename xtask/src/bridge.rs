@@ -143,9 +143,11 @@ fn typing(python: &Path) -> anyhow::Result<()> {
     )
 }
 
-/// `cargo xtask sdist`: the sdist built by pip in a fresh venv, installed there and imported.
-/// The compilation is the `bridge` profile's (`MATURIN_PEP517_ARGS`) in a target folder of its
-/// own: what is checked is that the sdist holds everything a build needs.
+/// `cargo xtask sdist`: the sdist built by pip in a fresh venv, installed there and imported:
+/// what is checked is that the sdist holds everything a build needs. pip's build is maturin's
+/// default, release, into the workspace's target folder, where the release wheel's build
+/// left every dependency compiled with the same profile and features: only the crates the
+/// sdist carries (their sources are its copies) and pyo3's (another interpreter) compile.
 pub(crate) fn sdist() -> anyhow::Result<()> {
     let sdist = build_sdist()?;
     let target = target_dir();
@@ -171,8 +173,8 @@ pub(crate) fn sdist() -> anyhow::Result<()> {
             ])
             .arg(&out)
             .arg(&sdist)
-            .env("MATURIN_PEP517_ARGS", "--profile bridge")
-            .env("CARGO_TARGET_DIR", target.join("sdist-build")),
+            .env_remove("MATURIN_PEP517_ARGS")
+            .env("CARGO_TARGET_DIR", &target),
     )?;
     let wheel = only_wheel(&out)?;
     install_wheel(&venv, &wheel, None)?;
