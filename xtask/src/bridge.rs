@@ -146,8 +146,11 @@ fn typing(python: &Path) -> anyhow::Result<()> {
 /// `cargo xtask sdist`: the sdist built by pip in a fresh venv, installed there and imported:
 /// what is checked is that the sdist holds everything a build needs. pip's build is maturin's
 /// default, release, into the workspace's target folder, where the release wheel's build
-/// left every dependency compiled with the same profile and features: only the crates the
-/// sdist carries (their sources are its copies) and pyo3's (another interpreter) compile.
+/// left every crate compiled with the same profile and features. Cargo names a workspace's
+/// crates by their paths within it, which the sdist keeps, and its files are dated before
+/// the build: so the build compiles only what is stale, and a source file the sdist lacks
+/// makes the crate that reads it compile again, and fail (as a missing module did when tried).
+/// From nothing, `target/release` is compiled first, as the wheel is.
 pub(crate) fn sdist() -> anyhow::Result<()> {
     let sdist = build_sdist()?;
     let target = target_dir();
