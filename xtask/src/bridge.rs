@@ -150,7 +150,7 @@ fn typing(python: &Path) -> anyhow::Result<()> {
 /// crates by their paths within it, which the sdist keeps, and its files are dated before
 /// the build: so the build compiles only what is stale, and a source file the sdist lacks
 /// makes the crate that reads it compile again, and fail (as a missing module did when tried).
-/// From nothing, `target/release` is compiled first, as the wheel is.
+/// Run alone on an empty `target/`, it compiles everything, as a user's build does.
 pub(crate) fn sdist() -> anyhow::Result<()> {
     let sdist = build_sdist()?;
     let target = target_dir();
