@@ -150,7 +150,7 @@ impl PyAgent {
         })
         .to_string();
         let answered = if self.is_async {
-            self.function.call_on_loop("submit_agent", payload).await
+            self.function.call_on_loop("agent", payload).await
         } else {
             let function = self.function.clone();
             tokio::task::spawn_blocking(move || function.call_here("call_agent", payload))

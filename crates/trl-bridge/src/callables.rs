@@ -10,30 +10,54 @@
 //!   of its own, not the trainer's; one that cannot be pickled runs on the calling thread,
 //!   which takes the GIL only for the call itself (a tool sleeping in `time.sleep`, which
 //!   releases the GIL, holds nothing) ([`Place`]);
-//! - an **async** function is submitted to the worker's own asyncio loop thread (a blocking
-//!   task does the submission, so no runtime worker ever waits for the GIL), and its future
-//!   waits on a oneshot channel the loop completes. Dropping the future (the call timed out,
-//!   the rollout was cancelled) cancels the coroutine on the loop.
+//! - an **async** function runs on the worker's own asyncio loop thread, handed over through
+//!   the loop's [`Inbox`] (no runtime worker or thread waits for the GIL to submit it), and its
+//!   future waits for the loop's answer. Dropping the future (the call timed out, the rollout
+//!   was cancelled) cancels the coroutine on the loop.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use pyo3::prelude::*;
 use scoring::{Group, Scores, SyncReward};
 use serde_json::Value;
-use tokio::sync::oneshot;
 use tool_dispatch::{Arguments, AsyncTool, SyncTool};
 
-use crate::{lane::Lane, lock, pool::Pool};
+use crate::{inbox::Inbox, lane::Lane, pool::Pool};
 
 /// What tools and rewards return when they fail: any error that can cross threads.
 type ToolError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The Python `Bridge` object (`async_grpo._callables.Bridge`) and its asyncio loop's inbox.
+pub(crate) struct Bridge {
+    object: Py<PyAny>,
+    inbox: Py<Inbox>,
+}
+
+impl Bridge {
+    /// `object` and the inbox it holds (its `inbox` attribute).
+    pub(crate) fn new(py: Python<'_>, object: Py<PyAny>) -> PyResult<Bridge> {
+        let inbox = object.getattr(py, "inbox")?.extract(py)?;
+        Ok(Bridge { object, inbox })
+    }
+
+    /// The Python object.
+    pub(crate) fn object(&self) -> &Py<PyAny> {
+        &self.object
+    }
+}
+
+impl std::fmt::Debug for Bridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bridge").finish_non_exhaustive()
+    }
+}
+
 /// A user's function and what the bridge needs to call it.
 #[derive(Debug, Clone)]
 pub(crate) struct PyFunction {
-    /// The `Bridge` object that calls it.
-    bridge: Arc<Py<PyAny>>,
+    /// The `Bridge` that calls it.
+    bridge: Arc<Bridge>,
     /// The function (any callable).
     function: Arc<Py<PyAny>>,
     /// Its name, for messages.
@@ -42,7 +66,7 @@ pub(crate) struct PyFunction {
 
 impl PyFunction {
     /// `function`, called through `bridge`.
-    pub(crate) fn new(bridge: Arc<Py<PyAny>>, function: Py<PyAny>, name: &str) -> PyFunction {
+    pub(crate) fn new(bridge: Arc<Bridge>, function: Py<PyAny>, name: &str) -> PyFunction {
         PyFunction {
             bridge,
             function: Arc::new(function),
@@ -55,6 +79,7 @@ impl PyFunction {
     pub(crate) fn call_here(&self, method: &str, payload: String) -> Result<String, ToolError> {
         let answer = Python::attach(|py| -> PyResult<(bool, String)> {
             self.bridge
+                .object
                 .call_method1(
                     py,
                     method,
@@ -69,80 +94,33 @@ impl PyFunction {
         }
     }
 
-    /// Submits `bridge.<method>(function, name, payload, done)` to the asyncio loop from a
-    /// blocking thread and waits for `done` to be called.
+    /// Runs the bridge's `kind` coroutine (`tool`, `reward` or `agent`) of the function on
+    /// the worker's asyncio loop ([`Inbox`]) and waits for its answer; dropping the future
+    /// (a timeout, a cancelled rollout) cancels the coroutine.
     pub(crate) async fn call_on_loop(
         &self,
-        method: &'static str,
+        kind: &'static str,
         payload: String,
     ) -> Result<String, ToolError> {
-        let (sender, receiver) = oneshot::channel();
-        let done = Done {
-            sender: Mutex::new(Some(sender)),
-        };
-        let this = self.clone();
-        let submitted = tokio::task::spawn_blocking(move || {
-            Python::attach(|py| {
-                this.bridge.call_method1(
-                    py,
-                    method,
-                    (this.function.as_ref(), this.name.as_ref(), payload, done),
-                )
-            })
-        })
-        .await
-        .map_err(|e| format!("{}: could not submit to the asyncio loop: {e}", self.name))?
-        .map_err(|e| format!("{}: could not submit to the asyncio loop: {e}", self.name))?;
-        let mut pending = CancelOnDrop(Some(submitted));
-        let answer = receiver.await;
-        pending.0 = None;
-        match answer {
-            Ok((true, text)) => Ok(text),
-            Ok((false, error)) => Err(error.into()),
-            Err(_) => Err(format!(
+        let pending = self
+            .bridge
+            .inbox
+            .get()
+            .submit(
+                kind,
+                Arc::clone(&self.function),
+                Arc::clone(&self.name),
+                payload,
+            )
+            .map_err(|e| format!("{}: could not submit to the asyncio loop: {e}", self.name))?;
+        match pending.answer().await {
+            Some((true, text)) => Ok(text),
+            Some((false, error)) => Err(error.into()),
+            None => Err(format!(
                 "{}: the worker's asyncio loop stopped before the call finished",
                 self.name
             )
             .into()),
-        }
-    }
-}
-
-/// Cancels a submitted coroutine (its `concurrent.futures.Future`) unless disarmed.
-struct CancelOnDrop(Option<Py<PyAny>>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        let Some(future) = self.0.take() else {
-            return;
-        };
-        let cancel = move || {
-            Python::attach(|py| {
-                // A future that already finished cannot be cancelled: nothing to do then.
-                let _ = future.call_method0(py, "cancel");
-            });
-        };
-        // Not on a runtime worker: taking the GIL may wait.
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => drop(handle.spawn_blocking(cancel)),
-            Err(_) => cancel(),
-        }
-    }
-}
-
-/// The callback the asyncio loop calls with `(ok, text)` when a submitted call ends.
-#[pyclass(frozen, module = "async_grpo._native")]
-struct Done {
-    sender: Mutex<Option<oneshot::Sender<(bool, String)>>>,
-}
-
-#[pymethods]
-impl Done {
-    fn __call__(&self, ok: bool, text: String) {
-        let sender = lock(&self.sender).take();
-        if let Some(sender) = sender {
-            // The waiter may have given up (a timeout): then nobody needs the answer.
-            let _ = sender.send((ok, text));
         }
     }
 }
@@ -198,7 +176,7 @@ impl AsyncTool for AsyncPyTool {
         Box::pin(async move {
             let kwargs = Value::Object(args.into_inner()).to_string();
             function
-                .call_on_loop("submit_tool", kwargs)
+                .call_on_loop("tool", kwargs)
                 .await
                 .map(Value::String)
         })
@@ -239,7 +217,7 @@ impl scoring::AsyncReward for AsyncPyReward {
         let function = self.0.clone();
         Box::pin(async move {
             let payload = serde_json::to_string(group.as_ref())?;
-            let text = function.call_on_loop("submit_reward", payload).await?;
+            let text = function.call_on_loop("reward", payload).await?;
             scores(&function, &text)
         })
     }

@@ -47,7 +47,7 @@ use vllm_client::Client;
 
 use crate::{
     agent::AgentSource,
-    callables::{AsyncPyReward, AsyncPyTool, Place, PyFunction, SyncPyReward, SyncPyTool},
+    callables::{AsyncPyReward, AsyncPyTool, Bridge, Place, PyFunction, SyncPyReward, SyncPyTool},
     data,
     environment::PyEnvironment,
     lane::Lane,
@@ -245,7 +245,7 @@ impl NativeEngine {
             .map_err(PyValueError::new_err)?;
         config.max_groups = run_plan.max_groups;
 
-        let bridge = Arc::new(bridge);
+        let bridge = Arc::new(Bridge::new(py, bridge)?);
         let lane = settings
             .python_tool_threads
             .map(|permits| Arc::new(Lane::new(permits)));
@@ -846,7 +846,7 @@ fn set_thread_priority(nice: i32) {
 /// The Python session factory as the engine's environment (its `env` column added to
 /// `scored`); refused beside tools of `registry`, whose rollouts' tools are the sessions'.
 fn python_environment(
-    bridge: &Arc<Py<PyAny>>,
+    bridge: &Arc<Bridge>,
     environment: Option<EnvironmentTuple>,
     registry: &Registry,
     scored: &mut Vec<Reward>,
@@ -909,7 +909,7 @@ impl Places<'_> {
 /// the binary builds a `[[tools]]` table, its programs in `sandbox`, a session-backed one
 /// sized for `rollouts` in flight.
 fn tool_registry(
-    bridge: &Arc<Py<PyAny>>,
+    bridge: &Arc<Bridge>,
     tools: Vec<ToolSpecTuple>,
     tables: Vec<ToolTableTuple>,
     places: &Places<'_>,
@@ -999,7 +999,7 @@ fn with_tables(
 
 /// The Python reward functions, weighted, each bounded by `timeout`.
 fn reward_functions(
-    bridge: &Arc<Py<PyAny>>,
+    bridge: &Arc<Bridge>,
     rewards: Vec<RewardTuple>,
     places: &Places<'_>,
     timeout: Duration,

@@ -20,17 +20,19 @@ use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 use tool_dispatch::ToolSpec;
 
+use crate::callables::Bridge;
+
 /// The Python factory behind `environment=`, with the bridge that calls it.
 #[derive(Debug)]
 pub(crate) struct PyEnvironment {
-    bridge: Arc<Py<PyAny>>,
+    bridge: Arc<Bridge>,
     factory: Arc<Py<PyAny>>,
     /// The factory's class name, for messages.
     name: Arc<str>,
 }
 
 impl PyEnvironment {
-    pub(crate) fn new(bridge: Arc<Py<PyAny>>, factory: Py<PyAny>, name: &str) -> PyEnvironment {
+    pub(crate) fn new(bridge: Arc<Bridge>, factory: Py<PyAny>, name: &str) -> PyEnvironment {
         PyEnvironment {
             bridge,
             factory: Arc::new(factory),
@@ -117,7 +119,7 @@ fn text(name: &str, answer: Py<PyAny>) -> Result<String, SessionError> {
 impl SyncSessionFactory for PyEnvironment {
     fn create(&self, task: &Task) -> Result<Box<dyn SyncSession>, SessionError> {
         let row = Value::Object(task.row.clone()).to_string();
-        let (ok, answer) = call_bridge(&self.bridge, &self.name, "create_session", |py| {
+        let (ok, answer) = call_bridge(self.bridge.object(), &self.name, "create_session", |py| {
             (
                 self.factory.clone_ref(py),
                 self.name.as_ref(),
@@ -159,7 +161,7 @@ impl SyncSessionFactory for PyEnvironment {
 
 /// One Python session: its initial messages and tools, read once when it was created.
 struct PySession {
-    bridge: Arc<Py<PyAny>>,
+    bridge: Arc<Bridge>,
     session: Py<PyAny>,
     name: Arc<str>,
     initial: Vec<Message>,
@@ -196,7 +198,7 @@ impl PySession {
         method: &str,
         args: impl FnOnce(Python<'_>) -> PyResult<Bound<'_, PyTuple>>,
     ) -> Result<String, SessionError> {
-        let (ok, answer) = call_bridge(&self.bridge, &self.name, method, args)?;
+        let (ok, answer) = call_bridge(self.bridge.object(), &self.name, method, args)?;
         if ok {
             text(&self.name, answer)
         } else {

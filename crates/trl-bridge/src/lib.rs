@@ -12,6 +12,8 @@
 //!   `files::data` and `files::output`, planned by `async_grpo_run`.
 //! - `callables`: Python tools and reward functions as tool-dispatch tools and scoring
 //!   rewards (sync ones on the engine's pools, `async def` ones on the worker's asyncio loop).
+//! - `inbox`: how `async def` calls reach that loop: pushed without the GIL, taken by the loop
+//!   when a socket it watches wakes it.
 //! - `environment`: a Python object of OpenEnv's session-factory shape as the harness's
 //!   blocking session factory (`environment=`), its calls on the engine's tool pool.
 //! - `tokenizer`: `processing_class` as the worker hands it over: a tokenizer folder, or a
@@ -29,6 +31,7 @@ mod callables;
 mod data;
 mod engine;
 mod environment;
+mod inbox;
 mod lane;
 mod pool;
 mod settings;
@@ -49,6 +52,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
         .with_writer(std::io::stderr)
         .try_init();
     module.add_class::<engine::NativeEngine>()?;
+    module.add_class::<inbox::Inbox>()?;
     module.add_class::<simulator::Simulator>()?;
     module.add_function(wrap_pyfunction!(agent::agent_forward, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -286,3 +286,36 @@ def test_a_tool_table_is_refused_at_construction_naming_the_key(simulator, make_
     sim = simulator()
     with pytest.raises(ValueError, match=r"tools\[1\].*`warm` keeps interpreters ready"):
         make_worker(sim, tools=[sync_function, {"name": "py", "kind": "python", "warm": 2}])
+
+
+def test_many_async_calls_at_once_each_answer_their_own_rollout(simulator, make_worker) -> None:
+    """Calls reach the asyncio loop through its inbox (pushed by the engine without the GIL, a
+    wake-up only when it was empty): with 64 rollouts calling at once, each of 3 rounds,
+    every call is taken, run and answered to the rollout that made it; a lost wake-up would
+    leave rollouts waiting and the take below would time out."""
+    calls: list[str] = []
+
+    async def echo(expression: str) -> str:
+        """Echoes the expression.
+
+        Args:
+            expression: The expression.
+        """
+        calls.append(expression)
+        await asyncio.sleep(0)
+        return f"echo:{expression}"
+
+    sim = simulator(tool_rounds=3, tool_name="echo")
+    prompts = [f"What is {i} * 7?" for i in range(16)]
+    worker = make_worker(
+        sim, tools=[echo], dataset=[{"prompt": p} for p in prompts], num_generations=4, epochs=1, max_inflight_tasks=64
+    )
+    worker.start()
+    samples = take(worker, 64)
+    for sample in samples:
+        question = sample.prompt[-1]["content"]
+        expression = question.removeprefix("What is ").removesuffix("?")
+        tool_messages = [m["content"] for m in sample.completion if m["role"] == "tool"]
+        assert tool_messages == [f"echo:{expression}"] * 3, sample.completion
+    assert len(calls) == 64 * 3
+    worker.check_health(60.0)

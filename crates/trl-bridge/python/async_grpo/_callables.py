@@ -7,14 +7,14 @@ the user's function returns or raises into ``(ok, text)``:
   (``async_grpo._pool``) by default, or, for one that cannot be pickled, through
   ``Bridge.call_tool`` / ``Bridge.call_reward`` on the engine's pool threads, which hold the
   GIL only while Python runs;
-- ``async def`` functions are scheduled by ``Bridge.submit_tool`` / ``Bridge.submit_reward``
-  on the worker's asyncio loop thread (``LoopThread``), and report through a callback.
+- ``async def`` functions run on the worker's asyncio loop thread (``LoopThread``): the engine
+  puts each call in the loop's inbox (``_native.Inbox``) without the GIL, the loop takes
+  them, runs ``Bridge.coroutine`` for each as a task, and reports through the call's callback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import enum
 import functools
 import inspect
@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from . import _native
 from ._environment import Sessions
 
 logger = logging.getLogger("async_grpo")
@@ -379,25 +380,39 @@ def run_reward(function: Callable[..., Any], name: str, group: dict[str, Any]) -
 
 
 class LoopThread:
-    """The worker's asyncio event loop, on a thread of its own, where ``async def`` tools and
-    rewards run."""
+    """The worker's asyncio event loop, on a thread of its own, where ``async def`` tools,
+    rewards and agents run: the calls the engine puts in ``inbox``, each a task made by
+    ``coroutine(kind, function, name, payload)``."""
 
-    def __init__(self, name: str = "async-grpo-asyncio") -> None:
+    def __init__(
+        self,
+        name: str = "async-grpo-asyncio",
+        coroutine: Callable[[str, Any, str, str], Coroutine[Any, Any, tuple[bool, str]]] | None = None,
+    ) -> None:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.inbox = _native.Inbox()
+        self.coroutine = coroutine
 
     def start(self) -> None:
         ready = threading.Event()
+        inbox = self.inbox
 
         def run() -> None:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self._loop = loop
+            tasks: dict[int, asyncio.Task[tuple[bool, str]]] = {}
+            loop.add_reader(inbox.fileno(), self._take, loop, tasks)
+            inbox.open()
             ready.set()
             try:
                 loop.run_forever()
             finally:
+                # Calls still waiting are told the loop stopped; those running are cancelled.
+                inbox.close()
+                loop.remove_reader(inbox.fileno())
                 pending = asyncio.all_tasks(loop)
                 for task in pending:
                     task.cancel()
@@ -411,23 +426,24 @@ class LoopThread:
         self._thread.start()
         ready.wait()
 
-    def submit(self, coroutine: Coroutine[Any, Any, tuple[bool, str]], done: Done) -> concurrent.futures.Future[Any]:
-        loop = self._loop
-        if loop is None or loop.is_closed() or not loop.is_running():
-            coroutine.close()
-            raise RuntimeError("the worker's asyncio loop is not running")
-        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-
-        def finished(future: concurrent.futures.Future[Any]) -> None:
-            if future.cancelled():
-                done(False, "cancelled")
-            elif future.exception() is not None:
-                done(False, repr(future.exception()))
-            else:
-                done(*future.result())
-
-        future.add_done_callback(finished)
-        return future
+    def _take(self, loop: asyncio.AbstractEventLoop, tasks: dict[int, asyncio.Task[tuple[bool, str]]]) -> None:
+        """Starts every call waiting in the inbox, and cancels those the engine gave up."""
+        for entry in self.inbox.take():
+            if entry[0] == "cancel":
+                task = tasks.pop(entry[1], None)
+                if task is not None:
+                    task.cancel()
+                continue
+            _, key, kind, function, name, payload, done = entry
+            try:
+                if self.coroutine is None:
+                    raise RuntimeError("this loop runs no calls")
+                task = loop.create_task(self.coroutine(kind, function, name, payload))
+            except Exception as error:
+                done(False, repr(error))
+                continue
+            tasks[key] = task
+            task.add_done_callback(functools.partial(_report, tasks, key, done))
 
     def run(self, awaitable: Any) -> Any:
         """Awaits ``awaitable`` on the loop and returns its result, this thread waiting (without
@@ -459,12 +475,42 @@ class LoopThread:
         return True
 
 
+def _report(
+    tasks: dict[int, asyncio.Task[tuple[bool, str]]], key: int, done: Done, task: asyncio.Task[tuple[bool, str]]
+) -> None:
+    """A call's task ended: its answer to the engine."""
+    tasks.pop(key, None)
+    if task.cancelled():
+        done(False, "cancelled")
+    elif task.exception() is not None:
+        done(False, repr(task.exception()))
+    else:
+        done(*task.result())
+
+
 class Bridge:
     """What the engine calls to run a Python tool, reward function or environment session."""
 
     def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
         self._sessions = Sessions(loop)
+        loop.coroutine = self.coroutine
+        # The engine hands ``async def`` calls to the loop through it (``_native.Inbox``).
+        self.inbox = loop.inbox
+
+    def coroutine(self, kind: str, function: Callable[..., Any], name: str, payload: str) -> Coroutine[Any, Any, tuple[bool, str]]:
+        """The call the engine put in the loop's inbox, as a coroutine: a tool's (``kind``
+        ``tool``, JSON keyword arguments), a reward function's (``reward``, the group as
+        JSON) or an agent's (``agent``)."""
+        if kind == "tool":
+            return self._tool(function, name, payload)
+        if kind == "reward":
+            return self._reward(function, name, payload)
+        if kind == "agent":
+            from ._agent import run_agent_async
+
+            return run_agent_async(function, name, payload)
+        raise ValueError(f"no call of kind {kind!r}")
 
     def create_session(self, factory: Any, name: str, row_json: str, seed: int, episode_id: str) -> tuple[bool, Any]:
         return self._sessions.create(factory, name, row_json, seed, episode_id)
@@ -486,42 +532,24 @@ class Bridge:
 
         return run_agent(function, name, payload_json)
 
-    def submit_agent(
-        self, function: Callable[..., Any], name: str, payload_json: str, done: Done
-    ) -> concurrent.futures.Future[Any]:
-        from ._agent import run_agent_async
-
-        return self._loop.submit(run_agent_async(function, name, payload_json), done)
-
-    def submit_tool(
-        self, function: Callable[..., Any], name: str, kwargs_json: str, done: Done
-    ) -> concurrent.futures.Future[Any]:
-        async def run() -> tuple[bool, str]:
-            try:
-                result = function(**json.loads(kwargs_json))
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as error:
-                return False, _error("tool", name, error)
-            return True, _content(result)
-
-        return self._loop.submit(run(), done)
+    async def _tool(self, function: Callable[..., Any], name: str, kwargs_json: str) -> tuple[bool, str]:
+        try:
+            result = function(**json.loads(kwargs_json))
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as error:
+            return False, _error("tool", name, error)
+        return True, _content(result)
 
     def call_reward(self, function: Callable[..., Any], name: str, group_json: str) -> tuple[bool, str]:
         return run_reward(function, name, json.loads(group_json))
 
-    def submit_reward(
-        self, function: Callable[..., Any], name: str, group_json: str, done: Done
-    ) -> concurrent.futures.Future[Any]:
+    async def _reward(self, function: Callable[..., Any], name: str, group_json: str) -> tuple[bool, str]:
         n, kwargs = _reward_kwargs(json.loads(group_json))
-
-        async def run() -> tuple[bool, str]:
-            try:
-                result = function(**kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as error:
-                return False, _error("reward function", name, error)
-            return _scores_json(name, n, result)
-
-        return self._loop.submit(run(), done)
+        try:
+            result = function(**kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as error:
+            return False, _error("reward function", name, error)
+        return _scores_json(name, n, result)

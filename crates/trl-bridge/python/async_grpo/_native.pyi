@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
 
-__all__ = ["Engine", "Simulator", "agent_forward", "__version__"]
+__all__ = ["Engine", "Inbox", "Simulator", "agent_forward", "__version__"]
 
 __version__: str
 
@@ -98,6 +98,22 @@ class Engine:
         """Cancels every rollout in flight at once."""
     def close(self, timeout: float) -> None:
         """Shuts the runtime down and kills the worker processes."""
+
+@final
+class Inbox:
+    """The ``async def`` calls the engine hands to the worker's asyncio loop, without the GIL:
+    the loop watches ``fileno()`` for reading and then ``take()``s every call waiting."""
+
+    def __new__(cls) -> Inbox: ...
+    def fileno(self) -> int:
+        """The descriptor that becomes readable when calls are waiting."""
+    def open(self) -> None:
+        """Takes calls from now on (the loop runs)."""
+    def close(self) -> None:
+        """Takes no more calls; those waiting are told the loop stopped."""
+    def take(self) -> list[tuple[Any, ...]]:
+        """Every entry waiting, in order: ``("call", id, kind, function, name, payload, done)``
+        (``done(ok, text)`` reports the call's end) or ``("cancel", id)``."""
 
 @final
 class Simulator:
