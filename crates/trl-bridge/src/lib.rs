@@ -26,6 +26,12 @@
 //! Built by maturin (`pip install ./crates/trl-bridge`): PyO3 with the stable ABI of Python
 //! 3.10 and later.
 
+/// mimalloc, as the binary: the engine allocates per turn (renders, tokenization, HTTP), and
+/// the system's allocator cost 8-12% more CPU per turn on the tool workloads (BENCHMARKS.md).
+/// Only Rust's allocations: Python's own are untouched.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod agent;
 mod callables;
 mod data;
