@@ -7,8 +7,7 @@
 //! which reports through the call's [`Done`] when it ends. A call whose future is dropped
 //! (its timeout, a cancelled rollout) pushes a cancellation the same way. So submitting costs
 //! a runtime worker a lock and at most one `write`; the loop's thread, which holds the GIL
-//! anyway, does the Python side. (Before, each call took a blocking thread that waited for
-//! the GIL to call `asyncio.run_coroutine_threadsafe`.)
+//! anyway, does the Python side.
 //!
 //! The inbox is open while the loop runs (`open` at its start, `close` at its end): a call
 //! pushed while it is closed fails at once, and calls still waiting when it closes are told

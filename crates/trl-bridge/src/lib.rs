@@ -27,7 +27,7 @@
 //! 3.10 and later.
 
 /// mimalloc, as the binary: the engine allocates per turn (renders, tokenization, HTTP), and
-/// the system's allocator cost 8-12% more CPU per turn on the tool workloads (BENCHMARKS.md).
+/// with the system's allocator W2 and W3 cost 8-12% more CPU per turn (BENCHMARKS.md).
 /// Only Rust's allocations: Python's own are untouched.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

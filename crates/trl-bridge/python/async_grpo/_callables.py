@@ -382,18 +382,14 @@ def run_reward(function: Callable[..., Any], name: str, group: dict[str, Any]) -
 class LoopThread:
     """The worker's asyncio event loop, on a thread of its own, where ``async def`` tools,
     rewards and agents run: the calls the engine puts in ``inbox``, each a task made by
-    ``coroutine(kind, function, name, payload)``."""
+    ``coroutine(kind, function, name, payload)`` (the ``Bridge``'s, set when it is made)."""
 
-    def __init__(
-        self,
-        name: str = "async-grpo-asyncio",
-        coroutine: Callable[[str, Any, str, str], Coroutine[Any, Any, tuple[bool, str]]] | None = None,
-    ) -> None:
+    def __init__(self, name: str = "async-grpo-asyncio") -> None:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.inbox = _native.Inbox()
-        self.coroutine = coroutine
+        self.coroutine: Callable[[str, Any, str, str], Coroutine[Any, Any, tuple[bool, str]]] | None = None
 
     def start(self) -> None:
         ready = threading.Event()
