@@ -28,6 +28,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
+    thread,
 };
 
 use anyhow::{Context, bail};
@@ -108,24 +109,34 @@ pub(crate) fn pytest() -> anyhow::Result<()> {
     install_wheel(&venv, &build_wheel()?, None)?;
     // The plan-parity tests run the binary beside the worker: the test step's build of it.
     let binary = crate::workspace_binary("async-grpo")?;
-    run_pytest(
+    // The typing checks (one CPU, nothing to wait on) beside the suite, which waits on its
+    // simulators and sleeps for half its time; their output comes after the suite's.
+    let typing = thread::spawn({
+        let python = python.clone();
+        move || typing(&python)
+    });
+    let suite = run_pytest(
         &python,
         &["tests", "--ignore", "tests/trl"],
         &[("ASYNC_GRPO_BIN", binary.as_os_str())],
-    )?;
-    typing(&python)
+    );
+    let typing = typing
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the typing checks panicked")));
+    suite.and(typing)
 }
 
 /// `mypy --strict` on the package as installed (its `py.typed`, `.py` files and
 /// `_native.pyi`), and `stubtest`: the stub against the compiled module it describes. From a
-/// folder outside the repository, with no Rust on `PATH`.
+/// folder outside the repository, with no Rust on `PATH`. Their output is printed when each
+/// ends (they run beside pytest).
 fn typing(python: &Path) -> anyhow::Result<()> {
     let outside = std::env::temp_dir();
     let config = root()
         .join("crates")
         .join("trl-bridge")
         .join("pyproject.toml");
-    check(
+    check_quietly(
         Command::new(python)
             .args(["-m", "mypy", "--no-incremental", "--config-file"])
             .arg(&config)
@@ -133,7 +144,7 @@ fn typing(python: &Path) -> anyhow::Result<()> {
             .current_dir(&outside)
             .env("PATH", without_rust()?),
     )?;
-    check(
+    check_quietly(
         Command::new(python)
             .args(["-m", "mypy.stubtest", "--mypy-config-file"])
             .arg(&config)
@@ -376,7 +387,7 @@ fn maturin(args: &[&str], suffix: &str) -> anyhow::Result<PathBuf> {
 /// audit of the linked symbols chose and checked. Compiled once for every suite (a second
 /// build finds nothing to compile). Not `build --sdist`, which builds the wheel from the
 /// unpacked sdist in a folder of its own, compiling everything again.
-fn build_wheel() -> anyhow::Result<PathBuf> {
+pub(crate) fn build_wheel() -> anyhow::Result<PathBuf> {
     let out = maturin(&["build", "--release", "--quiet"], ".whl")?;
     let wheel = only_wheel(&out)?;
     let name = wheel
@@ -506,6 +517,23 @@ fn pip(python: &Path) -> Command {
         "-q",
     ]);
     command
+}
+
+/// [`check`] with the output captured, then printed at once when the command ends (so that
+/// it does not interleave with a command running beside it).
+fn check_quietly(command: &mut Command) -> anyhow::Result<()> {
+    let output = command
+        .output()
+        .with_context(|| format!("could not start {command:?}"))?;
+    eprint!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    if !output.status.success() {
+        bail!("{command:?} failed ({})", output.status);
+    }
+    Ok(())
 }
 
 fn check(command: &mut Command) -> anyhow::Result<()> {

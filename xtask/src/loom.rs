@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{cargo, libtest, root};
+use crate::{cargo, libtest, root, run_checked};
 
 /// The package whose sync primitives loom model-checks.
 pub(crate) const PACKAGE: &str = "async-grpo-tool-dispatch";
@@ -131,6 +131,12 @@ const MODELS: &[&str] = &[
 /// What the crate says when `TOOL_DISPATCH_LOOM_FAULTS` names a fault it does not know; the
 /// list of the ones it knows follows.
 const UNKNOWN_FAULT: &str = "in TOOL_DISPATCH_LOOM_FAULTS; known faults: ";
+
+/// The models' test binary, built and not run: `cargo xtask ci` builds it beside its steps,
+/// so that its loom step compiles nothing.
+pub(crate) fn build() -> anyhow::Result<()> {
+    run_checked(&mut loom_test(&["--no-run"]))
+}
 
 fn loom_test(extra: &[&str]) -> Command {
     let mut args = vec!["test", "--package", PACKAGE, "--release", "--lib"];

@@ -28,11 +28,13 @@ const HELP: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci        every check CI runs: fmt, clippy, package, fixtures, parity, tests, the
-            sandbox's tests as an unprivileged user, doc tests, features, the bridge's wheel
-            (pytest suite, typing) and sdist, loom, msrv, tidy, e2e, the TRL trainer
-  features  each package with no default features and with each feature alone: builds
-            (no warning), unit tests, doc tests
+  ci        every check CI runs: fmt, clippy, package, build, parity, tests, the
+            sandbox's tests as an unprivileged user, doc tests, features, e2e, the bridge's
+            wheel (pytest suite, typing) and sdist, the TRL trainer, loom, msrv, tidy; the
+            fixtures and venvs are fetched, and the wheel, loom and msrv compiled, beside
+            the steps (the compiles at the lowest CPU priority)
+  features  each package with no default features and with each feature alone:
+            `cargo check --all-targets`, no error and no warning in the workspace's crates
   fixtures  fetch the real tokenizers and chat templates the tests use into <cache>,
             and render the parity cases with Python transformers
   parity    chat templates in Rust against transformers: pass count per template
