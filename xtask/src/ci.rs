@@ -305,3 +305,65 @@ pub(crate) fn run() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{BESIDE, Job, STEPS};
+
+    #[test]
+    fn every_job_a_step_needs_runs_beside_the_steps_once() {
+        let beside: Vec<Job> = BESIDE
+            .iter()
+            .flat_map(|jobs| jobs.iter().copied())
+            .collect();
+        for step in STEPS {
+            for job in step.needs {
+                assert!(
+                    beside.contains(job),
+                    "step {:?} needs {job:?}, which no thread of BESIDE runs: it would wait for \
+                     every thread to end, then fail",
+                    step.name
+                );
+            }
+        }
+        for (i, job) in beside.iter().enumerate() {
+            assert!(
+                !beside[i + 1..].contains(job),
+                "{job:?} runs twice beside the steps"
+            );
+        }
+    }
+
+    /// A thread lowers its priority at its first compile and keeps it low: a download after
+    /// a compile would run at the lowest priority, behind the steps.
+    #[test]
+    fn on_each_thread_the_downloads_come_before_the_compiles() {
+        for jobs in BESIDE {
+            let first_compile = jobs.iter().position(|job| job.compiles());
+            if let Some(first) = first_compile {
+                for job in &jobs[first..] {
+                    assert!(
+                        job.compiles(),
+                        "{job:?} would run niced, after a compile on its thread"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The fixtures install maturin's venv, which the wheel's build runs: two threads making
+    /// one venv at once would race, so the wheel follows the fixtures on their thread.
+    #[test]
+    fn the_wheel_is_built_after_the_fixtures_on_their_thread() {
+        let thread = BESIDE
+            .iter()
+            .find(|jobs| jobs.contains(&Job::Wheel))
+            .expect("the wheel is built beside the steps");
+        let position = |job| thread.iter().position(|j| *j == job);
+        let fixtures = position(Job::Fixtures);
+        assert!(
+            fixtures.is_some() && fixtures < position(Job::Wheel),
+            "the wheel's thread runs {thread:?}"
+        );
+    }
+}
