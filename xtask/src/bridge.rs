@@ -136,7 +136,7 @@ fn typing(python: &Path) -> anyhow::Result<()> {
         .join("crates")
         .join("trl-bridge")
         .join("pyproject.toml");
-    check_quietly(
+    check_captured(
         Command::new(python)
             .args(["-m", "mypy", "--no-incremental", "--config-file"])
             .arg(&config)
@@ -144,7 +144,7 @@ fn typing(python: &Path) -> anyhow::Result<()> {
             .current_dir(&outside)
             .env("PATH", without_rust()?),
     )?;
-    check_quietly(
+    check_captured(
         Command::new(python)
             .args(["-m", "mypy.stubtest", "--mypy-config-file"])
             .arg(&config)
@@ -521,7 +521,7 @@ fn pip(python: &Path) -> Command {
 
 /// [`check`] with the output captured, then printed at once when the command ends (so that
 /// it does not interleave with a command running beside it).
-fn check_quietly(command: &mut Command) -> anyhow::Result<()> {
+fn check_captured(command: &mut Command) -> anyhow::Result<()> {
     let output = command
         .output()
         .with_context(|| format!("could not start {command:?}"))?;

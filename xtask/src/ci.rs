@@ -15,7 +15,8 @@
 //!   pytest suite, e2e and TRL's trainer wait on servers and sleeps for a third of their
 //!   time. The release wheel, the MSRV check and loom's build run beside them, one after
 //!   another, at the lowest CPU priority (nice 19, inherited by cargo and rustc), so that a
-//!   step's own work always comes first and the compiles take only what it leaves. The steps
+//!   step's own work comes first and the compiles take mostly what it leaves (BENCHMARKS.md
+//!   has each step's share of the CPU, and theirs). The steps
 //!   that need them (the bridge's, msrv and loom) come late, so that the compiles have had
 //!   the most idle time by then.
 //!
